@@ -1,0 +1,357 @@
+"""Documents -> title-prefixed, overlapping paragraph chunks with exact character offsets.
+
+Example:
+    >>> words = lambda texts: [len(t.split()) for t in texts]
+    >>> config = ChunkingConfig(chunk_tokens=8, overlap_tokens=3, max_seq_length=64)
+    >>> chunker = Chunker(words, config)
+    >>> doc = Document(id="d", title="T", text="One two three. Four five six.\\n\\nSeven eight.")
+    >>> [c.text.strip() for c in chunker.chunk(doc)]
+    ['One two three. Four five six.', 'Four five six.\\n\\nSeven eight.']
+
+How: the text is cut into paragraphs (blank-line separated) and paragraphs into sentences.
+Sentences are packed into a chunk up to a token budget, counted with the embedder's own
+tokenizer; a chunk prefers to end where a paragraph ends, so a paragraph that fits the budget is
+never split. A sentence longer than the budget is cut at word boundaries. The next chunk starts
+one or two sentences back (`overlap_tokens`), so a passage that straddles a cut is whole in one of
+the two chunks. The budget leaves room for the title, the model's passage prefix and its special
+tokens, so nothing is truncated at embedding time.
+
+Offsets are computed here, not taken from a text splitter: `doc.text[c.start:c.end] == c.text`.
+Chunks tile the document: every character, whitespace included, lies in some chunk.
+langchain-text-splitters is not used because its start index is wrong for overlapping chunks
+(it returned -1 on a SQuAD article) and its token-length budget overshot by a few tokens.
+
+Not handled: layout (tables, code blocks are treated as text), languages whose sentences do not
+end in . ! ? or their full-width forms.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from rag_retriever.records import Chunk, Document, chunk_point_id, content_hash, embed_text
+
+log = logging.getLogger(__name__)
+
+TokenCounter = Callable[[Sequence[str]], list[int]]
+
+_PARAGRAPH_BREAK = re.compile(r"\n[ \t\r\f\v]*\n\s*")
+# A sentence ends at . ! ? (or their full-width forms), optionally followed by closing quotes or
+# brackets, then whitespace, then something that can start a sentence.
+_SENTENCE_END = re.compile(r"[.!?。！？][\"'”’)\]]*\s+(?=[\"'“‘(\[]?[A-Z0-9À-Ý])")
+# Words before a period that do not end a sentence.
+_ABBREVIATIONS = frozenset(
+    [
+        "mr",
+        "mrs",
+        "ms",
+        "dr",
+        "prof",
+        "st",
+        "jr",
+        "sr",
+        "vs",
+        "etc",
+        "e.g",
+        "i.e",
+        "no",
+        "fig",
+        "al",
+        "approx",
+        "inc",
+        "ltd",
+        "co",
+        "corp",
+        "gen",
+        "col",
+        "lt",
+        "sgt",
+        "mt",
+        "ft",
+        "jan",
+        "feb",
+        "mar",
+        "apr",
+        "jun",
+        "jul",
+        "aug",
+        "sep",
+        "sept",
+        "oct",
+        "nov",
+        "dec",
+    ]
+)
+
+
+@dataclass(frozen=True)
+class ChunkingConfig:
+    # Budget for the chunk body; 200 keeps a typical paragraph whole (see Settings.chunk_tokens).
+    chunk_tokens: int = 200
+    # One or two sentences of overlap, at most this many tokens.
+    overlap_tokens: int = 48
+    # The model window (special tokens included), e.g. 256 for all-MiniLM-L6-v2.
+    max_seq_length: int = 256
+    special_tokens: int = 2
+    # Tokens of the model's passage prefix ("passage: " for E5, nothing for MiniLM).
+    prefix_tokens: int = 0
+    # Longer titles are cut, so that a chunk always has room for its body; None = the smaller
+    # of 48 tokens and a quarter of the window.
+    max_title_tokens: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.chunk_tokens <= 0:
+            raise ValueError(f"chunk_tokens must be positive, got {self.chunk_tokens}")
+        if not 0 <= self.overlap_tokens < self.chunk_tokens:
+            raise ValueError(
+                f"overlap_tokens must be in [0, chunk_tokens), got {self.overlap_tokens}"
+            )
+        if self.room - self.title_limit - 1 < 16:
+            raise ValueError(
+                f"the model window ({self.max_seq_length} tokens) leaves no room for chunk "
+                f"bodies after the prefix and a {self.title_limit}-token title"
+            )
+
+    @property
+    def room(self) -> int:
+        """Tokens left for title + body once the prefix and special tokens are in."""
+        return self.max_seq_length - self.special_tokens - self.prefix_tokens
+
+    @property
+    def title_limit(self) -> int:
+        if self.max_title_tokens is not None:
+            return self.max_title_tokens
+        return min(48, self.room // 4)
+
+
+@dataclass(frozen=True)
+class _Unit:
+    start: int
+    end: int
+    tokens: int
+    paragraph: int
+
+
+def paragraph_spans(text: str) -> list[tuple[int, int]]:
+    """(start, end) of each paragraph, without the surrounding whitespace."""
+    spans = []
+    pos = 0
+    for match in _PARAGRAPH_BREAK.finditer(text):
+        spans.append((pos, match.start()))
+        pos = match.end()
+    spans.append((pos, len(text)))
+    return [_strip(text, s, e) for s, e in spans if text[s:e].strip()]
+
+
+def sentence_spans(text: str, start: int, end: int) -> list[tuple[int, int]]:
+    """(start, end) of each sentence of text[start:end], trimmed."""
+    spans = []
+    pos = start
+    for match in _SENTENCE_END.finditer(text, start, end):
+        cut = match.start() + 1
+        word = re.search(r"(\S+)$", text[pos:cut])
+        if word and _is_abbreviation(word.group(1)):
+            continue
+        spans.append((pos, match.end()))
+        pos = match.end()
+    spans.append((pos, end))
+    return [_strip(text, s, e) for s, e in spans if text[s:e].strip()]
+
+
+def _is_abbreviation(word_with_period: str) -> bool:
+    word = word_with_period.rstrip(".!?\"'”’)]").lower()
+    # Initials and dotted abbreviations: "J.", "U.S."
+    if len(word) == 1 or re.fullmatch(r"(\w\.)+\w?", word):
+        return True
+    return word in _ABBREVIATIONS
+
+
+def _strip(text: str, start: int, end: int) -> tuple[int, int]:
+    while start < end and text[start].isspace():
+        start += 1
+    while end > start and text[end - 1].isspace():
+        end -= 1
+    return start, end
+
+
+class Chunker:
+    """Cuts documents into chunks; `count_tokens` is the embedder's tokenizer (no specials)."""
+
+    def __init__(self, count_tokens: TokenCounter, config: ChunkingConfig | None = None) -> None:
+        self.count_tokens = count_tokens
+        self.config = config or ChunkingConfig()
+
+    def chunk(self, doc: Document) -> list[Chunk]:
+        cfg = self.config
+        title = self._fit_title(doc.title)
+        title_tokens = self.count_tokens([title])[0] if title else 0
+        room = cfg.room
+        # +1 is a margin for tokenizers that give the blank line between title and body a token.
+        budget = min(cfg.chunk_tokens, room - title_tokens - 1)
+        for _ in range(8):
+            chunks = self._chunk_with_budget(doc, title, budget)
+            worst = max(self._embedded_tokens(chunks), default=0)
+            if worst <= room:
+                return chunks
+            # Token counts were not additive for this tokenizer; shrink and try again.
+            budget -= worst - room
+        raise ValueError(f"cannot fit the chunks of {doc.id!r} into {cfg.max_seq_length} tokens")
+
+    def chunk_all(self, docs: Sequence[Document]) -> list[Chunk]:
+        return [c for doc in docs for c in self.chunk(doc)]
+
+    # -- internals --------------------------------------------------------------------------
+
+    def _fit_title(self, title: str) -> str:
+        limit = self.config.title_limit
+        if not title or self.count_tokens([title])[0] <= limit:
+            return title
+        words = title.split()
+        while words and self.count_tokens([" ".join(words)])[0] > limit:
+            words = words[: max(1, len(words) * 3 // 4)] if len(words) > 1 else []
+        return " ".join(words)
+
+    def _embedded_tokens(self, chunks: list[Chunk]) -> list[int]:
+        """Tokens of each chunk's embedded text, body + title + prefix + special tokens."""
+        cfg = self.config
+        counts = self.count_tokens([c.embed_text for c in chunks])
+        return [n + cfg.prefix_tokens + cfg.special_tokens for n in counts]
+
+    def _units(self, text: str, budget: int) -> list[_Unit]:
+        spans: list[tuple[int, int, int]] = []  # (start, end, paragraph)
+        for p_index, (ps, pe) in enumerate(paragraph_spans(text)):
+            spans.extend((s, e, p_index) for s, e in sentence_spans(text, ps, pe))
+        counts = self.count_tokens([text[s:e] for s, e, _ in spans])
+        units: list[_Unit] = []
+        for (s, e, p), n in zip(spans, counts, strict=True):
+            if n <= budget:
+                units.append(_Unit(s, e, n, p))
+            else:
+                units.extend(self._split_long(text, s, e, p, budget))
+        return units
+
+    def _split_long(
+        self, text: str, start: int, end: int, paragraph: int, budget: int
+    ) -> list[_Unit]:
+        """Cut an over-long sentence at word boundaries into pieces within the budget."""
+        words = [(m.start(), m.end()) for m in re.finditer(r"\S+", text[start:end])]
+        words = [(start + s, start + e) for s, e in words]
+        counts = self.count_tokens([text[s:e] for s, e in words])
+        pieces: list[_Unit] = []
+        piece_start, piece_tokens = words[0][0], 0
+        prev_end = words[0][0]
+        for (s, e), n in zip(words, counts, strict=True):
+            if n > budget:  # one "word" longer than the budget (a URL, a base64 blob): cut it
+                if piece_tokens:
+                    pieces.append(_Unit(piece_start, prev_end, piece_tokens, paragraph))
+                pieces.extend(self._split_word(text, s, e, paragraph, budget))
+                piece_start, piece_tokens = e, 0
+            elif piece_tokens + n > budget:
+                pieces.append(_Unit(piece_start, prev_end, piece_tokens, paragraph))
+                piece_start, piece_tokens = s, n
+            else:
+                if piece_tokens == 0:
+                    piece_start = s
+                piece_tokens += n
+            prev_end = e
+        if piece_tokens:
+            pieces.append(_Unit(piece_start, prev_end, piece_tokens, paragraph))
+        return pieces
+
+    def _split_word(
+        self, text: str, start: int, end: int, paragraph: int, budget: int
+    ) -> list[_Unit]:
+        pieces = []
+        pos = start
+        while pos < end:
+            size = end - pos
+            while size > 1 and self.count_tokens([text[pos : pos + size]])[0] > budget:
+                size = size * 3 // 4
+            n = self.count_tokens([text[pos : pos + size]])[0]
+            pieces.append(_Unit(pos, pos + size, n, paragraph))
+            pos += size
+        return pieces
+
+    def _chunk_with_budget(self, doc: Document, title: str, budget: int) -> list[Chunk]:
+        text = doc.text
+        units = self._units(text, budget)
+        paragraph_tokens: dict[int, int] = {}
+        for u in units:
+            paragraph_tokens[u.paragraph] = paragraph_tokens.get(u.paragraph, 0) + u.tokens
+        ranges: list[tuple[int, int]] = []
+        i, fresh = 0, 0  # chunk starts at unit i; units before `fresh` repeat the last chunk
+        n = len(units)
+        while i < n:
+            j, total = i, 0
+            while j < n and total + units[j].tokens <= budget:
+                total += units[j].tokens
+                j += 1
+            if j < n:
+                # End where a paragraph ends when one does inside this chunk after new content.
+                breaks = [
+                    b
+                    for b in range(max(i, fresh) + 1, j + 1)
+                    if units[b].paragraph != units[b - 1].paragraph
+                ]
+                if breaks:
+                    j = breaks[-1]
+            ranges.append((i, j))
+            if j >= n:
+                break
+            overlap = self._overlap(units, i, j, budget, paragraph_tokens)
+            i, fresh = j - overlap, j
+        chunks = []
+        for index, (a, b) in enumerate(ranges):
+            start = 0 if index == 0 else units[a].start
+            # Each chunk runs up to where the next unit starts, so the whitespace between
+            # chunks belongs to one of them and the chunks tile the document.
+            end = units[b].start if b < n else len(text)
+            body = text[start:end]
+            chunks.append(
+                Chunk(
+                    id=chunk_point_id(doc.id, index),
+                    doc_id=doc.id,
+                    title=title,
+                    chunk_index=index,
+                    start=start,
+                    end=end,
+                    text=body,
+                    n_tokens=sum(u.tokens for u in units[a:b]),
+                    content_hash=content_hash(embed_text(title, body)),
+                    metadata=doc.metadata,
+                )
+            )
+        return chunks
+
+    def _overlap(
+        self,
+        units: list[_Unit],
+        i: int,
+        j: int,
+        budget: int,
+        paragraph_tokens: dict[int, int],
+    ) -> int:
+        """How many trailing units of chunk [i, j) the next chunk repeats (0, 1 or 2)."""
+        limit = self.config.overlap_tokens
+        same_paragraph = units[j].paragraph == units[j - 1].paragraph
+        next_para = paragraph_tokens[units[j].paragraph]
+        best, total = 0, 0
+        for o in (1, 2):
+            if j - o <= i:  # the next chunk must start after this one
+                break
+            total += units[j - o].tokens
+            if total > limit:
+                break
+            best = o
+        if best == 0 and same_paragraph and j - 1 > i and units[j - 1].tokens <= budget // 2:
+            # Inside a long paragraph always repeat one sentence, even a long one, so that a
+            # passage crossing the cut is whole in the next chunk.
+            best = 1
+        if not same_paragraph and next_para <= budget:
+            # The next paragraph fits whole: only overlap as much as still leaves room for it.
+            while best and sum(u.tokens for u in units[j - best : j]) + next_para > budget:
+                best -= 1
+        return best

@@ -1,0 +1,56 @@
+"""One ingest per alias at a time: an advisory file lock that dies with its process.
+
+Example:
+    >>> with IngestLock(Path("rag-data"), "docs"):              # doctest: +SKIP
+    ...     pass
+
+`fcntl.flock` is released by the kernel when the holding process exits, SIGKILL included, so a
+killed ingest cannot leave the alias locked forever; the PID written in the file is only there
+to name the holder in the error. The lock is per machine (a shared data dir on one host); two
+hosts ingesting the same alias into one Qdrant server are not serialised by it.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+from pathlib import Path
+from types import TracebackType
+
+from rag_retriever.errors import IngestLocked
+
+
+class IngestLock:
+    def __init__(self, data_dir: Path, alias: str) -> None:
+        self.path = data_dir / "locks" / f"{alias}.lock"
+        self.alias = alias
+        self._fh: int | None = None
+
+    def __enter__(self) -> IngestLock:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 64, 0).decode("ascii", "replace").strip() or "unknown"
+            os.close(fd)
+            raise IngestLocked(
+                f"another ingest of {self.alias!r} is running (pid {holder}, lock {self.path}); "
+                f"wait for it to finish. The lock is released automatically if that process dies."
+            ) from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, str(os.getpid()).encode("ascii"), 0)
+        self._fh = fd
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if self._fh is not None:
+            os.ftruncate(self._fh, 0)
+            fcntl.flock(self._fh, fcntl.LOCK_UN)
+            os.close(self._fh)
+            self._fh = None

@@ -1,0 +1,100 @@
+"""Versions of an alias: list them, remove orphans, apply retention, promote, roll back.
+
+Example:
+    >>> rollback(store, "docs", index_root)        # doctest: +SKIP
+    'docs__all-minilm-l6-v2-384__v2'
+
+Only `complete` versions are ever served: promote and rollback refuse anything else.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from rag_retriever.chunk_index import ChunkIndex
+from rag_retriever.errors import CollectionNotFound, InvalidRequest
+from rag_retriever.store import STATUS_COMPLETE, CollectionInfo, QdrantStore
+
+log = logging.getLogger(__name__)
+
+
+def remove_orphans(store: QdrantStore, alias: str, index_root: Path) -> list[str]:
+    """Delete collections of `alias` that never completed and are not served."""
+    served = set(store.aliases().values())
+    removed = []
+    for info in store.versions(alias):
+        if info.status != STATUS_COMPLETE and info.name not in served:
+            log.warning(
+                "removing incomplete collection %s left by an interrupted ingest", info.name
+            )
+            store.delete(info.name)
+            ChunkIndex.remove(index_root, info.name)
+            removed.append(info.name)
+    return removed
+
+
+def apply_retention(store: QdrantStore, alias: str, index_root: Path, keep: int) -> list[str]:
+    """Keep the `keep` newest complete versions and the served one; delete older ones."""
+    served = set(store.aliases().values())
+    complete = [i for i in store.versions(alias) if i.status == STATUS_COMPLETE]
+    doomed = [i for i in complete[: max(0, len(complete) - keep)] if i.name not in served]
+    for info in doomed:
+        store.delete(info.name)
+        ChunkIndex.remove(index_root, info.name)
+    return [i.name for i in doomed]
+
+
+def promote_version(store: QdrantStore, alias: str, version: int) -> str:
+    """Point `alias` at its complete version `version`; returns the collection name."""
+    infos = store.versions(alias)
+    match = [i for i in infos if i.version == version]
+    if not match:
+        known = ", ".join(str(i.version) for i in infos) or "none"
+        raise CollectionNotFound(f"{alias!r} has no version {version}; versions: {known}")
+    info = match[0]
+    if info.status != STATUS_COMPLETE:
+        raise InvalidRequest(
+            f"{info.name} is {info.status!r}, not complete; only complete versions can be served"
+        )
+    store.point_alias(alias, info.name)
+    return info.name
+
+
+def rollback(store: QdrantStore, alias: str) -> str:
+    """Point `alias` at the newest complete version older than the one it serves now."""
+    served = store.aliases().get(alias)
+    if served is None:
+        raise CollectionNotFound(f"alias {alias!r} does not exist; nothing to roll back")
+    infos = store.versions(alias)
+    current = next((i.version for i in infos if i.name == served), None)
+    older = [
+        i
+        for i in infos
+        if i.status == STATUS_COMPLETE and current is not None and i.version < current
+    ]
+    if not older:
+        raise InvalidRequest(
+            f"{alias!r} serves {served} and no older complete version is kept "
+            f"(RAG_KEEP_VERSIONS keeps the newest versions after each ingest)"
+        )
+    store.point_alias(alias, older[-1].name)
+    return older[-1].name
+
+
+def describe_versions(infos: Sequence[CollectionInfo], served: str | None) -> list[dict[str, Any]]:
+    return [
+        {
+            "collection": i.name,
+            "version": i.version,
+            "status": i.status,
+            "points": i.points,
+            "serving": i.name == served,
+            "fingerprint": (i.fingerprint or {}).get("id"),
+            "model": (i.fingerprint or {}).get("model"),
+            "created_at": i.meta.get("created_at"),
+        }
+        for i in infos
+    ]

@@ -1,0 +1,323 @@
+"""The `rag-retriever` command line: ingest, search, collections, promote, rollback, serve, train.
+
+Example:
+    rag-retriever ingest docs/ --collection demo
+    rag-retriever search "how are chunks sized?" --collection demo -k 5
+
+Settings come from `RAG_*` environment variables; flags override them. Errors print one line
+(what, why, the fix) and exit with status 2; a refused promotion exits with 3.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import textwrap
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from rag_retriever.errors import GateRejected, RagError
+from rag_retriever.records import MODES, SearchFilter, SearchResult
+from rag_retriever.settings import Settings
+
+log = logging.getLogger("rag_retriever")
+
+
+def _common(parser: argparse.ArgumentParser) -> None:
+    g = parser.add_argument_group("settings (override RAG_* environment variables)")
+    g.add_argument("--data-dir", type=Path, help="RAG_DATA_DIR: embedded Qdrant + BM25 indexes")
+    g.add_argument("--qdrant-url", help="RAG_QDRANT_URL: use a Qdrant server instead")
+    g.add_argument("--model", dest="embed_model", help="RAG_EMBED_MODEL: embedding model")
+    g.add_argument("--rerank-model", help="RAG_RERANK_MODEL: cross-encoder directory or id")
+    g.add_argument("--device", choices=("auto", "cpu", "cuda"), help="RAG_DEVICE")
+    g.add_argument("--dtype", choices=("auto", "fp32", "bf16", "fp16"), help="RAG_DTYPE")
+    g.add_argument("--log-level", help="RAG_LOG_LEVEL (DEBUG, INFO, WARNING)")
+
+
+def _settings(args: argparse.Namespace, **extra: Any) -> Settings:
+    keys = ("data_dir", "qdrant_url", "embed_model", "rerank_model", "device", "dtype", "log_level")
+    overrides = {k: getattr(args, k, None) for k in keys}
+    overrides.update(extra)
+    return Settings.from_env(**overrides)
+
+
+def _parse_where(items: Sequence[str]) -> dict[str, str | int | bool]:
+    equals: dict[str, str | int | bool] = {}
+    for item in items:
+        key, sep, raw = item.partition("=")
+        if not sep or not key:
+            raise RagError(f"--where expects FIELD=VALUE, got {item!r}")
+        value: str | int | bool = raw
+        if raw in ("true", "false"):
+            value = raw == "true"
+        elif raw.lstrip("-").isdigit():
+            value = int(raw)
+        equals[key] = value
+    return equals
+
+
+# -- commands ---------------------------------------------------------------------------------
+
+
+def cmd_ingest(args: argparse.Namespace) -> int:
+    from ingest.loaders import load_documents
+    from ingest.writer import ingest_documents
+    from rag_retriever.encoder import load_encoder
+    from rag_retriever.store import QdrantStore, open_client
+
+    settings = _settings(
+        args,
+        collection=args.collection,
+        chunk_tokens=args.chunk_tokens,
+        chunk_overlap_tokens=args.overlap_tokens,
+        keep_versions=args.keep_versions,
+    )
+    corpus = load_documents(args.path)  # validated fully before anything is written
+    encoder = load_encoder(settings)
+    store = QdrantStore(open_client(settings))
+    gate = None
+    if args.gate is not None:
+        from eval.gate import make_gate
+
+        gate = make_gate(
+            args.gate,
+            settings=settings,
+            encoder=encoder,
+            store=store,
+            k=args.gate_k,
+            min_recall=args.min_recall,
+            max_regression=args.max_regression,
+        )
+    try:
+        report = ingest_documents(
+            corpus,
+            alias=settings.collection,
+            encoder=encoder,
+            store=store,
+            index_root=settings.index_dir,
+            lock_dir=settings.data_dir,
+            chunk_tokens=settings.chunk_tokens,
+            overlap_tokens=settings.chunk_overlap_tokens,
+            keep_versions=settings.keep_versions,
+            promote=not args.no_promote,
+            gate=gate,
+            progress=not args.no_progress,
+        )
+    except GateRejected as exc:
+        if isinstance(exc.report, object) and hasattr(exc.report, "to_dict"):
+            _print_ingest(exc.report.to_dict(), args.json)
+        print(f"promotion refused: {exc}", file=sys.stderr)
+        return 3
+    _print_ingest(report.to_dict(), args.json)
+    return 0
+
+
+def _print_ingest(report: dict[str, Any], as_json: bool) -> None:
+    if as_json:
+        print(json.dumps(report, indent=2))
+        return
+    state = "now serving" if report["promoted"] else "built, NOT promoted"
+    print(f"collection  {report['collection']}  ({state} as {report['alias']!r})")
+    print(f"model       {report['fingerprint']}")
+    print(
+        f"documents   {report['documents']} ingested, {report['skipped_empty']} empty skipped\n"
+        f"chunks      {report['chunks']} ({report['tokens']} tokens, "
+        f"{report['truncated']} truncated)\n"
+        f"vectors     {report['encoded']} encoded, {report['reused']} reused from "
+        f"{report['previous'] or '-'}, {report['removed']} removed"
+    )
+    if report.get("gate"):
+        print(f"gate        {report['gate']['summary']}")
+    if report["orphans_removed"]:
+        print(f"cleaned     {', '.join(report['orphans_removed'])} (left by an interrupted ingest)")
+    if report["deleted_versions"]:
+        print(f"retention   deleted {', '.join(report['deleted_versions'])}")
+    stages = ", ".join(f"{k} {v:.1f}s" for k, v in report["timings_s"].items())
+    print(f"time        {stages}")
+
+
+def cmd_search(args: argparse.Namespace) -> int:
+    from rag_retriever.retriever import Retriever
+
+    settings = _settings(args, collection=args.collection)
+    retriever = Retriever.from_settings(settings)
+    flt = SearchFilter(
+        doc_ids=tuple(args.doc) if args.doc else None, equals=_parse_where(args.where)
+    )
+    result = retriever.retrieve(args.query, k=args.k, mode=args.mode, filter=flt)
+    if args.json:
+        print(json.dumps(result.to_dict(), indent=2, ensure_ascii=False))
+    else:
+        print(format_result(result))
+    return 0
+
+
+def format_result(result: SearchResult, width: int = 100) -> str:
+    """A readable table: rank, title, per-stage ranks, a snippet."""
+
+    def rank(stage: Any) -> str:
+        return "-" if stage is None else str(stage.rank)
+
+    lines = [
+        f"{result.mode} search in {result.collection}: {len(result.hits)} hits "
+        f"({', '.join(f'{k} {v:.1f}ms' for k, v in result.timings_ms.items())})",
+        f"{'#':>3}  {'score':>8}  {'dense':>5} {'bm25':>5} {'fused':>5} {'rerank':>6}  "
+        "title / snippet",
+    ]
+    for h in result.hits:
+        lines.append(
+            f"{h.rank:>3}  {h.score:>8.4f}  {rank(h.dense):>5} {rank(h.bm25):>5} "
+            f"{rank(h.fused):>5} {rank(h.rerank):>6}  {h.title} [{h.doc_id} {h.start}:{h.end}]"
+        )
+        snippet = " ".join(h.text.split())
+        lines.append("     " + textwrap.shorten(snippet, width=width, placeholder=" ..."))
+        if h.matched_terms:
+            lines.append(f"{'':>5}matched: {', '.join(h.matched_terms)}")
+    lines.extend(f"note: {n}" for n in result.notices)
+    return "\n".join(lines)
+
+
+def cmd_collections(args: argparse.Namespace) -> int:
+    from ingest.versions import describe_versions
+    from rag_retriever.store import QdrantStore, open_client, parse_collection_name
+
+    settings = _settings(args)
+    store = QdrantStore(open_client(settings))
+    aliases = store.aliases()
+    groups = sorted({p[0] for n in store.collection_names() if (p := parse_collection_name(n))})
+    out: dict[str, dict[str, Any]] = {
+        alias: {
+            "serving": aliases.get(alias),
+            "versions": describe_versions(store.versions(alias), aliases.get(alias)),
+        }
+        for alias in groups
+    }
+    if args.json:
+        print(json.dumps(out, indent=2))
+        return 0
+    if not out:
+        print("no collections yet; run `rag-retriever ingest PATH --collection NAME`")
+    for alias, info in out.items():
+        print(f"{alias} -> {info['serving'] or '(no alias)'}")
+        for v in info["versions"]:
+            mark = "*" if v["serving"] else " "
+            print(
+                f"  {mark} v{v['version']:<3} {v['status']:<9} {v['points']:>7} points  "
+                f"{v['model']}@{v['fingerprint']}  {v['created_at']}  {v['collection']}"
+            )
+    return 0
+
+
+def cmd_rollback(args: argparse.Namespace) -> int:
+    from ingest.versions import rollback
+    from rag_retriever.store import QdrantStore, open_client
+
+    store = QdrantStore(open_client(_settings(args)))
+    name = rollback(store, args.name)
+    print(f"{args.name} -> {name}")
+    return 0
+
+
+def cmd_promote(args: argparse.Namespace) -> int:
+    from ingest.versions import promote_version
+    from rag_retriever.store import QdrantStore, open_client
+
+    store = QdrantStore(open_client(_settings(args)))
+    name = promote_version(store, args.name, args.version)
+    print(f"{args.name} -> {name}")
+    return 0
+
+
+# -- parser -----------------------------------------------------------------------------------
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="rag-retriever",
+        description="Retrieval backend for RAG: ingest, search, evaluate, serve.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser(
+        "ingest", help="ingest a .jsonl file or a folder as a new collection version"
+    )
+    p.add_argument("path", type=Path, help=".jsonl of {id, title, text} or a folder of .md/.txt")
+    p.add_argument("--collection", help="alias to serve it under (RAG_COLLECTION, default docs)")
+    p.add_argument("--chunk-tokens", type=int, help="chunk body budget in tokens (default 200)")
+    p.add_argument("--overlap-tokens", type=int, help="overlap between chunks (default 48)")
+    p.add_argument("--keep-versions", type=int, help="versions kept after promotion (default 2)")
+    p.add_argument(
+        "--no-promote", action="store_true", help="build the version, do not move the alias"
+    )
+    p.add_argument("--gate", type=Path, help="labelled questions: evaluate before promoting")
+    p.add_argument("--gate-k", type=int, default=10, help="the k of the gate's recall@k (10)")
+    p.add_argument("--min-recall", type=float, default=0.0, help="refuse below this recall@k (0)")
+    p.add_argument(
+        "--max-regression", type=float, default=0.01, help="refuse if recall@k drops more (0.01)"
+    )
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    _common(p)
+    p.set_defaults(func=cmd_ingest)
+
+    p = sub.add_parser("search", help="search a collection")
+    p.add_argument("query")
+    p.add_argument("--collection", help="alias or collection (default RAG_COLLECTION)")
+    p.add_argument("-k", type=int, default=None, help="number of hits (default RAG_DEFAULT_K=10)")
+    p.add_argument("--mode", choices=MODES, help="dense, bm25, hybrid or rerank")
+    p.add_argument(
+        "--doc", action="append", default=[], help="only chunks of this doc id (repeatable)"
+    )
+    p.add_argument("--where", action="append", default=[], help="metadata FIELD=VALUE (repeatable)")
+    p.add_argument("--json", action="store_true")
+    _common(p)
+    p.set_defaults(func=cmd_search)
+
+    p = sub.add_parser("collections", help="list aliases, versions, point counts, fingerprints")
+    p.add_argument("--json", action="store_true")
+    _common(p)
+    p.set_defaults(func=cmd_collections)
+
+    p = sub.add_parser("rollback", help="point an alias at its previous complete version")
+    p.add_argument("name")
+    _common(p)
+    p.set_defaults(func=cmd_rollback)
+
+    p = sub.add_parser("promote", help="point an alias at a given complete version")
+    p.add_argument("name")
+    p.add_argument("--version", type=int, required=True)
+    _common(p)
+    p.set_defaults(func=cmd_promote)
+
+    for register in EXTRA_COMMANDS:
+        register(sub)
+    return parser
+
+
+# Commands defined in other modules add themselves here (serve, training).
+EXTRA_COMMANDS: list[Callable[[Any], None]] = []
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        level = _settings(args).log_level
+        logging.basicConfig(
+            level=getattr(logging, level.upper(), logging.INFO),
+            format="%(levelname)s %(name)s: %(message)s",
+        )
+        return int(args.func(args))
+    except RagError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,74 @@
+"""Errors raised by rag-retriever. Each message says what was wrong, what was expected, the fix.
+
+The HTTP service maps them to status codes (`http_status`), so a client sees the same message a
+Python caller would.
+"""
+
+from __future__ import annotations
+
+
+class RagError(Exception):
+    """Base class of every error rag-retriever raises on purpose."""
+
+    http_status = 500
+    code = "internal_error"
+
+
+class ConfigError(RagError, ValueError):
+    """A setting, flag or environment variable has an invalid value."""
+
+    http_status = 500
+    code = "config_error"
+
+
+class InvalidRequest(RagError, ValueError):
+    """A query, k, mode or filter is not acceptable."""
+
+    http_status = 422
+    code = "invalid_request"
+
+
+class DocumentError(RagError, ValueError):
+    """Input documents are malformed; names the file and line."""
+
+    http_status = 422
+    code = "invalid_documents"
+
+
+class CollectionNotFound(RagError, LookupError):
+    http_status = 404
+    code = "collection_not_found"
+
+
+class FingerprintMismatch(RagError):
+    """The collection was embedded with another model than the loaded encoder."""
+
+    http_status = 409
+    code = "fingerprint_mismatch"
+
+
+class ModelLoadError(RagError):
+    """A model directory or id cannot be loaded as the kind of model that was asked for."""
+
+    http_status = 500
+    code = "model_load_error"
+
+
+class IngestLocked(RagError):
+    """Another ingest of the same alias is running."""
+
+    http_status = 409
+    code = "ingest_locked"
+
+
+class GateRejected(RagError):
+    """The promotion gate refused to move the alias to the new version.
+
+    `report` is the ingest report of the version that was built and kept unpromoted.
+    """
+
+    code = "gate_rejected"
+
+    def __init__(self, message: str, report: object = None) -> None:
+        super().__init__(message)
+        self.report = report

@@ -1,0 +1,276 @@
+"""The values that flow through rag-retriever: documents, chunks, hits.
+
+Every record is a frozen dataclass. Stages build new records instead of editing the ones they
+were given (`dataclasses.replace`), so a hit's dense score can never be overwritten by a later
+stage.
+
+Example:
+    >>> doc = Document(id="a.md", title="A", text="One.\\n\\nTwo.")
+    >>> chunk_point_id("a.md", 0) == chunk_point_id("a.md", 0)
+    True
+"""
+
+from __future__ import annotations
+
+import hashlib
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+# A fixed namespace so that chunk ids are the same on every machine and every run:
+# re-ingesting the same document overwrites its points instead of duplicating them.
+CHUNK_ID_NAMESPACE = uuid.UUID("5b1c0f8e-7a52-4b8e-9d1c-2f4e6a7b8c90")
+
+Mode = Literal["dense", "bm25", "hybrid", "rerank"]
+MODES: tuple[Mode, ...] = ("dense", "bm25", "hybrid", "rerank")
+
+
+def chunk_point_id(doc_id: str, chunk_index: int) -> str:
+    """The Qdrant point id of a chunk: uuid5 of the document id and the chunk's position."""
+    return str(uuid.uuid5(CHUNK_ID_NAMESPACE, f"{doc_id}\x00{chunk_index}"))
+
+
+def content_hash(text: str) -> str:
+    """sha256 of the exact text that is embedded; equal hashes mean a vector can be reused."""
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def embed_text(title: str, body: str) -> str:
+    """The text that is embedded and BM25-indexed for a chunk: the title, a blank line, the body."""
+    return f"{title}\n\n{body}" if title else body
+
+
+@dataclass(frozen=True)
+class Document:
+    """One input document; `metadata` keeps every extra field of the input line."""
+
+    id: str
+    title: str
+    text: str
+    metadata: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """A span of a document's text, `document.text[start:end] == text`."""
+
+    id: str
+    doc_id: str
+    title: str
+    chunk_index: int
+    start: int
+    end: int
+    text: str
+    n_tokens: int
+    content_hash: str
+    metadata: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def embed_text(self) -> str:
+        return embed_text(self.title, self.text)
+
+    def to_payload(self) -> dict[str, Any]:
+        """The Qdrant payload (and the row of the chunk table): everything but the vector."""
+        return {
+            "chunk_id": self.id,
+            "doc_id": self.doc_id,
+            "title": self.title,
+            "chunk_index": self.chunk_index,
+            "start": self.start,
+            "end": self.end,
+            "text": self.text,
+            "n_tokens": self.n_tokens,
+            "content_hash": self.content_hash,
+            "metadata": dict(self.metadata),
+        }
+
+    @classmethod
+    def from_payload(cls, payload: Mapping[str, Any]) -> Chunk:
+        return cls(
+            id=str(payload["chunk_id"]),
+            doc_id=str(payload["doc_id"]),
+            title=str(payload["title"]),
+            chunk_index=int(payload["chunk_index"]),
+            start=int(payload["start"]),
+            end=int(payload["end"]),
+            text=str(payload["text"]),
+            n_tokens=int(payload["n_tokens"]),
+            content_hash=str(payload["content_hash"]),
+            metadata=dict(payload.get("metadata") or {}),
+        )
+
+
+@dataclass(frozen=True)
+class StageScore:
+    """Where one stage put a chunk: 1-based rank and that stage's own score."""
+
+    rank: int
+    score: float
+
+
+@dataclass(frozen=True)
+class Hit:
+    """A retrieved chunk with its provenance and what every stage that saw it said.
+
+    A stage that did not run, or did not return this chunk, is None, never zero.
+    `score` is the score of the stage that produced the final order (cosine for `dense`,
+    BM25 for `bm25`, RRF for `hybrid`, the cross-encoder logit for `rerank`).
+    """
+
+    chunk_id: str
+    doc_id: str
+    title: str
+    text: str
+    start: int
+    end: int
+    chunk_index: int
+    rank: int
+    score: float
+    dense: StageScore | None = None
+    bm25: StageScore | None = None
+    fused: StageScore | None = None
+    rerank: StageScore | None = None
+    matched_terms: tuple[str, ...] = ()
+    metadata: Mapping[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        def stage(s: StageScore | None) -> dict[str, float | int] | None:
+            return None if s is None else {"rank": s.rank, "score": s.score}
+
+        return {
+            "chunk_id": self.chunk_id,
+            "doc_id": self.doc_id,
+            "title": self.title,
+            "text": self.text,
+            "start": self.start,
+            "end": self.end,
+            "chunk_index": self.chunk_index,
+            "rank": self.rank,
+            "score": self.score,
+            "dense": stage(self.dense),
+            "bm25": stage(self.bm25),
+            "fused": stage(self.fused),
+            "rerank": stage(self.rerank),
+            "matched_terms": list(self.matched_terms),
+            "metadata": dict(self.metadata),
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Hit:
+        def stage(value: Any) -> StageScore | None:
+            return None if value is None else StageScore(int(value["rank"]), float(value["score"]))
+
+        return cls(
+            chunk_id=str(data["chunk_id"]),
+            doc_id=str(data["doc_id"]),
+            title=str(data["title"]),
+            text=str(data["text"]),
+            start=int(data["start"]),
+            end=int(data["end"]),
+            chunk_index=int(data["chunk_index"]),
+            rank=int(data["rank"]),
+            score=float(data["score"]),
+            dense=stage(data.get("dense")),
+            bm25=stage(data.get("bm25")),
+            fused=stage(data.get("fused")),
+            rerank=stage(data.get("rerank")),
+            matched_terms=tuple(data.get("matched_terms") or ()),
+            metadata=dict(data.get("metadata") or {}),
+        )
+
+
+@dataclass(frozen=True)
+class SearchFilter:
+    """Restricts both the dense and the BM25 branch to the same chunks.
+
+    `doc_ids`: keep chunks of these documents. `equals`: keep chunks whose document metadata
+    field equals the value (all pairs must match).
+    """
+
+    doc_ids: tuple[str, ...] | None = None
+    equals: Mapping[str, str | int | bool] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.doc_ids is not None and not all(isinstance(d, str) for d in self.doc_ids):
+            raise TypeError("SearchFilter.doc_ids must be a tuple of strings")
+        for key, value in self.equals.items():
+            if not isinstance(key, str) or not key:
+                raise ValueError(f"filter field names must be non-empty strings, got {key!r}")
+            # Qdrant's exact match takes keywords, integers and booleans (not floats).
+            if not isinstance(value, str | int | bool):
+                raise TypeError(
+                    f"filter value for {key!r} must be a string, integer or boolean, "
+                    f"got {type(value).__name__}"
+                )
+
+    @property
+    def is_empty(self) -> bool:
+        return self.doc_ids is None and not self.equals
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any] | None) -> SearchFilter:
+        """Build from `{"doc_ids": [...], "equals": {...}}` (the HTTP and CLI form)."""
+        if not data:
+            return cls()
+        unknown = set(data) - {"doc_ids", "equals"}
+        if unknown:
+            raise ValueError(
+                f"unknown filter keys {sorted(unknown)}; expected 'doc_ids' and/or 'equals'"
+            )
+        doc_ids = data.get("doc_ids")
+        if doc_ids is not None and (
+            not isinstance(doc_ids, list | tuple) or not all(isinstance(d, str) for d in doc_ids)
+        ):
+            raise ValueError("filter 'doc_ids' must be a list of strings")
+        equals = data.get("equals") or {}
+        if not isinstance(equals, Mapping):
+            raise ValueError("filter 'equals' must be an object of field: value")
+        return cls(doc_ids=None if doc_ids is None else tuple(doc_ids), equals=dict(equals))
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        if self.doc_ids is not None:
+            out["doc_ids"] = list(self.doc_ids)
+        if self.equals:
+            out["equals"] = dict(self.equals)
+        return out
+
+
+@dataclass(frozen=True)
+class SearchResult:
+    """Hits plus what the caller should know about how they were made."""
+
+    query: str
+    mode: Mode
+    collection: str
+    hits: tuple[Hit, ...]
+    timings_ms: Mapping[str, float]
+    query_truncated: bool = False
+    notices: tuple[str, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "query": self.query,
+            "mode": self.mode,
+            "collection": self.collection,
+            "hits": [h.to_dict() for h in self.hits],
+            "timings_ms": dict(self.timings_ms),
+            "query_truncated": self.query_truncated,
+            "notices": list(self.notices),
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> SearchResult:
+        mode = data["mode"]
+        if mode not in MODES:
+            raise ValueError(f"unknown mode {mode!r}; expected one of {', '.join(MODES)}")
+        return cls(
+            query=str(data["query"]),
+            mode=mode,
+            collection=str(data["collection"]),
+            hits=tuple(Hit.from_dict(h) for h in data["hits"]),
+            timings_ms={str(k): float(v) for k, v in data["timings_ms"].items()},
+            query_truncated=bool(data.get("query_truncated", False)),
+            notices=tuple(data.get("notices") or ()),
+        )

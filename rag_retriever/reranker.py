@@ -1,0 +1,168 @@
+"""Cross-encoder reranking: score (query, chunk) pairs jointly and reorder the candidates.
+
+Example:
+    >>> reranker = CrossEncoderReranker.load("models/my-reranker")       # doctest: +SKIP
+    >>> reranker.score("who ruled Normandy?", ["Rollo ...", "Alps ..."]).scores  # doctest: +SKIP
+    array([ 4.1, -3.2], dtype=float32)
+
+The model is any `AutoModelForSequenceClassification` with one logit (its score) or two (the
+positive class's logit). Pairs are scored in batches, sorted by length to cut padding, on CUDA
+in fp16 when present, else on the CPU (bf16 autocast where the CPU has native bf16).
+Pairs longer than `max_length` are truncated on the chunk side and counted. The scores only
+order candidates of one query; they are not probabilities and not comparable across queries.
+
+`Scorer` is the one-method protocol the retriever needs, so a test can plug in an oracle.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+import torch
+import transformers
+
+from rag_retriever.device import Precision, choose_precision, inference
+from rag_retriever.encoder import quiet_transformers
+from rag_retriever.errors import ModelLoadError
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class PairScores:
+    scores: np.ndarray  # float32, one per passage, in input order
+    truncated: int  # pairs whose passage was cut to fit max_length
+
+
+class Scorer(Protocol):
+    """Scores passages against one query; higher is more relevant."""
+
+    def score(self, query: str, passages: Sequence[str]) -> PairScores: ...
+
+
+def _check_is_classifier(source: str) -> int:
+    """The number of labels, or a ModelLoadError if `source` is not a sequence classifier."""
+    try:
+        config = transformers.AutoConfig.from_pretrained(source)
+    except (OSError, ValueError) as exc:
+        raise ModelLoadError(
+            f"cannot load reranker {source!r}: {exc}. Set RAG_RERANK_MODEL to a local "
+            f"directory or a hub id in the Hugging Face cache, or unset it to turn reranking off."
+        ) from None
+    architectures = getattr(config, "architectures", None) or []
+    if not any(a.endswith("ForSequenceClassification") for a in architectures):
+        raise ModelLoadError(
+            f"reranker {source!r} is not a sequence-classification model (architectures: "
+            f"{architectures or 'none'}); a cross-encoder must be saved as "
+            f"*ForSequenceClassification with 1 or 2 labels. Train one with "
+            f"`rag-retriever train-reranker`."
+        )
+    num_labels = int(config.num_labels)
+    if num_labels not in (1, 2):
+        raise ModelLoadError(
+            f"reranker {source!r} has {num_labels} labels; expected 1 (a relevance logit) or 2 "
+            f"(the positive class is label 1)"
+        )
+    return num_labels
+
+
+class CrossEncoderReranker:
+    def __init__(
+        self,
+        model: transformers.PreTrainedModel,
+        tokenizer: Any,
+        *,
+        name: str,
+        precision: Precision,
+        batch_size: int = 32,
+        max_length: int = 256,
+    ) -> None:
+        if batch_size <= 0 or max_length <= 0:
+            raise ValueError("batch_size and max_length must be positive")
+        self.model = model.to(precision.device).eval()  # type: ignore[arg-type]  # transformers types .to() oddly
+        self.tokenizer = tokenizer
+        self.name = name
+        self.precision = precision
+        self.batch_size = batch_size
+        self.num_labels = int(model.config.num_labels or 1)
+        window = int(getattr(model.config, "max_position_embeddings", max_length))
+        self.max_length = min(max_length, window)
+
+    @classmethod
+    def load(
+        cls,
+        source: str | Path,
+        *,
+        device: str = "auto",
+        dtype: str = "auto",
+        batch_size: int = 32,
+        max_length: int = 256,
+    ) -> CrossEncoderReranker:
+        source = str(source)
+        _check_is_classifier(source)
+        try:
+            with quiet_transformers():
+                tokenizer = transformers.AutoTokenizer.from_pretrained(source)
+                model = transformers.AutoModelForSequenceClassification.from_pretrained(source)
+        except (OSError, ValueError) as exc:
+            raise ModelLoadError(f"cannot load reranker {source!r}: {exc}") from None
+        name = source
+        meta = Path(source) / "rag_reranker.json"
+        if meta.is_file():
+            name = json.loads(meta.read_text(encoding="utf-8")).get("name", source)
+        return cls(
+            model,
+            tokenizer,
+            name=name,
+            precision=choose_precision(device, dtype),
+            batch_size=batch_size,
+            max_length=max_length,
+        )
+
+    def logits(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        """The relevance score of each pair in a tokenised batch (differentiable)."""
+        out = self.model(**batch).logits.float()
+        return out[:, 0] if self.num_labels == 1 else out[:, 1]
+
+    def encode_pairs(
+        self, query: str, passages: Sequence[str]
+    ) -> tuple[dict[str, torch.Tensor], int]:
+        """Tokenise (query, passage) pairs, truncating passages only; count truncated pairs."""
+        full = self.tokenizer(
+            [query] * len(passages), list(passages), truncation=False, verbose=False
+        )
+        truncated = sum(1 for ids in full["input_ids"] if len(ids) > self.max_length)
+        query_len = len(self.tokenizer(query, add_special_tokens=True, verbose=False)["input_ids"])
+        # A query that alone fills the window leaves no room for passage-only truncation.
+        strategy = "only_second" if query_len < self.max_length - 8 else "longest_first"
+        batch = self.tokenizer(
+            [query] * len(passages),
+            list(passages),
+            padding=True,
+            truncation=strategy,
+            max_length=self.max_length,
+            return_tensors="pt",
+        )
+        return dict(batch), truncated
+
+    def score(self, query: str, passages: Sequence[str]) -> PairScores:
+        if not passages:
+            return PairScores(np.zeros(0, dtype=np.float32), 0)
+        lengths = [len(p) for p in passages]
+        order = np.argsort([-n for n in lengths], kind="stable")
+        scores = np.empty(len(passages), dtype=np.float32)
+        truncated = 0
+        with inference(self.precision):
+            for start in range(0, len(passages), self.batch_size):
+                idx = order[start : start + self.batch_size]
+                batch, cut = self.encode_pairs(query, [passages[i] for i in idx])
+                truncated += cut
+                batch = {k: v.to(self.precision.device) for k, v in batch.items()}
+                scores[idx] = self.logits(batch).cpu().numpy()
+        return PairScores(scores, truncated)

@@ -1,0 +1,212 @@
+"""Configuration: `RAG_*` environment variables, overridable by CLI flags, validated at start-up.
+
+Example:
+    >>> s = Settings.from_env({"RAG_DENSE_TOP_N": "50"})
+    >>> s.dense_top_n
+    50
+
+Every field has a documented default; an invalid value raises ConfigError naming the variable
+and what it accepts. This module does not read files or load models.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+from rag_retriever.errors import ConfigError
+
+DEVICES = ("auto", "cpu", "cuda")
+DTYPES = ("auto", "fp32", "bf16", "fp16")
+POOLINGS = ("mean", "cls")
+
+
+@dataclass(frozen=True)
+class Settings:
+    # Where embedded Qdrant, the BM25 indexes and the ingest locks live.
+    data_dir: Path = Path("rag-data")
+    # A Qdrant server (`http://host:6333`); None = embedded Qdrant under data_dir.
+    qdrant_url: str | None = None
+    qdrant_api_key: str | None = None
+    # The alias queries go through when none is given.
+    collection: str = "docs"
+
+    # Embedding model: a name from the profile table, a hub id or a local directory.
+    embed_model: str = "all-MiniLM-L6-v2"
+    # Overrides of the model profile; None = take the profile's value.
+    query_prefix: str | None = None
+    passage_prefix: str | None = None
+    pooling: str | None = None
+    device: str = "auto"
+    dtype: str = "auto"
+    # 32 measured fastest on a 2-core CPU with bf16 (64 was ~25% slower: more padding per batch).
+    embed_batch_size: int = 32
+
+    # Chunk bodies are packed up to this many tokens of the embedder's tokenizer. 200 leaves room
+    # for a title and the model's special tokens inside all-MiniLM-L6-v2's 256-token window, and
+    # holds one SQuAD paragraph (median ~150 tokens) whole.
+    chunk_tokens: int = 200
+    # Consecutive chunks share up to this many tokens: one or two sentences.
+    chunk_overlap_tokens: int = 48
+
+    # Query path depths.
+    dense_top_n: int = 100
+    bm25_top_n: int = 100
+    # Reciprocal rank fusion constant (Cormack, Clarke & Buettcher, SIGIR 2009).
+    rrf_k: int = 60
+    rerank_model: str | None = None
+    rerank_candidates: int = 50
+    rerank_batch_size: int = 32
+    rerank_max_length: int = 256
+    default_k: int = 10
+    max_k: int = 100
+    max_query_chars: int = 2000
+
+    # Versions of a collection kept after a promotion (the live one included).
+    keep_versions: int = 2
+
+    # HTTP service.
+    api_key: str | None = None
+    max_batch_size: int = 64
+    max_body_bytes: int = 1_000_000
+
+    log_level: str = "INFO"
+
+    def __post_init__(self) -> None:
+        def positive(name: str) -> None:
+            value = getattr(self, name)
+            if not isinstance(value, int) or value <= 0:
+                raise ConfigError(f"{_env_name(name)} must be a positive integer, got {value!r}")
+
+        for name in (
+            "embed_batch_size",
+            "chunk_tokens",
+            "dense_top_n",
+            "bm25_top_n",
+            "rrf_k",
+            "rerank_candidates",
+            "rerank_batch_size",
+            "rerank_max_length",
+            "default_k",
+            "max_k",
+            "max_query_chars",
+            "keep_versions",
+            "max_batch_size",
+            "max_body_bytes",
+        ):
+            positive(name)
+        if self.chunk_overlap_tokens < 0 or self.chunk_overlap_tokens >= self.chunk_tokens:
+            raise ConfigError(
+                f"RAG_CHUNK_OVERLAP_TOKENS must be in [0, RAG_CHUNK_TOKENS={self.chunk_tokens}), "
+                f"got {self.chunk_overlap_tokens}"
+            )
+        if self.default_k > self.max_k:
+            raise ConfigError(
+                f"RAG_DEFAULT_K ({self.default_k}) must not exceed RAG_MAX_K ({self.max_k})"
+            )
+        _choice("device", self.device, DEVICES)
+        _choice("dtype", self.dtype, DTYPES)
+        if self.pooling is not None:
+            _choice("pooling", self.pooling, POOLINGS)
+        if not self.collection or "__" in self.collection:
+            raise ConfigError(
+                f"RAG_COLLECTION must be a non-empty name without '__' (reserved for versions), "
+                f"got {self.collection!r}"
+            )
+        if self.qdrant_url is not None and not self.qdrant_url.startswith(("http://", "https://")):
+            raise ConfigError(
+                f"RAG_QDRANT_URL must start with http:// or https://, got {self.qdrant_url!r}"
+            )
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> Settings:
+        """Read `RAG_<FIELD>` variables, then apply keyword overrides (CLI flags), then validate.
+
+        Overrides that are None are ignored, so CLI flags that were not given do not reset
+        environment values.
+        """
+        env = os.environ if environ is None else environ
+        values: dict[str, Any] = {}
+        for f in fields(cls):
+            raw = env.get(_env_name(f.name))
+            # An empty prefix is a real value ("no prefix"); elsewhere empty means unset.
+            if raw is None or (raw == "" and f.name not in ("query_prefix", "passage_prefix")):
+                continue
+            values[f.name] = _parse(f.name, raw, _CONVERTERS[f.name])
+        for key, value in overrides.items():
+            if key not in _CONVERTERS:
+                raise ConfigError(f"unknown setting {key!r}")
+            if value is not None:
+                values[key] = value
+        return cls(**values)
+
+    def replace(self, **changes: Any) -> Settings:
+        return dataclasses.replace(self, **changes)
+
+    @property
+    def qdrant_path(self) -> Path:
+        return self.data_dir / "qdrant"
+
+    @property
+    def index_dir(self) -> Path:
+        return self.data_dir / "indexes"
+
+
+def _env_name(field_name: str) -> str:
+    return f"RAG_{field_name.upper()}"
+
+
+def _choice(name: str, value: str, allowed: tuple[str, ...]) -> None:
+    if value not in allowed:
+        raise ConfigError(f"{_env_name(name)} must be one of {', '.join(allowed)}; got {value!r}")
+
+
+def _parse(name: str, raw: str, convert: Callable[[str], Any]) -> Any:
+    try:
+        return convert(raw)
+    except ValueError as exc:
+        raise ConfigError(f"{_env_name(name)}={raw!r} is invalid: {exc}") from None
+
+
+def _optional_str(raw: str) -> str | None:
+    return raw
+
+
+def _int(raw: str) -> int:
+    return int(raw.strip())
+
+
+_CONVERTERS: dict[str, Callable[[str], Any]] = {
+    "data_dir": Path,
+    "qdrant_url": _optional_str,
+    "qdrant_api_key": _optional_str,
+    "collection": str,
+    "embed_model": str,
+    "query_prefix": str,
+    "passage_prefix": str,
+    "pooling": str,
+    "device": str,
+    "dtype": str,
+    "embed_batch_size": _int,
+    "chunk_tokens": _int,
+    "chunk_overlap_tokens": _int,
+    "dense_top_n": _int,
+    "bm25_top_n": _int,
+    "rrf_k": _int,
+    "rerank_model": _optional_str,
+    "rerank_candidates": _int,
+    "rerank_batch_size": _int,
+    "rerank_max_length": _int,
+    "default_k": _int,
+    "max_k": _int,
+    "max_query_chars": _int,
+    "keep_versions": _int,
+    "api_key": _optional_str,
+    "max_batch_size": _int,
+    "max_body_bytes": _int,
+    "log_level": str,
+}

@@ -1,0 +1,169 @@
+"""Shared fixtures: a tiny BERT encoder and cross-encoder built here, real Qdrant in memory.
+
+The tiny models are randomly initialised (no download): they exercise the real loading, pooling,
+batching and scoring code paths in milliseconds. Tests that need meaningful embeddings use the
+real all-MiniLM-L6-v2 and are marked `model`.
+"""
+
+from __future__ import annotations
+
+import json
+import string
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+from qdrant_client import QdrantClient
+from transformers import BertConfig, BertForSequenceClassification, BertModel, BertTokenizer
+
+from rag_retriever.encoder import Encoder
+from rag_retriever.profiles import ModelProfile, write_profile_file
+from rag_retriever.store import QdrantStore
+
+SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+
+WORDS = [
+    "the",
+    "a",
+    "of",
+    "and",
+    "to",
+    "in",
+    "is",
+    "was",
+    "for",
+    "on",
+    "with",
+    "as",
+    "by",
+    "at",
+    "from",
+    "that",
+    "this",
+    "it",
+    "be",
+    "are",
+    "or",
+    "an",
+    "alpha",
+    "bravo",
+    "charlie",
+    "delta",
+    "echo",
+    "foxtrot",
+    "golf",
+    "hotel",
+    "india",
+    "juliet",
+    "kilo",
+    "lima",
+    "apple",
+    "apples",
+    "pear",
+    "pears",
+    "red",
+    "green",
+    "blue",
+    "wine",
+    "river",
+    "mountain",
+    "city",
+    "king",
+    "queen",
+    "war",
+    "peace",
+    "qdrant",
+    "vector",
+    "search",
+    "chunk",
+    "chunks",
+    "index",
+    "bm25",
+    "rerank",
+    "model",
+    "query",
+    "passage",
+    "document",
+    "normandy",
+    "normans",
+    "rollo",
+    "france",
+    "paris",
+    "london",
+    "science",
+    "cell",
+    "protein",
+    "gene",
+    "cancer",
+]
+
+
+def _vocab() -> list[str]:
+    specials = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+    chars = list(string.ascii_lowercase + string.digits + string.punctuation)
+    pieces = [f"##{c}" for c in string.ascii_lowercase + string.digits]
+    return specials + sorted(set(WORDS)) + chars + pieces
+
+
+def build_tiny_bert(
+    directory: Path, *, classifier: bool = False, seed: int = 0, num_labels: int = 1
+) -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    tokenizer = BertTokenizer(vocab={w: i for i, w in enumerate(_vocab())}, do_lower_case=True)
+    config = BertConfig(
+        vocab_size=len(_vocab()),
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=128,
+    )
+    config.num_labels = num_labels
+    torch.manual_seed(seed)
+    model = BertForSequenceClassification(config) if classifier else BertModel(config)
+    model.save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    return directory
+
+
+@pytest.fixture(scope="session")
+def tiny_encoder_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    directory = build_tiny_bert(tmp_path_factory.mktemp("tiny-encoder"))
+    write_profile_file(directory, ModelProfile("tiny-bert", "", "", "mean", 64))
+    return directory
+
+
+@pytest.fixture(scope="session")
+def tiny_reranker_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_tiny_bert(tmp_path_factory.mktemp("tiny-reranker"), classifier=True, seed=1)
+
+
+@pytest.fixture(scope="session")
+def tiny_encoder(tiny_encoder_dir: Path) -> Encoder:
+    return Encoder.load(str(tiny_encoder_dir), device="cpu", dtype="fp32", batch_size=4)
+
+
+@pytest.fixture(scope="session")
+def minilm() -> Encoder:
+    """The real default model (tests using it are marked `model`)."""
+    return Encoder.load("all-MiniLM-L6-v2", device="cpu")
+
+
+@pytest.fixture
+def store() -> Iterator[QdrantStore]:
+    client = QdrantClient(":memory:")
+    yield QdrantStore(client)
+    client.close()
+
+
+def shared_data(*parts: str) -> Path:
+    path = SHARED_DATA.joinpath(*parts)
+    if not path.exists():
+        pytest.skip(f"{path} is not present on this machine")
+    return path
+
+
+def write_jsonl(path: Path, rows: list[dict[str, object]]) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    return path

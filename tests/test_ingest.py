@@ -1,0 +1,211 @@
+"""The versioned writer on a real (in-memory) Qdrant: versions, alias, reuse, failure, locks."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from ingest.loaders import LoadedCorpus
+from ingest.lock import IngestLock
+from ingest.versions import promote_version, rollback
+from ingest.writer import ingest_documents
+from rag_retriever.chunk_index import ChunkIndex
+from rag_retriever.encoder import Encoded, Encoder
+from rag_retriever.errors import CollectionNotFound, IngestLocked, InvalidRequest
+from rag_retriever.profiles import ModelProfile, write_profile_file
+from rag_retriever.records import Document, chunk_point_id
+from rag_retriever.store import STATUS_BUILDING, QdrantStore
+
+DOCS = (
+    Document("a", "Apples", "Red apples grow on trees.\n\nGreen apples are sour.", {"lang": "en"}),
+    Document("b", "Wine", "Red wine comes from France. Paris drinks it.", {"lang": "fr"}),
+    Document("c", "Rivers", "The river runs from the mountain to the city.", {"lang": "en"}),
+)
+
+
+def corpus(docs: Sequence[Document] = DOCS) -> LoadedCorpus:
+    return LoadedCorpus(tuple(docs), 0, "test")
+
+
+def run(
+    store: QdrantStore, encoder: Encoder, tmp_path: Path, docs: Sequence[Document] = DOCS, **kw
+):
+    return ingest_documents(
+        corpus(docs), alias="kb", encoder=encoder, store=store, index_root=tmp_path / "idx", **kw
+    )
+
+
+def test_first_ingest_writes_a_complete_version_behind_the_alias(
+    store: QdrantStore, tiny_encoder: Encoder, tmp_path: Path
+) -> None:
+    report = run(store, tiny_encoder, tmp_path)
+    assert report.collection == "kb__tiny-bert-32__v1"
+    assert store.aliases() == {"kb": report.collection}
+    meta = store.metadata(report.collection)
+    assert meta["status"] == "complete" and meta["fingerprint"]["id"] == tiny_encoder.fingerprint.id
+    assert store.count(report.collection) == report.chunks == report.encoded
+    index = ChunkIndex.load(tmp_path / "idx", report.collection)
+    assert index is not None and len(index) == report.chunks
+    first = index.chunks[0]
+    assert first.id == chunk_point_id(first.doc_id, first.chunk_index)
+    payloads = {p["chunk_id"]: p for p in store.payloads(report.collection)}
+    assert payloads[first.id]["text"] == DOCS[0].text[first.start : first.end]
+    assert payloads[first.id]["metadata"] == {"lang": "en"}
+    assert (report.documents, report.reused, report.removed, report.truncated) == (3, 0, 0, 0)
+
+
+def test_reingest_reuses_vectors_and_counts_changes(
+    store: QdrantStore, tiny_encoder: Encoder, tmp_path: Path
+) -> None:
+    first = run(store, tiny_encoder, tmp_path)
+    changed = [
+        DOCS[0],
+        Document("c", "Rivers", "A different river text now."),
+        Document("d", "New", "Fresh doc."),
+    ]
+    second = run(store, tiny_encoder, tmp_path, changed)
+    assert second.version == 2 and second.previous == first.collection
+    assert second.reused == 1  # doc a's one chunk
+    assert second.encoded == 2  # changed c, new d
+    assert second.removed == 2  # old b and old c
+    assert store.aliases()["kb"] == second.collection
+    # A reused vector is the vector the encoder gives for that text.
+    index = ChunkIndex.load(tmp_path / "idx", second.collection)
+    assert index is not None
+    chunk = next(c for c in index.chunks if c.doc_id == "a")
+    stored = store.vectors(second.collection, [chunk.id])[chunk.id]
+    np.testing.assert_allclose(
+        stored, tiny_encoder.encode_passages([chunk.embed_text]).vectors[0], atol=1e-5
+    )
+    assert {c.doc_id for c in index.chunks} == {"a", "c", "d"}
+
+
+def test_retention_keeps_the_newest_versions(
+    store: QdrantStore, tiny_encoder: Encoder, tmp_path: Path
+) -> None:
+    reports = [run(store, tiny_encoder, tmp_path, keep_versions=2) for _ in range(3)]
+    names = [i.name for i in store.versions("kb")]
+    assert names == [reports[1].collection, reports[2].collection]
+    assert reports[2].deleted_versions == (reports[0].collection,)
+    assert not (tmp_path / "idx" / reports[0].collection).exists()
+
+
+class FailingEncoder:
+    """Wraps a real encoder and fails on the n-th call (injected failure mid-ingest)."""
+
+    def __init__(self, inner: Encoder, fail_on_call: int) -> None:
+        self.inner = inner
+        self.fingerprint = inner.fingerprint
+        self.max_seq_length = inner.max_seq_length
+        self.special_tokens = inner.special_tokens
+        self.calls = 0
+        self.fail_on_call = fail_on_call
+
+    def count_tokens(self, texts: Sequence[str]) -> list[int]:
+        return self.inner.count_tokens(texts)
+
+    def encode_passages(self, passages: Sequence[str], *, progress: bool = False) -> Encoded:
+        self.calls += 1
+        if self.calls == self.fail_on_call:
+            raise RuntimeError("injected failure")
+        return self.inner.encode_passages(passages)
+
+
+def test_failure_mid_ingest_leaves_the_alias_and_no_partial_collection(
+    store: QdrantStore, tiny_encoder: Encoder, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    good = run(store, tiny_encoder, tmp_path)
+    monkeypatch.setattr(
+        "ingest.writer.UPSERT_BATCH", 2
+    )  # several blocks, so the failure is mid-way
+    many = [Document(f"d{i}", f"T{i}", f"Text number {i} about apples.") for i in range(9)]
+    failing = FailingEncoder(tiny_encoder, fail_on_call=3)
+    with pytest.raises(RuntimeError, match="injected failure"):
+        run(store, failing, tmp_path, many)  # type: ignore[arg-type]
+    assert failing.calls == 3
+    assert store.aliases() == {"kb": good.collection}
+    assert [i.name for i in store.versions("kb")] == [good.collection]
+    assert sorted(p.name for p in (tmp_path / "idx").iterdir()) == [good.collection]
+
+
+def test_orphans_of_a_killed_ingest_are_removed_next_time(
+    store: QdrantStore, tiny_encoder: Encoder, tmp_path: Path
+) -> None:
+    good = run(store, tiny_encoder, tmp_path)
+    orphan = "kb__tiny-bert-32__v7"
+    store.create(orphan, 32, {"alias": "kb", "version": 7, "status": STATUS_BUILDING})
+    report = run(store, tiny_encoder, tmp_path)
+    assert report.orphans_removed == (orphan,)
+    assert report.version == 2  # computed after the orphan was removed
+    assert not store.exists(orphan)
+    assert store.aliases()["kb"] == report.collection != good.collection
+
+
+def test_another_model_never_writes_into_the_old_collection(
+    store: QdrantStore, tiny_encoder: Encoder, tiny_encoder_dir: Path, tmp_path: Path
+) -> None:
+    first = run(store, tiny_encoder, tmp_path)
+    other_dir = Path(shutil.copytree(tiny_encoder_dir, tmp_path / "other"))
+    write_profile_file(other_dir, ModelProfile("other-bert", "query: ", "passage: ", "mean", 64))
+    other = Encoder.load(str(other_dir), device="cpu", dtype="fp32")
+    second = run(store, other, tmp_path)
+    assert second.collection == "kb__other-bert-32__v2"
+    assert (second.reused, second.encoded) == (0, second.chunks)  # same text, new model: all new
+    assert (
+        store.metadata(first.collection)["fingerprint"]["id"]
+        != store.metadata(second.collection)["fingerprint"]["id"]
+    )
+
+
+def test_promote_and_rollback(store: QdrantStore, tiny_encoder: Encoder, tmp_path: Path) -> None:
+    v1 = run(store, tiny_encoder, tmp_path)
+    v2 = run(store, tiny_encoder, tmp_path, promote=False)
+    assert not v2.promoted and store.aliases()["kb"] == v1.collection
+    assert promote_version(store, "kb", 2) == v2.collection
+    assert rollback(store, "kb") == v1.collection
+    with pytest.raises(InvalidRequest, match="no older complete version"):
+        rollback(store, "kb")
+    with pytest.raises(CollectionNotFound, match="versions: 1, 2"):
+        promote_version(store, "kb", 9)
+    with pytest.raises(CollectionNotFound):
+        rollback(store, "nope")
+
+
+def test_second_ingest_of_the_same_alias_is_refused(
+    store: QdrantStore, tiny_encoder: Encoder, tmp_path: Path
+) -> None:
+    with (
+        IngestLock(tmp_path, "kb"),
+        pytest.raises(IngestLocked, match="another ingest of 'kb' is running"),
+    ):
+        run(store, tiny_encoder, tmp_path)
+    run(store, tiny_encoder, tmp_path)  # released: works
+
+
+def test_a_killed_holder_does_not_leave_the_lock_stuck(tmp_path: Path) -> None:
+    code = (
+        "import sys, time; from pathlib import Path; from ingest.lock import IngestLock\n"
+        f"lock = IngestLock(Path({str(tmp_path)!r}), 'kb').__enter__()\n"
+        "print('held', flush=True); time.sleep(60)"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None and proc.stdout.readline().strip() == "held"
+    with pytest.raises(IngestLocked, match=f"pid {proc.pid}"), IngestLock(tmp_path, "kb"):
+        pass
+    proc.kill()
+    proc.wait()
+    deadline = time.time() + 5
+    while True:
+        try:
+            with IngestLock(tmp_path, "kb"):
+                break
+        except IngestLocked:
+            assert time.time() < deadline
+            time.sleep(0.05)

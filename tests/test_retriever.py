@@ -1,0 +1,283 @@
+"""The query path on a real in-memory Qdrant with a tiny encoder, checked against oracles."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from rank_bm25 import BM25Okapi
+
+from ingest.loaders import LoadedCorpus
+from ingest.writer import ingest_documents
+from rag_retriever.bm25 import Tokenizer
+from rag_retriever.chunk_index import ChunkIndex
+from rag_retriever.encoder import Encoder
+from rag_retriever.errors import (
+    CollectionNotFound,
+    FingerprintMismatch,
+    InvalidRequest,
+    ModelLoadError,
+)
+from rag_retriever.fusion import rrf
+from rag_retriever.profiles import ModelProfile, write_profile_file
+from rag_retriever.records import Document, SearchFilter
+from rag_retriever.reranker import CrossEncoderReranker, PairScores
+from rag_retriever.retriever import RetrievalConfig, Retriever
+from rag_retriever.store import QdrantStore
+
+TOPICS = ["apples", "pears", "wine", "river", "mountain", "city", "king", "queen", "war", "peace"]
+DOCS = tuple(
+    Document(
+        f"doc{i}",
+        f"{topic.title()} notes",
+        f"The {topic} of {TOPICS[(i + 1) % 10]} and the {topic}. A {TOPICS[(i + 3) % 10]} story.",
+        {"lang": "en" if i % 2 == 0 else "fr", "year": 2000 + i % 3},
+    )
+    for i, topic in enumerate(TOPICS)
+)
+
+
+@pytest.fixture
+def collection(
+    store: QdrantStore, tiny_encoder: Encoder, tmp_path: Path
+) -> tuple[Retriever, ChunkIndex]:
+    report = ingest_documents(
+        LoadedCorpus(DOCS, 0, "t"),
+        alias="kb",
+        encoder=tiny_encoder,
+        store=store,
+        index_root=tmp_path,
+    )
+    retriever = Retriever(encoder=tiny_encoder, store=store, index_root=tmp_path, collection="kb")
+    index = ChunkIndex.load(tmp_path, report.collection)
+    assert index is not None
+    return retriever, index
+
+
+def test_dense_order_equals_brute_force_cosine(collection, tiny_encoder: Encoder) -> None:
+    retriever, index = collection
+    query = "the king and the queen"
+    hits = retriever.search(query, k=10, mode="dense")
+    vectors = tiny_encoder.encode_passages([c.embed_text for c in index.chunks]).vectors
+    qv = tiny_encoder.encode_queries([query]).vectors[0]
+    cos = vectors @ qv
+    assert [h.chunk_id for h in hits] == [index.chunks[i].id for i in np.argsort(-cos)[:10]]
+    for h in hits:
+        assert h.dense is not None and h.dense.score == pytest.approx(
+            cos[index.row_of[h.chunk_id]], abs=1e-4
+        )
+        assert h.bm25 is None and h.fused is None and h.rerank is None  # stages that did not run
+        assert h.score == h.dense.score
+
+
+def test_bm25_equals_rank_bm25_and_explains_matches(collection) -> None:
+    retriever, index = collection
+    tok = Tokenizer()
+    ref = BM25Okapi([tok.tokenize(c.embed_text) for c in index.chunks])
+    hits = retriever.search("Wine and the city", k=5, mode="bm25")
+    scores = ref.get_scores(tok.tokenize("Wine and the city"))
+    for h in hits:
+        assert h.bm25 is not None and h.bm25.score == scores[index.row_of[h.chunk_id]]
+        assert set(h.matched_terms) <= {"wine", "city"} and h.matched_terms
+        assert h.dense is None
+    assert [h.bm25.rank for h in hits if h.bm25] == list(range(1, len(hits) + 1))
+
+
+def test_hybrid_is_rrf_of_the_two_lists(collection) -> None:
+    retriever, _ = collection
+    query = "river mountain"
+    dense = [h.chunk_id for h in retriever.search(query, k=100, mode="dense")]
+    bm25 = [h.chunk_id for h in retriever.search(query, k=100, mode="bm25")]
+    hybrid = retriever.search(query, k=100, mode="hybrid")
+    expected = rrf([dense, bm25], k=60)
+    assert [h.chunk_id for h in hybrid] == [i for i, _ in expected]
+    top = hybrid[0]
+    assert top.fused is not None and top.fused.rank == 1 and top.score == top.fused.score
+    assert top.dense is not None  # both branches saw it
+    for h in hybrid:
+        assert (h.bm25 is not None) == (h.chunk_id in bm25)
+
+
+@pytest.mark.parametrize("mode", ["dense", "bm25", "hybrid"])
+def test_filters_apply_to_both_branches(collection, mode: str) -> None:
+    retriever, _ = collection
+    flt = SearchFilter(equals={"lang": "fr"})
+    hits = retriever.search("the wine of the king", k=20, mode=mode, filter=flt)
+    assert hits and all(h.metadata["lang"] == "fr" for h in hits)
+    by_doc = retriever.search(
+        "the wine of the king", k=20, mode=mode, filter=SearchFilter(doc_ids=("doc2", "doc7"))
+    )
+    assert {h.doc_id for h in by_doc} <= {"doc2", "doc7"} and by_doc
+    both = SearchFilter(doc_ids=("doc2", "doc7", "doc4"), equals={"year": 2002})
+    assert {h.doc_id for h in retriever.search("king", k=20, mode=mode, filter=both)} <= {"doc2"}
+
+
+def test_hybrid_filtered_equals_fusion_of_filtered_lists(collection) -> None:
+    retriever, _ = collection
+    flt = SearchFilter(equals={"lang": "en"})
+    q = "apples wine river"
+    dense = [h.chunk_id for h in retriever.search(q, k=100, mode="dense", filter=flt)]
+    bm25 = [h.chunk_id for h in retriever.search(q, k=100, mode="bm25", filter=flt)]
+    hybrid = [h.chunk_id for h in retriever.search(q, k=100, mode="hybrid", filter=flt)]
+    assert hybrid == [i for i, _ in rrf([dense, bm25])]
+
+
+def test_result_carries_timings_and_notices(collection) -> None:
+    retriever, _ = collection
+    result = retriever.retrieve("king", k=3)
+    assert result.mode == "hybrid"
+    assert {"encode", "dense", "bm25", "fuse", "total"} <= set(result.timings_ms)
+    assert any("reranking is off" in n for n in result.notices)
+    assert [h.rank for h in result.hits] == [1, 2, 3]
+
+
+def test_batch_equals_single(collection) -> None:
+    retriever, _ = collection
+    queries = ["king", "the river runs", "pears and apples"]
+    batch = retriever.search_batch(queries, k=5)
+    for q, hits in zip(queries, batch, strict=True):
+        single = retriever.search(q, k=5)
+        assert [h.chunk_id for h in hits] == [h.chunk_id for h in single]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"query": "   "}, "the query is empty"),
+        ({"query": "x", "k": 0}, "k must be an integer from 1 to 100"),
+        ({"query": "x", "k": 101}, "k must be an integer from 1 to 100"),
+        ({"query": "x", "mode": "sparse"}, "unknown mode 'sparse'"),
+        ({"query": "x", "mode": "rerank"}, "reranking is off"),
+        ({"query": "x" * 2001}, "the limit is 2000"),
+    ],
+)
+def test_bad_requests(collection, kwargs: dict, message: str) -> None:
+    retriever, _ = collection
+    query = kwargs.pop("query")
+    with pytest.raises(InvalidRequest, match=message):
+        retriever.search(query, **kwargs)
+
+
+def test_unknown_collection_lists_the_existing_ones(collection) -> None:
+    retriever, _ = collection
+    with pytest.raises(CollectionNotFound, match="existing: kb"):
+        retriever.search("x", collection="nope")
+
+
+def test_over_long_query_is_truncated_and_reported(collection) -> None:
+    retriever, _ = collection
+    result = retriever.retrieve("king " * 100, k=3)  # the tiny window is 64 tokens
+    assert result.query_truncated
+    assert any("truncated" in n for n in result.notices)
+    assert not retriever.retrieve("king", k=3).query_truncated
+
+
+def test_collection_of_another_model_is_refused(
+    collection, store: QdrantStore, tiny_encoder_dir: Path, tmp_path: Path
+) -> None:
+    _retriever, _ = collection
+    other_dir = Path(shutil.copytree(tiny_encoder_dir, tmp_path / "other"))
+    write_profile_file(other_dir, ModelProfile("other-bert", "q: ", "p: ", "mean", 64))
+    other = Retriever(
+        encoder=Encoder.load(str(other_dir), device="cpu"),
+        store=store,
+        index_root=tmp_path,
+        collection="kb",
+    )
+    with pytest.raises(
+        FingerprintMismatch,
+        match=r"embedded with tiny-bert@\w+, but the query encoder is other-bert@",
+    ):
+        other.search("king")
+    assert other.search("king", mode="bm25")  # BM25 does not depend on the encoder
+
+
+def test_missing_bm25_sidecar_is_rebuilt_from_qdrant(collection, tmp_path: Path) -> None:
+    retriever, index = collection
+    before = [h.chunk_id for h in retriever.search("wine", mode="bm25")]
+    shutil.rmtree(tmp_path / index.collection)
+    fresh = Retriever(
+        encoder=retriever.encoder, store=retriever.store, index_root=tmp_path, collection="kb"
+    )
+    assert [h.chunk_id for h in fresh.search("wine", mode="bm25")] == before
+    assert (tmp_path / index.collection / "manifest.json").exists()
+
+
+class OracleScorer:
+    """Scores by a fixed table, so the expected order is known exactly."""
+
+    def __init__(self, table: dict[str, float]) -> None:
+        self.table = table
+        self.calls: list[int] = []
+
+    def score(self, query: str, passages: Sequence[str]) -> PairScores:
+        self.calls.append(len(passages))
+        return PairScores(np.array([self.table.get(p, 0.0) for p in passages], dtype=np.float32), 0)
+
+
+def test_rerank_orders_exactly_by_scorer(
+    collection, tiny_encoder: Encoder, store: QdrantStore, tmp_path: Path
+) -> None:
+    _, index = collection
+    table = {c.embed_text: float(len(c.text)) + i * 1e-3 for i, c in enumerate(index.chunks)}
+    scorer = OracleScorer(table)
+    retriever = Retriever(
+        encoder=tiny_encoder,
+        store=store,
+        index_root=tmp_path,
+        reranker=scorer,
+        config=RetrievalConfig(rerank_candidates=6),
+        collection="kb",
+    )
+    result = retriever.retrieve("king queen war", k=6)
+    assert result.mode == "rerank"
+    fused = retriever.search("king queen war", k=6, mode="hybrid")
+    expected = sorted(
+        fused, key=lambda h: -table[index.chunks[index.row_of[h.chunk_id]].embed_text]
+    )
+    assert [h.chunk_id for h in result.hits] == [h.chunk_id for h in expected]
+    assert scorer.calls == [6]  # only the top-M candidates are scored
+    for h in result.hits:
+        assert h.rerank is not None and h.fused is not None and h.score == h.rerank.score
+
+
+def test_cross_encoder_loads_scores_and_counts_truncation(tiny_reranker_dir: Path) -> None:
+    reranker = CrossEncoderReranker.load(
+        tiny_reranker_dir, device="cpu", dtype="fp32", batch_size=2, max_length=32
+    )
+    passages = ["red apples", "the king " * 40, "river", "blue wine"]
+    out = reranker.score("apples", passages)
+    assert out.scores.shape == (4,) and out.truncated == 1
+    # Scores do not depend on batch composition or order (padding is masked).
+    for i, p in enumerate(passages):
+        assert reranker.score("apples", [p]).scores[0] == pytest.approx(out.scores[i], abs=1e-4)
+
+
+def test_two_label_reranker_uses_the_positive_class(tmp_path: Path) -> None:
+    from transformers import BertForSequenceClassification
+
+    from tests.conftest import build_tiny_bert
+
+    directory = build_tiny_bert(tmp_path / "two", classifier=True, num_labels=2)
+    config = json.loads((directory / "config.json").read_text())
+    model = BertForSequenceClassification.from_pretrained(directory)
+    reranker = CrossEncoderReranker.load(directory, device="cpu", dtype="fp32")
+    batch, _ = reranker.encode_pairs("q", ["apples"])
+    with torch.no_grad():
+        logits = model.eval()(**batch).logits
+    assert reranker.score("q", ["apples"]).scores[0] == pytest.approx(float(logits[0, 1]), abs=1e-4)
+    assert config["architectures"] == ["BertForSequenceClassification"]
+
+
+def test_a_plain_encoder_is_not_accepted_as_reranker(
+    tiny_encoder_dir: Path, tmp_path: Path
+) -> None:
+    with pytest.raises(ModelLoadError, match="not a sequence-classification model"):
+        CrossEncoderReranker.load(tiny_encoder_dir)
+    with pytest.raises(ModelLoadError, match="cannot load reranker"):
+        CrossEncoderReranker.load(tmp_path / "missing")
