@@ -7,7 +7,8 @@ Example:
     ('Normans', StageScore(rank=1, score=0.71), StageScore(rank=2, score=14.2))
 
 Modes: `dense` (Qdrant cosine), `bm25` (the collection's BM25 sidecar), `hybrid` (RRF of both),
-`rerank` (hybrid, then the cross-encoder reorders the top `rerank_candidates`). Filters apply to
+`rerank` (hybrid, then the cross-encoder reorders the top `rerank_candidates`; hits beyond them
+follow in fused order, with no rerank stage and their RRF score). Filters apply to
 both branches before fusion. The collection's stored model fingerprint must equal the encoder's
 for any mode that embeds the query. Each hit says what every stage that saw it said; timings
 per stage come with the result. This module does not write collections.
@@ -89,7 +90,9 @@ class Trace:
             return [(h.row, StageScore(h.rank, h.score)) for h in self.bm25 or []]
         if mode == "hybrid":
             return self.fused or []
-        return self.rerank or []
+        # The reranked candidates first, then the rest of the fused list in fused order.
+        head = self.rerank or []
+        return head + (self.fused or [])[len(head) :]
 
 
 class Retriever:

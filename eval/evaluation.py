@@ -1,0 +1,289 @@
+"""Replay labelled questions through the retriever and measure every mode in one pass.
+
+Example:
+    >>> run = evaluate(retriever, questions, collection="squad", modes=("dense", "hybrid"))  # doctest: +SKIP
+    >>> run.summary["modes"]["hybrid"]["recall@10"]                                          # doctest: +SKIP
+    0.93
+
+One traced search per question yields the dense, BM25, fused and (with a reranker) reranked
+lists, so all modes are scored from the same retrieval. Gold keys are chunk rows (span level when
+the question has spans, else any chunk of a gold document) or document ids (`level="doc"`, a
+document ranked at its best chunk, as BEIR computes it). Used by `eval/recall_at_k.py` and the
+promotion gate, so both measure the same thing.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from tqdm.auto import tqdm
+
+from eval.metrics import (
+    FAILURE_CLASSES,
+    classify_failure,
+    item_ranks,
+    mrr_at_k,
+    ndcg_at_k,
+    recall_from_ranks,
+)
+from eval.questions import Question
+from rag_retriever.chunk_index import ChunkIndex
+from rag_retriever.records import Mode
+from rag_retriever.retriever import Retriever, Trace
+
+Level = Literal["chunk", "doc"]
+DEFAULT_KS = (1, 5, 10, 20, 100)
+BATCH = 64
+
+
+@dataclass
+class QuestionResult:
+    id: str
+    line: int
+    question: str
+    gold_chunk_ids: list[str]
+    gold_doc_ids: list[str]
+    # mode -> rank of each gold item (None = not retrieved)
+    item_ranks: dict[str, list[int | None]] = field(default_factory=dict)
+    # mode -> {"mrr@10": ..., "ndcg@10": ...}
+    scores: dict[str, dict[str, float]] = field(default_factory=dict)
+    in_dense: bool | None = None
+    in_bm25: bool | None = None
+    in_candidates: bool | None = None
+    failure_class: str = ""
+
+    def first_rank(self, mode: str) -> int | None:
+        ranks = [r for r in self.item_ranks.get(mode, []) if r is not None]
+        return min(ranks) if ranks else None
+
+    def to_row(self, ks: Sequence[int]) -> dict[str, Any]:
+        row: dict[str, Any] = {
+            "id": self.id,
+            "line": self.line,
+            "question": self.question,
+            "gold_chunk_ids": self.gold_chunk_ids,
+            "gold_doc_ids": self.gold_doc_ids,
+        }
+        for mode, ranks in self.item_ranks.items():
+            row[f"rank_{mode}"] = self.first_rank(mode)
+            for k in ks:
+                row[f"hit@{k}_{mode}"] = recall_from_ranks(ranks, k) > 0
+            row[f"item_ranks_{mode}"] = ranks
+            for metric, value in self.scores.get(mode, {}).items():
+                row[f"{metric}_{mode}"] = round(value, 4)
+        row["in_dense_top_n"] = self.in_dense
+        row["in_bm25_top_n"] = self.in_bm25
+        row["in_rerank_candidates"] = self.in_candidates
+        row["failure_class"] = self.failure_class
+        return row
+
+
+@dataclass
+class EvalRun:
+    collection: str
+    level: Level
+    modes: tuple[Mode, ...]
+    ks: tuple[int, ...]
+    results: list[QuestionResult]
+    problems: list[str]
+    summary: dict[str, Any]
+
+
+def trace_mode_for(modes: Sequence[Mode]) -> Mode:
+    """The one mode whose trace contains every requested mode's list."""
+    if "rerank" in modes:
+        return "rerank"
+    if "hybrid" in modes or ("dense" in modes and "bm25" in modes):
+        return "hybrid"
+    return modes[0]
+
+
+def primary_mode(modes: Sequence[Mode]) -> Mode:
+    for mode in ("rerank", "hybrid", "dense", "bm25"):
+        if mode in modes:
+            return mode
+    raise ValueError("no modes to evaluate")
+
+
+def evaluate(
+    retriever: Retriever,
+    questions: Sequence[Question],
+    *,
+    collection: str,
+    modes: Sequence[Mode] = ("dense", "bm25", "hybrid"),
+    ks: Sequence[int] = DEFAULT_KS,
+    level: Level = "chunk",
+    failure_k: int = 10,
+    progress: bool = False,
+) -> EvalRun:
+    if not modes:
+        raise ValueError("no modes to evaluate")
+    if any(k <= 0 for k in ks):
+        raise ValueError(f"every k must be positive, got {list(ks)}")
+    started = time.perf_counter()
+    trace_mode = trace_mode_for(modes)
+    name, index = retriever.open_collection(collection, trace_mode)
+    rows_of_doc: dict[str, list[int]] = {}
+    for row, chunk in enumerate(index.chunks):
+        rows_of_doc.setdefault(chunk.doc_id, []).append(row)
+
+    problems: list[str] = []
+    runnable: list[tuple[Question, list[set[Hashable]]]] = []
+    chunking_misses: list[QuestionResult] = []
+    skipped = Counter[str]()
+    for q in questions:
+        unknown = [d for d in q.gold_doc_ids if d not in rows_of_doc]
+        if unknown:
+            problems.append(f"line {q.line}: gold doc id(s) {unknown} not in collection {name}")
+            if len(unknown) == len(q.gold_doc_ids):
+                skipped["unknown_gold_doc"] += 1
+                continue
+        items = gold_items(q, index, rows_of_doc, level)
+        if not items:
+            problems.append(
+                f"line {q.line}: no chunk of {name} contains the gold span (chunking miss)"
+            )
+            miss = _result(q, index, [])
+            miss.failure_class = "chunking_miss"
+            miss.item_ranks = {mode: [] for mode in modes}  # counted as a miss in every mode
+            chunking_misses.append(miss)
+            continue
+        runnable.append((q, items))
+
+    results: list[QuestionResult] = []
+    candidates_m = retriever.config.rerank_candidates
+    bar = tqdm(total=len(runnable), desc=f"evaluating {name}", unit="q", disable=not progress)
+    for start in range(0, len(runnable), BATCH):
+        batch = runnable[start : start + BATCH]
+        _, _, traces = retriever.trace(
+            [q.question for q, _ in batch], mode=trace_mode, collection=name
+        )
+        for (q, items), trace in zip(batch, traces, strict=True):
+            results.append(_score(q, items, trace, index, modes, level, candidates_m, failure_k))
+        bar.update(len(batch))
+    bar.close()
+    results.extend(chunking_misses)
+    summary = summarize(results, modes=modes, ks=ks, failure_k=failure_k)
+    summary.update(
+        collection=name,
+        level=level,
+        questions_given=len(questions),
+        questions_skipped=dict(skipped),
+        problems=len(problems),
+        time_s=round(time.perf_counter() - started, 2),
+        rerank_candidates=candidates_m,
+        dense_top_n=retriever.config.dense_top_n,
+        bm25_top_n=retriever.config.bm25_top_n,
+    )
+    return EvalRun(name, level, tuple(modes), tuple(ks), results, problems, summary)
+
+
+def gold_items(
+    q: Question, index: ChunkIndex, rows_of_doc: dict[str, list[int]], level: Level
+) -> list[set[Hashable]]:
+    """The gold items of a question as sets of keys (chunk rows, or doc ids at doc level)."""
+    if level == "doc":
+        return [{d} for d in q.gold_doc_ids if d in rows_of_doc]
+    if q.gold_spans:
+        items: list[set[Hashable]] = []
+        for span in q.gold_spans:
+            rows: set[Hashable] = {
+                r
+                for r in rows_of_doc.get(span.doc_id, [])
+                if index.chunks[r].start <= span.start and span.end <= index.chunks[r].end
+            }
+            if rows:
+                items.append(rows)
+        return items
+    return [set(rows_of_doc[d]) for d in q.gold_doc_ids if d in rows_of_doc]
+
+
+def _result(q: Question, index: ChunkIndex, items: list[set[Hashable]]) -> QuestionResult:
+    gold_rows = sorted({k for item in items for k in item if isinstance(k, int)})
+    return QuestionResult(
+        id=q.id,
+        line=q.line,
+        question=q.question,
+        gold_chunk_ids=[index.chunks[r].id for r in gold_rows],
+        gold_doc_ids=list(q.gold_doc_ids),
+    )
+
+
+def _keys(rows: Sequence[int], index: ChunkIndex, level: Level) -> list[Hashable]:
+    if level == "doc":
+        return list(dict.fromkeys(index.chunks[r].doc_id for r in rows))
+    return list(rows)
+
+
+def _score(
+    q: Question,
+    items: list[set[Hashable]],
+    trace: Trace,
+    index: ChunkIndex,
+    modes: Sequence[Mode],
+    level: Level,
+    candidates_m: int,
+    failure_k: int,
+) -> QuestionResult:
+    result = _result(q, index, items)
+    for mode in modes:
+        keys = _keys([row for row, _ in trace.final(mode)], index, level)
+        result.item_ranks[mode] = item_ranks(keys, items)
+        result.scores[mode] = {
+            "mrr@10": mrr_at_k(keys, items, 10),
+            "ndcg@10": ndcg_at_k(keys, items, 10),
+        }
+
+    def found(rows: Sequence[int] | None) -> bool | None:
+        if rows is None:
+            return None
+        return any(r is not None for r in item_ranks(_keys(rows, index, level), items))
+
+    result.in_dense = found(None if trace.dense is None else [r for r, _ in trace.dense])
+    result.in_bm25 = found(None if trace.bm25 is None else [h.row for h in trace.bm25])
+    fused = None if trace.fused is None else [r for r, _ in trace.fused[:candidates_m]]
+    result.in_candidates = found(fused)
+    primary = primary_mode(modes)
+    result.failure_class = classify_failure(
+        has_gold=True,
+        final_rank=result.first_rank(primary),
+        k=failure_k,
+        in_dense=result.in_dense if primary != "bm25" else None,
+        in_bm25=result.in_bm25 if primary != "dense" else None,
+        in_candidates=bool(result.in_candidates) and primary in ("hybrid", "rerank"),
+        reranked=primary == "rerank",
+    )
+    return result
+
+
+def summarize(
+    results: Sequence[QuestionResult], *, modes: Sequence[Mode], ks: Sequence[int], failure_k: int
+) -> dict[str, Any]:
+    """Mean metrics per mode over questions (chunking misses count as misses)."""
+    n = len(results)
+    per_mode: dict[str, dict[str, float]] = {}
+    for mode in modes:
+        ranks = [r.item_ranks.get(mode, [None]) for r in results]
+        figures = {f"recall@{k}": _mean(recall_from_ranks(x, k) for x in ranks) for k in ks}
+        for metric in ("mrr@10", "ndcg@10"):
+            figures[metric] = _mean(r.scores.get(mode, {}).get(metric, 0.0) for r in results)
+        per_mode[mode] = {key: round(value, 4) for key, value in figures.items()}
+    counts = Counter(r.failure_class for r in results)
+    candidate = [r.in_candidates for r in results]
+    return {
+        "questions_evaluated": n,
+        "modes": per_mode,
+        "primary_mode": primary_mode(modes),
+        "candidate_recall": round(_mean(1.0 if c else 0.0 for c in candidate), 4),
+        "failure_k": failure_k,
+        "failure_classes": {c: counts.get(c, 0) for c in FAILURE_CLASSES},
+    }
+
+
+def _mean(values: Any) -> float:
+    values = list(values)
+    return sum(values) / len(values) if values else 0.0
