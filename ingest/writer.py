@@ -192,6 +192,7 @@ def _ingest_locked(
         "status": STATUS_BUILDING,
         "fingerprint": fingerprint.to_json(),
         "source": corpus.source,
+        "model_source": getattr(encoder, "source", None),
         "created_at": datetime.now(UTC).isoformat(timespec="seconds"),
     }
     store.create(name, fingerprint.dim, meta)

@@ -167,6 +167,7 @@ class Encoder:
         weights_sha256: str,
         max_seq_length: int,
         batch_size: int = 64,
+        source: str | None = None,
     ) -> None:
         if batch_size <= 0:
             raise ValueError(f"batch_size must be positive, got {batch_size}")
@@ -176,6 +177,9 @@ class Encoder:
         self.precision = precision
         self.batch_size = batch_size
         self.max_seq_length = max_seq_length
+        # Where the weights came from (a directory or hub id), recorded with collections so the
+        # promotion gate can load the live version's model again.
+        self.source = source
         self.dim = int(model.config.hidden_size)
         self.fingerprint = Fingerprint(
             model=profile.name,
@@ -218,6 +222,7 @@ class Encoder:
             weights_sha256=hash_weights(directory),
             max_seq_length=max_len,
             batch_size=batch_size,
+            source=resolved.source,
         )
 
     # -- token counting (used by the chunker) -------------------------------------------------

@@ -29,7 +29,7 @@ import numpy as np
 
 from rag_retriever.chunk_index import ChunkIndex, LexicalHit
 from rag_retriever.encoder import Encoder, load_encoder
-from rag_retriever.errors import FingerprintMismatch, InvalidRequest
+from rag_retriever.errors import CollectionNotFound, FingerprintMismatch, InvalidRequest
 from rag_retriever.fusion import rrf
 from rag_retriever.records import Hit, Mode, SearchFilter, SearchResult, StageScore
 from rag_retriever.reranker import CrossEncoderReranker, Scorer
@@ -235,7 +235,21 @@ class Retriever:
         chosen_mode = self._check_mode(mode)
         for q in queries:
             self._check_query(q)
-        name, index = self.open_collection(collection or self.default_collection, chosen_mode)
+        requested = collection or self.default_collection
+        try:
+            return self._trace(queries, chosen_mode, filter, requested)
+        except CollectionNotFound:
+            # The alias moved and retention deleted the version we had just resolved: the
+            # alias now points at a complete newer version, so resolve it again once.
+            if self.store.resolve(requested) == requested:
+                raise
+            log.info("collection behind %r changed during the request; retrying", requested)
+            return self._trace(queries, chosen_mode, filter, requested)
+
+    def _trace(
+        self, queries: Sequence[str], chosen_mode: Mode, filter: SearchFilter | None, requested: str
+    ) -> tuple[str, ChunkIndex, list[Trace]]:
+        name, index = self.open_collection(requested, chosen_mode)
         uses_dense = chosen_mode != "bm25"
         vectors: np.ndarray | None = None
         truncated: list[bool] = [False] * len(queries)

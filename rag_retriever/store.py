@@ -17,6 +17,7 @@ This module knows nothing of chunking, models or BM25.
 
 from __future__ import annotations
 
+import contextlib
 import re
 import threading
 from collections.abc import Iterator, Mapping, Sequence
@@ -26,6 +27,7 @@ from typing import Any
 import numpy as np
 from qdrant_client import QdrantClient
 from qdrant_client import models as qm
+from qdrant_client.http.exceptions import UnexpectedResponse
 from qdrant_client.local.qdrant_local import QdrantLocal
 
 from rag_retriever.errors import CollectionNotFound, ConfigError
@@ -137,7 +139,7 @@ class QdrantStore:
         )
 
     def metadata(self, name: str) -> dict[str, Any]:
-        with self._guard():
+        with self._guard(), _missing_as_not_found(name):
             config = self.client.get_collection(name).config
         meta = (getattr(config, "metadata", None) or {}).get(META_KEY)
         return dict(meta) if isinstance(meta, Mapping) else {}
@@ -223,7 +225,7 @@ class QdrantStore:
         self, name: str, vector: np.ndarray, limit: int, flt: SearchFilter | None = None
     ) -> list[tuple[str, float]]:
         """(point id, cosine) of the `limit` nearest points, best first."""
-        with self._guard():
+        with self._guard(), _missing_as_not_found(name):
             response = self.client.query_points(
                 name,
                 query=vector.tolist(),
@@ -261,6 +263,21 @@ class QdrantStore:
                 yield dict(r.payload or {})
             if offset is None:
                 return
+
+
+@contextlib.contextmanager
+def _missing_as_not_found(name: str) -> Iterator[None]:
+    """A collection deleted under our feet (e.g. by retention) becomes CollectionNotFound."""
+    try:
+        yield
+    except UnexpectedResponse as exc:
+        if exc.status_code == 404:
+            raise CollectionNotFound(f"collection {name!r} no longer exists") from None
+        raise
+    except ValueError as exc:  # embedded Qdrant
+        if "not found" in str(exc):
+            raise CollectionNotFound(f"collection {name!r} no longer exists") from None
+        raise
 
 
 class _NoLock:

@@ -1,0 +1,152 @@
+"""The promotion gate: evaluate a freshly built version before the alias moves to it.
+
+Example:
+    rag-retriever ingest corpus.jsonl --collection docs --gate questions.jsonl \\
+        --gate-k 10 --min-recall 0.8 --max-regression 0.01
+
+The new version and the live one are evaluated with the same code as `eval/recall_at_k.py`
+(`evaluate`), on the same questions, in the primary mode (rerank when a reranker is configured,
+else hybrid). The gate refuses when recall@k of the new version is below `min_recall`, or below
+the live version's by more than `max_regression` (an absolute difference: 0.01 = one point).
+Defaults: min_recall 0 (off), max_regression 0.01. The live version is evaluated with the model
+that built it (its `model_source`), so a model change is judged fairly.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from eval.evaluation import EvalRun, evaluate, primary_mode
+from eval.questions import load_questions
+from ingest.writer import Gate, GateDecision
+from rag_retriever.encoder import Encoder
+from rag_retriever.errors import ConfigError
+from rag_retriever.profiles import ModelProfile, ResolvedModel
+from rag_retriever.reranker import CrossEncoderReranker, Scorer
+from rag_retriever.retriever import RetrievalConfig, Retriever
+from rag_retriever.settings import Settings
+from rag_retriever.store import QdrantStore
+
+MAX_LISTED_REGRESSIONS = 20
+
+
+def make_gate(
+    questions_path: Path,
+    *,
+    settings: Settings,
+    encoder: Encoder,
+    store: QdrantStore,
+    k: int = 10,
+    min_recall: float = 0.0,
+    max_regression: float = 0.01,
+    reranker: Scorer | None = None,
+) -> Gate:
+    questions, problems = load_questions(questions_path)
+    if not questions:
+        raise ConfigError(f"--gate {questions_path}: no valid questions ({len(problems)} problems)")
+    if not 0.0 <= min_recall <= 1.0 or max_regression < 0:
+        raise ConfigError("--min-recall must be in [0, 1] and --max-regression non-negative")
+    if reranker is None and settings.rerank_model:
+        reranker = CrossEncoderReranker.load(
+            settings.rerank_model,
+            device=settings.device,
+            dtype=settings.dtype,
+            batch_size=settings.rerank_batch_size,
+            max_length=settings.rerank_max_length,
+        )
+    config = RetrievalConfig.from_settings(settings)
+
+    def retriever_for(collection: str) -> Retriever:
+        fingerprint = store.metadata(collection).get("fingerprint") or {}
+        model = encoder
+        if fingerprint.get("id") != encoder.fingerprint.id:
+            model = _encoder_of(store, collection, settings)
+        return Retriever(
+            encoder=model,
+            store=store,
+            index_root=settings.index_dir,
+            reranker=reranker,
+            config=config,
+        )
+
+    def gate(new: str, live: str | None) -> GateDecision:
+        ks = sorted({1, k, 10})
+        new_retriever = retriever_for(new)
+        mode = primary_mode(new_retriever.modes)
+        new_run = evaluate(
+            new_retriever, questions, collection=new, modes=(mode,), ks=ks, failure_k=k
+        )
+        new_recall = new_run.summary["modes"][mode][f"recall@{k}"]
+        details: dict[str, Any] = {
+            "mode": mode,
+            "k": k,
+            "new_recall": new_recall,
+            "questions": len(questions),
+        }
+        reasons = []
+        if new_recall < min_recall:
+            reasons.append(f"recall@{k} {new_recall:.4f} < --min-recall {min_recall}")
+        summary = f"{mode} recall@{k}: new {new_recall:.4f}"
+        if live is not None:
+            live_run = evaluate(
+                retriever_for(live), questions, collection=live, modes=(mode,), ks=ks, failure_k=k
+            )
+            live_recall = live_run.summary["modes"][mode][f"recall@{k}"]
+            regressed = _regressions(live_run, new_run, mode, k)
+            details.update(
+                live_recall=live_recall,
+                regressed=len(regressed),
+                regressions=regressed[:MAX_LISTED_REGRESSIONS],
+            )
+            summary += f" vs live {live_recall:.4f} ({len(regressed)} questions regressed)"
+            if new_recall < live_recall - max_regression:
+                reasons.append(
+                    f"recall@{k} fell by {live_recall - new_recall:.4f} > --max-regression {max_regression}"
+                )
+        promote = not reasons
+        summary += " -> promote" if promote else " -> REFUSED: " + "; ".join(reasons)
+        if details.get("regressions"):
+            listed = ", ".join(r["id"] for r in details["regressions"][:5])
+            summary += f"; regressed e.g. {listed}"
+        return GateDecision(promote=promote, summary=summary, details=details)
+
+    return gate
+
+
+def _encoder_of(store: QdrantStore, collection: str, settings: Settings) -> Encoder:
+    meta = store.metadata(collection)
+    fingerprint = meta.get("fingerprint") or {}
+    source = meta.get("model_source")
+    if not source:
+        raise ConfigError(
+            f"cannot evaluate the live version {collection}: it was embedded with "
+            f"{fingerprint.get('model')} and its model location was not recorded; "
+            f"ingest with --no-promote and compare with eval/recall_at_k.py instead"
+        )
+    profile = ModelProfile(
+        name=str(fingerprint["model"]),
+        query_prefix=str(fingerprint["query_prefix"]),
+        passage_prefix=str(fingerprint["passage_prefix"]),
+        pooling=str(fingerprint["pooling"]),
+        max_seq_length=int(fingerprint["max_seq_length"]),
+    )
+    encoder = Encoder.load(
+        ResolvedModel(str(source), profile), device=settings.device, dtype=settings.dtype
+    )
+    if encoder.fingerprint.id != fingerprint.get("id"):
+        raise ConfigError(
+            f"the model at {source} no longer matches the fingerprint of {collection} "
+            f"({encoder.fingerprint.describe()} vs {fingerprint.get('model')}@{fingerprint.get('id')})"
+        )
+    return encoder
+
+
+def _regressions(before: EvalRun, after: EvalRun, mode: str, k: int) -> list[dict[str, Any]]:
+    old = {r.id: r.first_rank(mode) for r in before.results}
+    out = []
+    for r in after.results:
+        was, now = old.get(r.id), r.first_rank(mode)
+        if was is not None and was <= k and (now is None or now > k):
+            out.append({"id": r.id, "question": r.question, "rank_before": was, "rank_now": now})
+    return out

@@ -1,0 +1,212 @@
+"""Re-ingest: the promotion gate, crash safety under SIGKILL, queries during a swap."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from qdrant_client import QdrantClient
+
+from eval.gate import make_gate
+from ingest.loaders import LoadedCorpus
+from ingest.writer import ingest_documents
+from rag_retriever.encoder import Encoder
+from rag_retriever.errors import GateRejected
+from rag_retriever.records import Document
+from rag_retriever.retriever import Retriever
+from rag_retriever.settings import Settings
+from rag_retriever.store import STATUS_COMPLETE, QdrantStore
+from tests.conftest import write_jsonl
+
+GOOD = tuple(
+    Document(f"d{i}", f"Topic {w}", f"The {w} is a {w} about the {w} city.")
+    for i, w in enumerate(["apples", "pears", "wine", "river", "mountain", "king", "queen", "war"])
+)
+
+
+def questions(tmp_path: Path) -> Path:
+    return write_jsonl(
+        tmp_path / "gate.jsonl",
+        [
+            {"id": f"q{i}", "question": doc.title.split()[1], "gold_doc_ids": [doc.id]}
+            for i, doc in enumerate(GOOD)
+        ],
+    )
+
+
+def ingest(store: QdrantStore, encoder: Encoder, root: Path, docs, **kw):
+    return ingest_documents(
+        LoadedCorpus(tuple(docs), 0, "t"),
+        alias="kb",
+        encoder=encoder,
+        store=store,
+        index_root=root / "indexes",
+        **kw,
+    )
+
+
+def test_gate_promotes_an_equal_version_and_refuses_a_worse_one(
+    store: QdrantStore, tiny_encoder: Encoder, tmp_path: Path
+) -> None:
+    settings = Settings(data_dir=tmp_path)
+    gate = make_gate(
+        questions(tmp_path),
+        settings=settings,
+        encoder=tiny_encoder,
+        store=store,
+        k=1,
+        max_regression=0.0,
+    )
+    v1 = ingest(store, tiny_encoder, tmp_path, GOOD, gate=gate)  # no live version: judged alone
+    assert v1.promoted and v1.gate is not None and "new 1.0000" in v1.gate.summary
+    v2 = ingest(store, tiny_encoder, tmp_path, GOOD, gate=gate)
+    assert v2.promoted and "vs live 1.0000" in v2.gate.summary  # type: ignore[union-attr]
+    # The new corpus lost the words of half the documents: BM25 cannot find them any more.
+    worse = [
+        Document(d.id, "Untitled", "Nothing here.") if i % 2 else d for i, d in enumerate(GOOD)
+    ]
+    with pytest.raises(GateRejected, match="REFUSED") as info:
+        ingest(store, tiny_encoder, tmp_path, worse, gate=gate)
+    report = info.value.report
+    assert report is not None and not report.promoted  # type: ignore[attr-defined]
+    assert store.aliases()["kb"] == v2.collection  # the alias did not move
+    assert report.gate.details["regressed"] > 0  # type: ignore[attr-defined]
+    kept = store.info(report.collection)  # type: ignore[attr-defined]
+    assert kept.status == STATUS_COMPLETE  # built and kept, so it can be promoted by hand
+
+
+def test_gate_min_recall(store: QdrantStore, tiny_encoder: Encoder, tmp_path: Path) -> None:
+    gate = make_gate(
+        questions(tmp_path),
+        settings=Settings(data_dir=tmp_path),
+        encoder=tiny_encoder,
+        store=store,
+        k=1,
+        min_recall=0.9,
+    )
+    worse = [
+        Document(d.id, "Untitled", "Nothing here.") if i % 2 else d for i, d in enumerate(GOOD)
+    ]
+    with pytest.raises(GateRejected, match=r"recall@1 0.5000 < --min-recall 0.9"):
+        ingest(store, tiny_encoder, tmp_path, worse, gate=gate)
+    assert "kb" not in store.aliases()
+
+
+def test_queries_keep_answering_while_a_new_version_is_swapped_in(
+    store: QdrantStore, tiny_encoder: Encoder, tmp_path: Path
+) -> None:
+    """Embedded mode, one process: searches run on threads while ingests swap the alias."""
+    ingest(store, tiny_encoder, tmp_path, GOOD)
+    retriever = Retriever(
+        encoder=tiny_encoder, store=store, index_root=tmp_path / "indexes", collection="kb"
+    )
+    errors: list[BaseException] = []
+    answered = 0
+    stop = threading.Event()
+
+    def search_loop() -> None:
+        nonlocal answered
+        while not stop.is_set():
+            try:
+                hits = retriever.search("the wine city", k=3)
+                assert hits and hits[0].doc_id.startswith("d")
+                answered += 1
+            except BaseException as exc:  # collected and asserted below
+                errors.append(exc)
+
+    threads = [threading.Thread(target=search_loop) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for _ in range(3):
+        ingest(store, tiny_encoder, tmp_path, GOOD, keep_versions=2)
+    stop.set()
+    for t in threads:
+        t.join()
+    assert not errors, errors[:3]
+    assert answered > 0
+
+
+KILL_RUNS = 3
+
+
+def test_sigkill_at_random_points_never_breaks_the_alias(
+    tiny_encoder_dir: Path, tmp_path: Path
+) -> None:
+    """A real `rag-retriever ingest` subprocess on embedded Qdrant, killed with SIGKILL."""
+    corpus = tmp_path / "corpus.jsonl"
+    write_jsonl(
+        corpus,
+        [
+            {
+                "id": f"d{i}",
+                "title": f"Doc {i}",
+                "text": f"The river {i} runs to the city of kings. " * 6,
+            }
+            for i in range(300)
+        ],
+    )
+    env = {
+        **os.environ,
+        "RAG_DATA_DIR": str(tmp_path / "data"),
+        "RAG_EMBED_MODEL": str(tiny_encoder_dir),
+        "RAG_DEVICE": "cpu",
+    }
+    cmd = [sys.executable, "-m", "rag_retriever.cli", "ingest", str(corpus), "--collection", "kb"]
+    first = subprocess.run(
+        [*cmd, "--no-progress"], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert first.returncode == 0, first.stderr
+    rng = random.Random(7)
+    killed = 0
+    for _ in range(KILL_RUNS):
+        proc = subprocess.Popen(
+            cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+        )
+        assert proc.stderr is not None
+        # Wait until it is writing vectors, then kill it somewhere in the middle of the work.
+        while proc.poll() is None:
+            line = proc.stderr.readline()
+            if "embedding" in line:
+                break
+        time.sleep(rng.uniform(0.0, 1.5))
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGKILL)
+            killed += 1
+        proc.wait()
+        proc.stderr.close()
+        client = QdrantClient(path=str(tmp_path / "data" / "qdrant"))
+        try:
+            store = QdrantStore(client)
+            served = store.aliases()["kb"]
+            meta = store.metadata(served)
+            assert meta["status"] == STATUS_COMPLETE
+            assert meta["chunks"] > 300 and store.count(served) == meta["chunks"]
+        finally:
+            client.close()
+    assert killed >= 2
+    final = subprocess.run(
+        [*cmd, "--no-progress", "--json"], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert final.returncode == 0, final.stderr
+    report = json.loads(final.stdout)
+    client = QdrantClient(path=str(tmp_path / "data" / "qdrant"))
+    try:
+        store = QdrantStore(client)
+        statuses = [i.status for i in store.versions("kb")]
+        assert all(s == STATUS_COMPLETE for s in statuses), statuses  # orphans were removed
+        assert report["orphans_removed"]
+        encoder = Encoder.load(str(tiny_encoder_dir), device="cpu")
+        retriever = Retriever(
+            encoder=encoder, store=store, index_root=tmp_path / "data" / "indexes", collection="kb"
+        )
+        assert retriever.search("river city", k=3)
+    finally:
+        client.close()
