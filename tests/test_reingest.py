@@ -68,7 +68,7 @@ def test_gate_promotes_an_equal_version_and_refuses_a_worse_one(
     v1 = ingest(store, tiny_encoder, tmp_path, GOOD, gate=gate)  # no live version: judged alone
     assert v1.promoted and v1.gate is not None and "new 1.0000" in v1.gate.summary
     v2 = ingest(store, tiny_encoder, tmp_path, GOOD, gate=gate)
-    assert v2.promoted and "vs live 1.0000" in v2.gate.summary  # type: ignore[union-attr]
+    assert v2.promoted and "vs live 1.0000" in v2.gate.summary
     # The new corpus lost the words of half the documents: BM25 cannot find them any more.
     worse = [
         Document(d.id, "Untitled", "Nothing here.") if i % 2 else d for i, d in enumerate(GOOD)
