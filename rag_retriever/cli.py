@@ -231,6 +231,84 @@ def cmd_promote(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_train_embedder(args: argparse.Namespace) -> int:
+    from rag_retriever.profiles import resolve_model
+    from rag_retriever.retriever import Retriever
+    from rag_retriever.training.embedder import EmbedderTrainingConfig, train_embedder
+
+    settings = _settings(args, collection=args.collection)
+    retriever = Retriever.from_settings(settings)  # the collection's own model mines negatives
+    base = (
+        resolve_model(args.base)
+        if args.base
+        else resolve_model(
+            settings.embed_model,
+            query_prefix=settings.query_prefix,
+            passage_prefix=settings.passage_prefix,
+            pooling=settings.pooling,
+        )
+    )
+    config = EmbedderTrainingConfig(
+        query_prefix=args.query_prefix,
+        passage_prefix=args.passage_prefix,
+        hard_negatives=args.hard_negatives,
+        batch_size=args.batch_size,
+        epochs=args.epochs,
+        learning_rate=args.lr,
+        temperature=args.temperature,
+        max_questions=args.max_questions,
+        val_fraction=args.val_fraction,
+        seed=args.seed,
+        name=args.name,
+    )
+    meta = train_embedder(
+        retriever,
+        args.questions,
+        args.out,
+        collection=settings.collection,
+        base=base,
+        config=config,
+        device=settings.device,
+        dtype=settings.dtype,
+        overwrite=args.overwrite,
+        progress=not args.no_progress,
+    )
+    before, after = meta["validation_before"], meta["validation_after"]
+    print(f"model       {args.out} ({meta['fingerprint']['model']}@{meta['fingerprint']['id']})")
+    print(
+        f"examples    {meta['examples']['train']} train, {meta['examples']['validation']} validation, skipped {meta['examples']['skipped']}"
+    )
+    print(
+        f"loss        {meta['loss_first_20']:.3f} -> {meta['loss_last_20']:.3f} over {meta['steps']} steps"
+    )
+    for key in ("recall@1", "recall@5", "mrr@10"):
+        if key in before:
+            print(f"validation  {key}: {before[key]:.4f} -> {after[key]:.4f}")
+    print(f"time        {meta['time_s']:.0f}s")
+    print(
+        f"next        RAG_EMBED_MODEL={args.out} rag-retriever ingest CORPUS --collection {settings.collection} "
+        f"--gate QUESTIONS.jsonl  (a new model means a full re-ingest)"
+    )
+    return 0
+
+
+def _training_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--collection", required=True, help="collection to mine positives/negatives from"
+    )
+    p.add_argument(
+        "--questions", type=Path, required=True, help="labelled training questions (.jsonl)"
+    )
+    p.add_argument("--out", type=Path, required=True, help="output model directory")
+    p.add_argument("--base", help="model to start from")
+    p.add_argument("--epochs", type=int, default=1)
+    p.add_argument("--max-questions", type=int, help="use only the first N questions")
+    p.add_argument("--val-fraction", type=float, default=0.1, help="held-out validation part (0.1)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--overwrite", action="store_true", help="replace an existing --out directory")
+    p.add_argument("--no-progress", action="store_true")
+
+
 # -- parser -----------------------------------------------------------------------------------
 
 
@@ -291,6 +369,26 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--version", type=int, required=True)
     _common(p)
     p.set_defaults(func=cmd_promote)
+
+    p = sub.add_parser("train-embedder", help="fine-tune the embedding model on labelled questions")
+    _training_args(p)
+    p.add_argument(
+        "--query-prefix", default="query: ", help='prefix learned for questions ("query: ")'
+    )
+    p.add_argument(
+        "--passage-prefix", default="passage: ", help='prefix learned for chunks ("passage: ")'
+    )
+    p.add_argument(
+        "--hard-negatives", type=int, default=1, help="mined hard negatives per question (1)"
+    )
+    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--lr", type=float, default=3e-5)
+    p.add_argument("--temperature", type=float, default=0.05)
+    p.add_argument(
+        "--name", help="model name recorded in its profile (default <base>-ft-<collection>)"
+    )
+    _common(p)
+    p.set_defaults(func=cmd_train_embedder)
 
     for register in EXTRA_COMMANDS:
         register(sub)

@@ -1,0 +1,248 @@
+"""Contrastive fine-tuning of the bi-encoder on the user's labelled questions.
+
+Example:
+    rag-retriever train-embedder --collection squad --questions questions_train.jsonl \\
+        --out models/minilm-squad --max-questions 2000
+
+Recipe (InfoNCE, as in E5/DPR): each batch holds B questions, their positive chunks and one or
+more BM25/dense-mined hard negatives per question; a question's logits are its cosine with every
+passage of the batch divided by a temperature (0.05); the loss is the cross entropy of picking
+its own positive. Passages that are gold for a question (its other gold chunks, or the same
+chunk mined as someone else's negative) are masked out of its negatives, and no batch holds
+two questions with the same gold chunk. The model learns to use the `query: ` / `passage: `
+prefixes it is trained with; they are saved in `rag_profile.json` beside the weights, with the
+pooling, so the normal encoder path loads the result as it is. The new weights (and prefixes)
+give a new fingerprint: using the model means a full re-ingest into a new collection version.
+
+Validation (before and after): dense recall@1/@5 of the held-out questions over a pool made of
+their gold chunks and mined candidates (cheap, and a fair before/after comparison; the real test
+is `eval/recall_at_k.py` on a new collection version).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from eval.questions import file_sha256, load_questions
+from rag_retriever.device import choose_precision
+from rag_retriever.encoder import Encoder, pool, quiet_transformers
+from rag_retriever.errors import ConfigError
+from rag_retriever.profiles import ModelProfile, ResolvedModel, write_profile_file
+from rag_retriever.retriever import Retriever
+from rag_retriever.training.common import prepare_output, warmup_linear, write_metadata
+from rag_retriever.training.mining import (
+    Example,
+    MinedSet,
+    batches_without_shared_gold,
+    mine_examples,
+    split_examples,
+)
+
+log = logging.getLogger(__name__)
+
+METADATA_FILE = "rag_training.json"
+
+
+@dataclass(frozen=True)
+class EmbedderTrainingConfig:
+    query_prefix: str = "query: "
+    passage_prefix: str = "passage: "
+    hard_negatives: int = 1
+    batch_size: int = 32
+    epochs: int = 1
+    learning_rate: float = 3e-5
+    warmup_fraction: float = 0.1
+    temperature: float = 0.05
+    max_questions: int | None = None
+    val_fraction: float = 0.1
+    seed: int = 0
+    name: str | None = None
+
+
+def _encode(
+    model: Any,
+    tokenizer: Any,
+    texts: list[str],
+    pooling: str,
+    max_length: int,
+    device: torch.device,
+) -> torch.Tensor:
+    batch = tokenizer(
+        texts, padding=True, truncation=True, max_length=max_length, return_tensors="pt"
+    ).to(device)
+    hidden = model(**batch).last_hidden_state.float()
+    return torch.nn.functional.normalize(pool(hidden, batch["attention_mask"], pooling), dim=-1)
+
+
+def validate(encoder: Encoder, mined: MinedSet, examples: list[Example]) -> dict[str, float]:
+    """Dense recall@1/@5 and MRR@10 of `examples` over the pool of their gold + mined chunks."""
+    if not examples:
+        return {}
+    pool_rows = sorted({r for ex in examples for r in (*ex.gold, *ex.negatives)})
+    passages = encoder.encode_passages(
+        [mined.index.chunks[r].embed_text for r in pool_rows]
+    ).vectors
+    queries = encoder.encode_queries([ex.query for ex in examples]).vectors
+    position = {r: i for i, r in enumerate(pool_rows)}
+    scores = queries @ passages.T
+    r1 = r5 = mrr = 0.0
+    for i, ex in enumerate(examples):
+        order = np.argsort(-scores[i], kind="stable")
+        gold_pos = {position[r] for r in ex.gold if r in position}
+        rank = next(k for k, j in enumerate(order, start=1) if j in gold_pos)
+        r1 += rank <= 1
+        r5 += rank <= 5
+        mrr += 1 / rank if rank <= 10 else 0.0
+    n = len(examples)
+    return {
+        "recall@1": r1 / n,
+        "recall@5": r5 / n,
+        "mrr@10": mrr / n,
+        "questions": n,
+        "pool": len(pool_rows),
+    }
+
+
+def train_embedder(
+    retriever: Retriever,
+    questions_path: Path,
+    out: Path,
+    *,
+    collection: str,
+    base: ResolvedModel,
+    config: EmbedderTrainingConfig,
+    device: str = "auto",
+    dtype: str = "auto",
+    overwrite: bool = False,
+    progress: bool = True,
+) -> dict[str, Any]:
+    started = time.perf_counter()
+    prepare_output(out, overwrite)
+    questions, problems = load_questions(questions_path)
+    if config.max_questions is not None:
+        questions = questions[: config.max_questions]
+    mined = mine_examples(
+        retriever,
+        questions,
+        collection=collection,
+        negatives=max(1, config.hard_negatives),
+        progress=progress,
+    )
+    train, val = split_examples(mined.examples, config.val_fraction, config.seed)
+    if len(train) < config.batch_size:
+        raise ConfigError(
+            f"only {len(train)} usable training questions (skipped: {mined.skipped}, input problems: "
+            f"{len(problems)}); need at least one batch of {config.batch_size}"
+        )
+    profile = ModelProfile(
+        name=config.name or f"{base.profile.name.split('/')[-1]}-ft-{collection}",
+        query_prefix=config.query_prefix,
+        passage_prefix=config.passage_prefix,
+        pooling=base.profile.pooling,
+        max_seq_length=retriever.encoder.max_seq_length,
+    )
+    precision = choose_precision(device, dtype)
+    base_with_new_prefixes = Encoder.load(
+        ResolvedModel(base.source, profile), device=device, dtype=dtype
+    )
+    before = validate(base_with_new_prefixes, mined, val)
+    model = base_with_new_prefixes.model
+    tokenizer = base_with_new_prefixes.tokenizer
+    max_len = profile.max_seq_length or 256
+
+    steps_per_epoch = sum(
+        1 for _ in batches_without_shared_gold(train, config.batch_size, config.seed)
+    )
+    total = steps_per_epoch * config.epochs
+    optimizer = torch.optim.AdamW(model.parameters(), lr=config.learning_rate, weight_decay=0.01)
+    scheduler = warmup_linear(optimizer, total, config.warmup_fraction)
+    model.train()
+    losses: list[float] = []
+    bar = tqdm(total=total, desc="train-embedder", unit="step", disable=not progress)
+    chunks = mined.index.chunks
+    for epoch in range(config.epochs):
+        for batch in batches_without_shared_gold(train, config.batch_size, config.seed + epoch):
+            passages_rows = [ex.positive for ex in batch] + [
+                r for ex in batch for r in ex.negatives[: config.hard_negatives]
+            ]
+            with precision.autocast():
+                q = _encode(
+                    model,
+                    tokenizer,
+                    [config.query_prefix + ex.query for ex in batch],
+                    profile.pooling,
+                    max_len,
+                    precision.device,
+                )
+                p = _encode(
+                    model,
+                    tokenizer,
+                    [config.passage_prefix + chunks[r].embed_text for r in passages_rows],
+                    profile.pooling,
+                    max_len,
+                    precision.device,
+                )
+            logits = (q @ p.T) / config.temperature
+            # A passage that is gold for question i is not a negative for it (except its own
+            # positive column): mask it out.
+            mask = torch.tensor(
+                [
+                    [r in ex.gold and j != i for j, r in enumerate(passages_rows)]
+                    for i, ex in enumerate(batch)
+                ],
+                device=logits.device,
+            )
+            logits = logits.masked_fill(mask, float("-inf"))
+            loss = torch.nn.functional.cross_entropy(
+                logits, torch.arange(len(batch), device=logits.device)
+            )
+            optimizer.zero_grad()
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            optimizer.step()
+            scheduler.step()
+            losses.append(loss.item())
+            bar.update(1)
+            bar.set_postfix(loss=f"{np.mean(losses[-20:]):.3f}")
+    bar.close()
+    model.eval()
+    with quiet_transformers():
+        model.save_pretrained(out)
+        tokenizer.save_pretrained(out)
+    write_profile_file(out, profile)
+    trained = Encoder.load(str(out), device=device, dtype=dtype)
+    after = validate(trained, mined, val)
+    metadata = {
+        "kind": "embedder",
+        "base_model": base.source,
+        "base_profile": base.profile.to_json(),
+        "profile": profile.to_json(),
+        "fingerprint": trained.fingerprint.to_json(),
+        "collection": mined.collection,
+        "questions_file": str(questions_path),
+        "questions_sha256": file_sha256(questions_path),
+        "parameters": asdict(config),
+        "device": precision.describe(),
+        "examples": {
+            "train": len(train),
+            "validation": len(val),
+            "skipped": mined.skipped,
+            "input_problems": len(problems),
+        },
+        "steps": total,
+        "loss_first_20": float(np.mean(losses[:20])),
+        "loss_last_20": float(np.mean(losses[-20:])),
+        "validation_before": before,
+        "validation_after": after,
+        "time_s": round(time.perf_counter() - started, 1),
+    }
+    write_metadata(out, METADATA_FILE, metadata)
+    return metadata

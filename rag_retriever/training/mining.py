@@ -1,0 +1,131 @@
+"""Training examples mined from a collection: gold positives and hard negatives.
+
+Example:
+    >>> examples, stats = mine_examples(retriever, questions, collection="squad", negatives=7)  # doctest: +SKIP
+
+The positive of a question is its best-ranked gold chunk in the collection's hybrid list (the
+first gold chunk when none was retrieved); the gold set is every chunk that contains a gold span
+(or, without spans, every chunk of a gold document). Negatives are the highest-ranked chunks of
+the hybrid list (dense + BM25) that are not gold: hard, and never random. Questions without any
+gold chunk (a chunking miss) or with unknown documents are skipped and counted.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+from tqdm.auto import tqdm
+
+from eval.evaluation import gold_items
+from eval.questions import Question
+from rag_retriever.chunk_index import ChunkIndex
+from rag_retriever.retriever import Retriever
+
+MINE_BATCH = 64
+
+
+@dataclass(frozen=True)
+class Example:
+    question_id: str
+    query: str
+    positive: int  # chunk row
+    gold: frozenset[int]  # every gold chunk row (never used as a negative)
+    negatives: tuple[int, ...]  # hardest first
+    positive_retrieved: bool  # the gold chunk was among the hybrid candidates
+
+
+@dataclass(frozen=True)
+class MinedSet:
+    collection: str
+    index: ChunkIndex
+    examples: list[Example]
+    skipped: dict[str, int]
+
+
+def mine_examples(
+    retriever: Retriever,
+    questions: Sequence[Question],
+    *,
+    collection: str,
+    negatives: int,
+    depth: int = 30,
+    progress: bool = False,
+) -> MinedSet:
+    """Mine one example per usable question; `depth` = how far down the hybrid list to look."""
+    name, index = retriever.open_collection(collection, "hybrid")
+    rows_of_doc: dict[str, list[int]] = {}
+    for row, chunk in enumerate(index.chunks):
+        rows_of_doc.setdefault(chunk.doc_id, []).append(row)
+    skipped = Counter[str]()
+    usable: list[tuple[Question, frozenset[int]]] = []
+    for q in questions:
+        if not any(d in rows_of_doc for d in q.gold_doc_ids):
+            skipped["unknown_gold_doc"] += 1
+            continue
+        items = gold_items(q, index, rows_of_doc, "chunk")
+        gold = frozenset(int(r) for item in items for r in item)  # type: ignore[call-overload]
+        if not gold:
+            skipped["no_gold_chunk"] += 1
+            continue
+        usable.append((q, gold))
+    examples: list[Example] = []
+    bar = tqdm(total=len(usable), desc="mining negatives", unit="q", disable=not progress)
+    for start in range(0, len(usable), MINE_BATCH):
+        batch = usable[start : start + MINE_BATCH]
+        _, _, traces = retriever.trace(
+            [q.question for q, _ in batch], mode="hybrid", collection=name
+        )
+        for (q, gold), trace in zip(batch, traces, strict=True):
+            ranked = [row for row, _ in trace.fused or []][:depth]
+            retrieved_gold = [r for r in ranked if r in gold]
+            positive = retrieved_gold[0] if retrieved_gold else min(gold)
+            hard = [r for r in ranked if r not in gold][:negatives]
+            if len(hard) < negatives:
+                skipped["too_few_negatives"] += 1
+                continue
+            examples.append(
+                Example(q.id, q.question, positive, gold, tuple(hard), bool(retrieved_gold))
+            )
+        bar.update(len(batch))
+    bar.close()
+    return MinedSet(name, index, examples, dict(skipped))
+
+
+def split_examples(
+    examples: Sequence[Example], val_fraction: float, seed: int
+) -> tuple[list[Example], list[Example]]:
+    """A seeded train/validation split by question."""
+    if not 0.0 <= val_fraction < 1.0:
+        raise ValueError(f"val_fraction must be in [0, 1), got {val_fraction}")
+    order = list(examples)
+    random.Random(seed).shuffle(order)
+    n_val = round(len(order) * val_fraction)
+    return order[n_val:], order[:n_val]
+
+
+def batches_without_shared_gold(
+    examples: Sequence[Example], batch_size: int, seed: int
+) -> Iterator[list[Example]]:
+    """Shuffled batches in which no two questions share a gold chunk.
+
+    In-batch negatives treat every other question's positive as a negative; two questions with
+    the same gold chunk in one batch would teach the model to push away a right answer. An
+    example that would clash waits for a later batch.
+    """
+    pending = list(examples)
+    random.Random(seed).shuffle(pending)
+    while pending:
+        batch: list[Example] = []
+        taken: set[int] = set()
+        rest: list[Example] = []
+        for ex in pending:
+            if len(batch) < batch_size and not (ex.gold & taken):
+                batch.append(ex)
+                taken |= ex.gold
+            else:
+                rest.append(ex)
+        yield batch
+        pending = rest

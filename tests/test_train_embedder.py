@@ -1,0 +1,198 @@
+"""Embedder fine-tuning: the mining and batching invariants, and a tiny model that learns."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from eval.questions import load_questions
+from ingest.loaders import LoadedCorpus
+from ingest.writer import ingest_documents
+from rag_retriever.encoder import Encoder
+from rag_retriever.errors import ConfigError
+from rag_retriever.profiles import resolve_model
+from rag_retriever.records import Document
+from rag_retriever.retriever import Retriever
+from rag_retriever.store import QdrantStore
+from rag_retriever.training.embedder import EmbedderTrainingConfig, train_embedder
+from rag_retriever.training.mining import Example, batches_without_shared_gold, mine_examples
+from tests.conftest import write_jsonl
+
+WORDS = [
+    "apples",
+    "pears",
+    "wine",
+    "river",
+    "mountain",
+    "city",
+    "king",
+    "queen",
+    "war",
+    "peace",
+    "paris",
+    "london",
+]
+# Each document mixes the same filler words; its "answer word" is unique to it.
+DOCS = tuple(
+    Document(
+        f"d{i}", f"Note {i}", f"The {w} and the city. A story of the king and the queen with {w}."
+    )
+    for i, w in enumerate(WORDS)
+)
+
+
+# Questions use code words that appear in no document, so the untrained model cannot match
+# them (no word overlap): the mapping code word -> document must be learned.
+CODES = [
+    "alpha",
+    "bravo",
+    "charlie",
+    "delta",
+    "echo",
+    "foxtrot",
+    "golf",
+    "hotel",
+    "india",
+    "juliet",
+    "kilo",
+    "lima",
+]
+
+
+def question_rows(tmp_path: Path, copies: int = 2) -> Path:
+    rows = []
+    for c in range(copies):
+        for i, code in enumerate(CODES):
+            rows.append(
+                {"id": f"q{i}-{c}", "question": f"{code} {code}", "gold_doc_ids": [f"d{i}"]}
+            )
+    return write_jsonl(tmp_path / "train.jsonl", rows)
+
+
+@pytest.fixture
+def retriever(store: QdrantStore, tiny_encoder: Encoder, tmp_path: Path) -> Retriever:
+    ingest_documents(
+        LoadedCorpus(DOCS, 0, "t"),
+        alias="kb",
+        encoder=tiny_encoder,
+        store=store,
+        index_root=tmp_path / "idx",
+    )
+    return Retriever(
+        encoder=tiny_encoder, store=store, index_root=tmp_path / "idx", collection="kb"
+    )
+
+
+def test_mined_negatives_are_never_gold(retriever: Retriever, tmp_path: Path) -> None:
+    questions, _ = load_questions(question_rows(tmp_path, copies=1))
+    questions = [
+        q.__class__(**{**q.__dict__, "question": f"{WORDS[i]} city"})
+        for i, q in enumerate(questions)
+    ]
+    mined = mine_examples(retriever, questions, collection="kb", negatives=3)
+    assert len(mined.examples) == len(WORDS)
+    for ex in mined.examples:
+        assert ex.positive in ex.gold
+        assert len(ex.negatives) == 3 and not set(ex.negatives) & ex.gold
+        # the negatives are the hybrid list's best non-gold chunks, in order
+        hits = retriever.search(ex.query, k=30, mode="hybrid")
+        rows = [mined.index.row_of[h.chunk_id] for h in hits]
+        assert list(ex.negatives) == [r for r in rows if r not in ex.gold][:3]
+
+
+@given(
+    st.lists(st.frozensets(st.integers(0, 15), min_size=1, max_size=3), min_size=1, max_size=40),
+    st.integers(1, 8),
+)
+def test_no_batch_holds_two_questions_with_a_shared_gold_chunk(
+    golds: list[frozenset[int]], size: int
+) -> None:
+    examples = [Example(str(i), "q", min(g), g, (), True) for i, g in enumerate(golds)]
+    seen = []
+    for batch in batches_without_shared_gold(examples, size, seed=3):
+        assert 1 <= len(batch) <= size
+        for i, a in enumerate(batch):
+            for b in batch[i + 1 :]:
+                assert not a.gold & b.gold
+        seen.extend(ex.question_id for ex in batch)
+    assert sorted(seen) == sorted(ex.question_id for ex in examples)
+
+
+def test_tiny_model_learns_and_saves_a_loadable_profile(
+    retriever: Retriever, tiny_encoder_dir: Path, tmp_path: Path
+) -> None:
+    out = tmp_path / "ft"
+    config = EmbedderTrainingConfig(
+        batch_size=8, epochs=20, learning_rate=2e-3, val_fraction=0.0, seed=1, hard_negatives=2
+    )
+    meta = train_embedder(
+        retriever,
+        question_rows(tmp_path),
+        out,
+        collection="kb",
+        base=resolve_model(str(tiny_encoder_dir)),
+        config=config,
+        device="cpu",
+        dtype="fp32",
+        progress=False,
+    )
+    assert meta["loss_last_20"] < meta["loss_first_20"] * 0.5
+    trained = Encoder.load(str(out), device="cpu", dtype="fp32")
+    assert (trained.profile.query_prefix, trained.profile.passage_prefix) == (
+        "query: ",
+        "passage: ",
+    )
+    assert trained.fingerprint.id != retriever.encoder.fingerprint.id
+    assert json.loads((out / "rag_training.json").read_text())["questions_sha256"]
+
+    # The planted positive moves up: rank the documents for each question, before and after.
+    def mean_rank(encoder: Encoder) -> float:
+        passages = encoder.encode_passages([f"{d.title}\n\n{d.text}" for d in DOCS]).vectors
+        queries = encoder.encode_queries([f"{c} {c}" for c in CODES]).vectors
+        scores = queries @ passages.T
+        return sum(int((scores[i] > scores[i, i]).sum()) + 1 for i in range(len(WORDS))) / len(
+            WORDS
+        )
+
+    base = Encoder.load(str(tiny_encoder_dir), device="cpu", dtype="fp32")
+    before, after = mean_rank(base), mean_rank(trained)
+    assert before > 3.0, before  # the untrained model cannot do it
+    assert after <= 1.5, after
+
+
+def test_existing_output_is_not_overwritten(
+    retriever: Retriever, tiny_encoder_dir: Path, tmp_path: Path
+) -> None:
+    out = tmp_path / "taken"
+    out.mkdir()
+    (out / "keep.txt").write_text("mine")
+    with pytest.raises(ConfigError, match="--overwrite"):
+        train_embedder(
+            retriever,
+            question_rows(tmp_path),
+            out,
+            collection="kb",
+            base=resolve_model(str(tiny_encoder_dir)),
+            config=EmbedderTrainingConfig(),
+            progress=False,
+        )
+    assert (out / "keep.txt").read_text() == "mine"
+
+
+def test_too_few_questions_is_a_clear_error(
+    retriever: Retriever, tiny_encoder_dir: Path, tmp_path: Path
+) -> None:
+    with pytest.raises(ConfigError, match="usable training questions"):
+        train_embedder(
+            retriever,
+            question_rows(tmp_path, copies=1),
+            tmp_path / "o",
+            collection="kb",
+            base=resolve_model(str(tiny_encoder_dir)),
+            config=EmbedderTrainingConfig(batch_size=64),
+            progress=False,
+        )
