@@ -64,7 +64,7 @@ CODES = [
 
 
 def question_rows(tmp_path: Path, copies: int = 2) -> Path:
-    rows = []
+    rows: list[dict[str, object]] = []
     for c in range(copies):
         for i, code in enumerate(CODES):
             rows.append(
@@ -112,7 +112,7 @@ def test_no_batch_holds_two_questions_with_a_shared_gold_chunk(
     golds: list[frozenset[int]], size: int
 ) -> None:
     examples = [Example(str(i), "q", min(g), g, (), True) for i, g in enumerate(golds)]
-    seen = []
+    seen: list[str] = []
     for batch in batches_without_shared_gold(examples, size, seed=3):
         assert 1 <= len(batch) <= size
         for i, a in enumerate(batch):
