@@ -16,7 +16,7 @@ from typing import Any
 
 from rag_retriever.chunk_index import ChunkIndex
 from rag_retriever.errors import CollectionNotFound, InvalidRequest
-from rag_retriever.store import STATUS_COMPLETE, CollectionInfo, QdrantStore
+from rag_retriever.store import STATUS_COMPLETE, CollectionInfo, QdrantStore, parse_collection_name
 
 log = logging.getLogger(__name__)
 
@@ -98,3 +98,16 @@ def describe_versions(infos: Sequence[CollectionInfo], served: str | None) -> li
         }
         for i in infos
     ]
+
+
+def describe_collections(store: QdrantStore) -> dict[str, dict[str, Any]]:
+    """{alias: {"serving": collection or None, "versions": [...]}} for every versioned alias."""
+    aliases = store.aliases()
+    groups = sorted({p[0] for n in store.collection_names() if (p := parse_collection_name(n))})
+    return {
+        alias: {
+            "serving": aliases.get(alias),
+            "versions": describe_versions(store.versions(alias), aliases.get(alias)),
+        }
+        for alias in groups
+    }

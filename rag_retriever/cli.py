@@ -107,8 +107,8 @@ def cmd_ingest(args: argparse.Namespace) -> int:
             progress=not args.no_progress,
         )
     except GateRejected as exc:
-        if isinstance(exc.report, object) and hasattr(exc.report, "to_dict"):
-            _print_ingest(exc.report.to_dict(), args.json)
+        if exc.report is not None:
+            _print_ingest(exc.report.to_dict(), args.json)  # type: ignore[attr-defined]
         print(f"promotion refused: {exc}", file=sys.stderr)
         return 3
     _print_ingest(report.to_dict(), args.json)
@@ -181,20 +181,10 @@ def format_result(result: SearchResult, width: int = 100) -> str:
 
 
 def cmd_collections(args: argparse.Namespace) -> int:
-    from ingest.versions import describe_versions
-    from rag_retriever.store import QdrantStore, open_client, parse_collection_name
+    from ingest.versions import describe_collections
+    from rag_retriever.store import QdrantStore, open_client
 
-    settings = _settings(args)
-    store = QdrantStore(open_client(settings))
-    aliases = store.aliases()
-    groups = sorted({p[0] for n in store.collection_names() if (p := parse_collection_name(n))})
-    out: dict[str, dict[str, Any]] = {
-        alias: {
-            "serving": aliases.get(alias),
-            "versions": describe_versions(store.versions(alias), aliases.get(alias)),
-        }
-        for alias in groups
-    }
+    out = describe_collections(QdrantStore(open_client(_settings(args))))
     if args.json:
         print(json.dumps(out, indent=2))
         return 0
@@ -289,6 +279,55 @@ def cmd_train_embedder(args: argparse.Namespace) -> int:
         f"next        RAG_EMBED_MODEL={args.out} rag-retriever ingest CORPUS --collection {settings.collection} "
         f"--gate QUESTIONS.jsonl  (a new model means a full re-ingest)"
     )
+    return 0
+
+
+def cmd_train_reranker(args: argparse.Namespace) -> int:
+    from rag_retriever.retriever import Retriever
+    from rag_retriever.training.reranker import RerankerTrainingConfig, train_reranker
+
+    settings = _settings(args, collection=args.collection, rerank_model=None)
+    retriever = Retriever.from_settings(settings.replace(rerank_model=None))
+    config = RerankerTrainingConfig(
+        negatives=args.negatives,
+        epochs=args.epochs,
+        batch_size=args.batch_size,
+        learning_rate=args.lr,
+        head_learning_rate=args.head_lr,
+        max_length=args.max_length,
+        max_questions=args.max_questions,
+        val_fraction=args.val_fraction,
+        seed=args.seed,
+        depth=args.depth,
+        loss=args.loss,
+        freeze_layers=args.freeze_layers,
+        name=args.name,
+    )
+    meta = train_reranker(
+        retriever,
+        args.questions,
+        args.out,
+        collection=settings.collection,
+        base=args.base or "all-MiniLM-L6-v2",
+        config=config,
+        device=settings.device,
+        dtype=settings.dtype,
+        overwrite=args.overwrite,
+        progress=not args.no_progress,
+    )
+    before, after = meta["validation_before"], meta["validation_after"]
+    print(f"model       {args.out} ({meta['name']})")
+    print(
+        f"examples    {meta['examples']['train']} train, {meta['examples']['validation']} validation, skipped {meta['examples']['skipped']}"
+    )
+    print(
+        f"loss        {meta['loss_first_20']:.3f} -> {meta['loss_last_20']:.3f} over {meta['steps']} steps"
+    )
+    for key in after:
+        if key != "questions":
+            print(f"validation  {key}: {before.get(key, float('nan')):.4f} -> {after[key]:.4f}")
+    print(f"time        {meta['time_s']:.0f}s")
+    print(f"next        RAG_RERANK_MODEL={args.out} rag-retriever search QUESTION --mode rerank")
     return 0
 
 
@@ -390,13 +429,41 @@ def build_parser() -> argparse.ArgumentParser:
     _common(p)
     p.set_defaults(func=cmd_train_embedder)
 
+    p = sub.add_parser(
+        "train-reranker", help="train a cross-encoder reranker on labelled questions"
+    )
+    _training_args(p)
+    p.add_argument(
+        "--negatives", type=int, default=7, help="hybrid-mined negatives per question (7)"
+    )
+    p.add_argument("--batch-size", type=int, default=4, help="questions per step (4)")
+    p.add_argument("--lr", type=float, default=4e-5)
+    p.add_argument("--head-lr", type=float, help="learning rate of the classification head")
+    p.add_argument("--max-length", type=int, default=192, help="tokens of question + chunk (192)")
+    p.add_argument(
+        "--depth", type=int, default=30, help="hybrid candidates mined per question (30)"
+    )
+    p.add_argument("--loss", choices=("listwise", "pointwise"), default="listwise")
+    p.add_argument(
+        "--freeze-layers", type=int, default=0, help="freeze embeddings + first N layers"
+    )
+    p.add_argument("--name", help="reranker name recorded with it")
+    _common(p)
+    p.set_defaults(func=cmd_train_reranker)
+
     for register in EXTRA_COMMANDS:
         register(sub)
     return parser
 
 
-# Commands defined in other modules add themselves here (serve, training).
-EXTRA_COMMANDS: list[Callable[[Any], None]] = []
+def _register_serve(sub: Any) -> None:
+    from rag_retriever.server import register_cli
+
+    register_cli(sub)
+
+
+# Commands defined in other modules register themselves through this list.
+EXTRA_COMMANDS: list[Callable[[Any], None]] = [_register_serve]
 
 
 def main(argv: Sequence[str] | None = None) -> int:

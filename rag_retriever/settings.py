@@ -77,6 +77,9 @@ class Settings:
     log_level: str = "INFO"
 
     def __post_init__(self) -> None:
+        if not isinstance(self.data_dir, Path):  # a str from Python callers
+            object.__setattr__(self, "data_dir", Path(self.data_dir))
+
         def positive(name: str) -> None:
             value = getattr(self, name)
             if not isinstance(value, int) or value <= 0:

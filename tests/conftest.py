@@ -107,16 +107,21 @@ def _vocab() -> list[str]:
 
 
 def build_tiny_bert(
-    directory: Path, *, classifier: bool = False, seed: int = 0, num_labels: int = 1
+    directory: Path,
+    *,
+    classifier: bool = False,
+    seed: int = 0,
+    num_labels: int = 1,
+    hidden: int = 32,
 ) -> Path:
     directory.mkdir(parents=True, exist_ok=True)
     tokenizer = BertTokenizer(vocab={w: i for i, w in enumerate(_vocab())}, do_lower_case=True)
     config = BertConfig(
         vocab_size=len(_vocab()),
-        hidden_size=32,
+        hidden_size=hidden,
         num_hidden_layers=2,
-        num_attention_heads=2,
-        intermediate_size=64,
+        num_attention_heads=2 if hidden == 32 else 4,
+        intermediate_size=2 * hidden,
         max_position_embeddings=128,
     )
     config.num_labels = num_labels

@@ -150,6 +150,7 @@ def train_embedder(
         max_seq_length=retriever.encoder.max_seq_length,
     )
     precision = choose_precision(device, dtype)
+    torch.manual_seed(config.seed)  # dropout
     base_with_new_prefixes = Encoder.load(
         ResolvedModel(base.source, profile), device=device, dtype=dtype
     )

@@ -35,6 +35,7 @@ class Example:
     gold: frozenset[int]  # every gold chunk row (never used as a negative)
     negatives: tuple[int, ...]  # hardest first
     positive_retrieved: bool  # the gold chunk was among the hybrid candidates
+    ranked: tuple[int, ...] = ()  # the hybrid list the negatives came from (rows, best first)
 
 
 @dataclass(frozen=True)
@@ -87,7 +88,15 @@ def mine_examples(
                 skipped["too_few_negatives"] += 1
                 continue
             examples.append(
-                Example(q.id, q.question, positive, gold, tuple(hard), bool(retrieved_gold))
+                Example(
+                    q.id,
+                    q.question,
+                    positive,
+                    gold,
+                    tuple(hard),
+                    bool(retrieved_gold),
+                    tuple(ranked),
+                )
             )
         bar.update(len(batch))
     bar.close()

@@ -1,0 +1,106 @@
+"""Every benchmark in one run (`make bench`): each prints its peer, measured in the same run, and
+the ratio. Results go to `<out>/bench.json` and `<out>/bench.txt`.
+
+Usage:
+    python eval/bench.py [--out bench-out] [--only bm25 ingest query load] [--reranker DIR]
+
+Needs ../shared/data (SQuAD and SciFact). Takes about 10-15 minutes on 2 CPU cores.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+BENCHES = ("bm25", "ingest", "query", "load")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--out", type=Path, default=Path("bench-out"))
+    parser.add_argument("--only", nargs="+", choices=BENCHES, default=list(BENCHES))
+    parser.add_argument(
+        "--reranker",
+        type=Path,
+        help="cross-encoder dir (default: an untrained one, for speed only)",
+    )
+    parser.add_argument("--load-seconds", type=float, default=20.0)
+    parser.add_argument("--load-clients", type=int, default=8)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING)
+    args.out.mkdir(parents=True, exist_ok=True)
+    results: dict[str, Any] = {"started": time.strftime("%Y-%m-%d %H:%M:%S")}
+    lines: list[str] = []
+
+    def emit(new: list[str]) -> None:
+        for text in new:
+            print(text, flush=True)
+        lines.extend(new)
+
+    if "bm25" in args.only:
+        from eval import bench_bm25
+
+        results["bm25"] = bench_bm25.run()
+        emit(bench_bm25.report(results["bm25"]))
+
+    data_dir = args.out / "data"
+    if "ingest" in args.only:
+        from eval import bench_ingest
+
+        results["ingest"] = bench_ingest.run()
+        emit(bench_ingest.report(results["ingest"]))
+
+    if "query" in args.only or "load" in args.only:
+        from eval.bench_common import shared_path
+        from ingest.loaders import load_documents
+        from ingest.writer import ingest_documents
+        from rag_retriever.retriever import Retriever
+        from rag_retriever.settings import Settings
+
+        settings = Settings.from_env(data_dir=data_dir, collection="squad")
+        retriever = Retriever.from_settings(settings)
+        if "squad" not in retriever.store.aliases():
+            ingest_documents(
+                load_documents(shared_path("squad_v11_dev", "docs.jsonl")),
+                alias="squad",
+                encoder=retriever.encoder,
+                store=retriever.store,
+                index_root=settings.index_dir,
+            )
+        if "query" in args.only:
+            from eval import bench_query
+
+            reranker = args.reranker or bench_query.untrained_reranker(
+                args.out / "untrained-reranker"
+            )
+            results["query"] = bench_query.run(retriever, collection="squad", reranker_dir=reranker)
+            emit(bench_query.report(results["query"]))
+        if "load" in args.only:
+            from eval import bench_load
+
+            retriever.reranker = None
+            results["load"] = bench_load.run_benchmark(
+                retriever,
+                settings,
+                collection="squad",
+                clients=args.load_clients,
+                seconds=args.load_seconds,
+            )
+            emit(bench_load.report(results["load"]))
+        retriever.store.client.close()
+
+    (args.out / "bench.json").write_text(json.dumps(results, indent=2), encoding="utf-8")
+    (args.out / "bench.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    print(f"wrote {args.out / 'bench.json'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

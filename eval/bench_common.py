@@ -1,0 +1,81 @@
+"""Helpers shared by the benchmarks: timing, percentiles, the shared data sets.
+
+Every benchmark measures rag-retriever and its peer in the same process, on the same inputs, one
+after the other, and reports the ratio: absolute times on a shared 2-core machine are noisy,
+ratios measured side by side much less so.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+
+
+def shared_path(*parts: str) -> Path:
+    path = SHARED.joinpath(*parts)
+    if not path.exists():
+        raise FileNotFoundError(f"{path} not found: the benchmarks read ../shared/data")
+    return path
+
+
+def read_jsonl(path: Path, limit: int | None = None) -> list[dict[str, Any]]:
+    rows = []
+    with path.open(encoding="utf-8") as fh:
+        for line in fh:
+            if line.strip():
+                rows.append(json.loads(line))
+                if limit is not None and len(rows) >= limit:
+                    break
+    return rows
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    if not ordered:
+        return float("nan")
+    index = min(len(ordered) - 1, max(0, round(q / 100 * (len(ordered) - 1))))
+    return ordered[index]
+
+
+@contextmanager
+def timer() -> Iterator[Callable[[], float]]:
+    start = time.perf_counter()
+    end: list[float] = []
+    yield lambda: (end[0] if end else time.perf_counter()) - start
+    end.append(time.perf_counter())
+
+
+def best_of(fn: Callable[[], Any], repeats: int = 3) -> float:
+    """The fastest of `repeats` runs, in seconds (the least disturbed by other load)."""
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return min(times)
+
+
+_SENTENCE = re.compile(r"(?<=[.!?])\s+(?=[A-Z])")
+
+
+def real_sentences() -> list[str]:
+    """Every sentence of the SciFact abstracts and the SQuAD articles (real text)."""
+    out: list[str] = []
+    for name in ("scifact", "squad_v11_dev"):
+        for doc in read_jsonl(shared_path(name, "docs.jsonl")):
+            out.extend(s for s in _SENTENCE.split(doc["text"].replace("\n\n", " ")) if s.strip())
+    return out
+
+
+def line(
+    label: str, ours: float, peer: float, unit: str, peer_name: str, higher_is_better: bool
+) -> str:
+    ratio = ours / peer if higher_is_better else peer / ours
+    return f"{label}: ours {ours:,.1f} {unit} vs {peer_name} {peer:,.1f} {unit} -> {ratio:.2f}x"

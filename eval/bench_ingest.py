@@ -1,0 +1,119 @@
+"""Ingest speed: the whole SQuAD corpus end to end, a re-ingest after 1% of paragraphs changed,
+and encoder throughput against sentence-transformers on the same passages.
+
+Peers: `SentenceTransformer(<the same model dir>).encode` (fp32, its own batching) for the
+encoder; a full ingest of the same corpus for the re-ingest.
+"""
+
+from __future__ import annotations
+
+import random
+import tempfile
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from qdrant_client import QdrantClient
+
+from eval.bench_common import shared_path
+from ingest.chunking import Chunker
+from ingest.loaders import LoadedCorpus, load_documents
+from ingest.writer import chunking_config_for, ingest_documents
+from rag_retriever.encoder import Encoder
+from rag_retriever.store import QdrantStore
+
+CHANGED_FRACTION = 0.01
+
+
+def change_paragraphs(
+    corpus: LoadedCorpus, fraction: float, seed: int = 0
+) -> tuple[LoadedCorpus, int]:
+    """A copy of the corpus with `fraction` of all paragraphs edited (one sentence appended)."""
+    rng = random.Random(seed)
+    places = [
+        (d, p) for d, doc in enumerate(corpus.documents) for p in range(len(doc.text.split("\n\n")))
+    ]
+    chosen = set(rng.sample(places, max(1, round(len(places) * fraction))))
+    docs = []
+    for d, doc in enumerate(corpus.documents):
+        paragraphs = doc.text.split("\n\n")
+        for p in range(len(paragraphs)):
+            if (d, p) in chosen:
+                paragraphs[p] += " This paragraph was revised for the benchmark."
+        docs.append(replace(doc, text="\n\n".join(paragraphs)))
+    return LoadedCorpus(tuple(docs), corpus.skipped_empty, corpus.source), len(chosen)
+
+
+def run(n_encode: int = 1000) -> dict[str, Any]:
+    corpus = load_documents(shared_path("squad_v11_dev", "docs.jsonl"))
+    encoder = Encoder.load("all-MiniLM-L6-v2")
+    out: dict[str, Any] = {"precision": encoder.precision.describe()}
+
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        store = QdrantStore(QdrantClient(path=str(root / "qdrant")))
+        t0 = time.perf_counter()
+        full = ingest_documents(
+            corpus, alias="squad", encoder=encoder, store=store, index_root=root / "idx"
+        )
+        full_s = time.perf_counter() - t0
+        changed, n_changed = change_paragraphs(corpus, CHANGED_FRACTION)
+        t0 = time.perf_counter()
+        again = ingest_documents(
+            changed, alias="squad", encoder=encoder, store=store, index_root=root / "idx"
+        )
+        again_s = time.perf_counter() - t0
+        store.client.close()
+    out["ingest"] = {
+        "documents": full.documents,
+        "chunks": full.chunks,
+        "seconds": full_s,
+        "chunks_per_s": full.chunks / full_s,
+        "stages_s": full.timings_s,
+    }
+    out["reingest"] = {
+        "paragraphs_changed": n_changed,
+        "reused": again.reused,
+        "encoded": again.encoded,
+        "removed": again.removed,
+        "seconds": again_s,
+        "full_seconds": full_s,
+        "speedup": full_s / again_s,
+        "stages_s": again.timings_s,
+    }
+
+    chunks = Chunker(encoder.count_tokens, chunking_config_for(encoder, 200, 48)).chunk_all(
+        corpus.documents
+    )
+    texts = [c.embed_text for c in random.Random(1).sample(chunks, min(n_encode, len(chunks)))]
+    from sentence_transformers import SentenceTransformer
+
+    peer = SentenceTransformer(str(encoder.source), device="cpu")
+    encoder.encode_passages(texts[:64])  # warm-up both
+    peer.encode(texts[:64])
+    t0 = time.perf_counter()
+    encoder.encode_passages(texts)
+    ours_s = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    peer.encode(texts, batch_size=32, normalize_embeddings=True)
+    peer_s = time.perf_counter() - t0
+    out["encoder"] = {
+        "passages": len(texts),
+        "ours_per_s": len(texts) / ours_s,
+        "sentence_transformers_per_s": len(texts) / peer_s,
+        "speedup": peer_s / ours_s,
+        "ours_precision": encoder.precision.describe(),
+    }
+    return out
+
+
+def report(r: dict[str, Any]) -> list[str]:
+    i, g, e = r["ingest"], r["reingest"], r["encoder"]
+    return [
+        f"ingest SQuAD ({i['documents']} docs, {i['chunks']} chunks): {i['seconds']:.1f}s = {i['chunks_per_s']:.0f} chunks/s ({r['precision']})",
+        f"re-ingest after {g['paragraphs_changed']} paragraphs changed (1%): {g['seconds']:.1f}s vs full ingest "
+        f"{g['full_seconds']:.1f}s -> {g['speedup']:.1f}x ({g['reused']} vectors reused, {g['encoded']} encoded, {g['removed']} removed)",
+        f"encoder on {e['passages']} SQuAD chunks: ours {e['ours_per_s']:.0f}/s ({e['ours_precision']}) vs "
+        f"SentenceTransformer.encode {e['sentence_transformers_per_s']:.0f}/s (fp32) -> {e['speedup']:.2f}x",
+    ]

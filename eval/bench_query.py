@@ -1,0 +1,110 @@
+"""Query latency per mode on the SQuAD collection, and cross-encoder throughput.
+
+Latency: sequential single-question searches (k=10), p50/p95 per mode, measured after a warm-up.
+Reranker: pairs/s of our CrossEncoderReranker (length-sorted batches, bf16 autocast where the
+CPU has it) against `sentence_transformers.CrossEncoder(<same dir>).predict` on the same pairs.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import transformers
+
+from eval.bench_common import percentile, read_jsonl, shared_path
+from rag_retriever.encoder import quiet_transformers
+from rag_retriever.profiles import resolve_model
+from rag_retriever.reranker import CrossEncoderReranker
+from rag_retriever.retriever import Retriever
+
+
+def untrained_reranker(directory: Path) -> Path:
+    """all-MiniLM-L6-v2 with a fresh one-logit head: right shape and speed, no skill."""
+    if not (directory / "config.json").exists():
+        source = resolve_model("all-MiniLM-L6-v2").source
+        with quiet_transformers():
+            model = transformers.AutoModelForSequenceClassification.from_pretrained(
+                source, num_labels=1
+            )
+            tokenizer = transformers.AutoTokenizer.from_pretrained(source)
+        model.save_pretrained(directory)
+        tokenizer.save_pretrained(directory)
+    return directory
+
+
+def run(
+    retriever: Retriever, *, collection: str, reranker_dir: Path, n_questions: int = 200
+) -> dict[str, Any]:
+    questions = [
+        r["question"] for r in read_jsonl(shared_path("squad_v11_dev", "questions_dev.jsonl"))
+    ]
+    sample = random.Random(0).sample(questions, n_questions)
+    reranker = CrossEncoderReranker.load(reranker_dir)
+    retriever.reranker = reranker
+    out: dict[str, Any] = {"latency": {}, "questions": n_questions, "reranker": str(reranker_dir)}
+    for mode in ("dense", "bm25", "hybrid", "rerank"):
+        for q in sample[:5]:
+            retriever.search(q, k=10, mode=mode, collection=collection)
+        times = []
+        stage_ms: dict[str, list[float]] = {}
+        for q in sample:
+            t0 = time.perf_counter()
+            result = retriever.retrieve(q, k=10, mode=mode, collection=collection)
+            times.append((time.perf_counter() - t0) * 1000)
+            for stage, ms in result.timings_ms.items():
+                stage_ms.setdefault(stage, []).append(ms)
+        out["latency"][mode] = {
+            "p50_ms": percentile(times, 50),
+            "p95_ms": percentile(times, 95),
+            "stages_p50_ms": {s: percentile(v, 50) for s, v in stage_ms.items()},
+        }
+
+    # Reranker throughput on real candidate lists.
+    pairs: list[tuple[str, str]] = []
+    for q in sample[:20]:
+        hits = retriever.search(q, k=50, mode="hybrid", collection=collection)
+        pairs.extend((q, f"{h.title}\n\n{h.text}") for h in hits)
+    by_query: dict[str, list[str]] = {}
+    for q, p in pairs:
+        by_query.setdefault(q, []).append(p)
+    for q, ps in list(by_query.items())[:1]:
+        reranker.score(q, ps)  # warm-up
+    t0 = time.perf_counter()
+    ours = np.concatenate([reranker.score(q, ps).scores for q, ps in by_query.items()])
+    ours_s = time.perf_counter() - t0
+    from sentence_transformers import CrossEncoder
+
+    peer = CrossEncoder(str(reranker_dir), device="cpu", max_length=reranker.max_length)
+    peer.predict(pairs[:32], batch_size=32)
+    t0 = time.perf_counter()
+    theirs = np.asarray(
+        peer.predict(pairs, batch_size=32, activation_fn=None), dtype=np.float32
+    ).reshape(-1)
+    peer_s = time.perf_counter() - t0
+    out["reranker_throughput"] = {
+        "pairs": len(pairs),
+        "ours_pairs_per_s": len(pairs) / ours_s,
+        "cross_encoder_pairs_per_s": len(pairs) / peer_s,
+        "speedup": peer_s / ours_s,
+        "precision": reranker.precision.describe(),
+        "max_abs_score_difference": float(np.max(np.abs(ours - theirs))),
+    }
+    return out
+
+
+def report(r: dict[str, Any]) -> list[str]:
+    lines = [
+        f"query latency ({r['questions']} SQuAD questions, k=10) {mode}: p50 {v['p50_ms']:.1f} ms, p95 {v['p95_ms']:.1f} ms"
+        for mode, v in r["latency"].items()
+    ]
+    t = r["reranker_throughput"]
+    lines.append(
+        f"reranker on {t['pairs']} (question, chunk) pairs: ours {t['ours_pairs_per_s']:.0f} pairs/s ({t['precision']}) vs "
+        f"sentence_transformers.CrossEncoder {t['cross_encoder_pairs_per_s']:.0f} pairs/s (fp32) -> {t['speedup']:.2f}x "
+        f"(max score difference {t['max_abs_score_difference']:.3f})"
+    )
+    return lines

@@ -1,0 +1,418 @@
+"""Python clients of the HTTP service, returning the same records as the in-process API.
+
+Example:
+    >>> with RetrieverClient("http://127.0.0.1:8000", api_key="s3cret") as client:  # doctest: +SKIP
+    ...     hits = client.search("who founded Normandy?", k=3)
+    >>> hits[0].title, hits[0].dense, hits[0].bm25                                    # doctest: +SKIP
+    ('Normans', StageScore(rank=1, score=0.71), StageScore(rank=2, score=14.2))
+
+`RetrieverClient` (sync) and `AsyncRetrieverClient` (asyncio) have the same methods. Searches
+are read-only, so every request (POST /v1/search included) is retried after a transport error
+(connection refused or reset, timeout) and after 502/503/504, with exponential backoff; a 4xx
+or a 500 is never retried. Errors carry the server's code and message:
+
+    ClientError                     base of everything raised here (a RagError)
+      RetrieverHTTPError            the server answered an error: .status, .error, .detail
+        Unauthorized (401)  NotFound (404)  Conflict (409)  PayloadTooLarge (413)
+        UnprocessableRequest (422)  ServerError (5xx)
+      RetrieverUnavailable          no answer after all retries: .attempts, .__cause__
+
+This module does not pool clients across threads or cache results.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Mapping, Sequence
+from types import TracebackType
+from typing import Any, Self
+
+import httpx
+
+from rag_retriever.errors import RagError
+from rag_retriever.records import Hit, Mode, SearchFilter, SearchResult
+
+# Statuses that mean "a proxy or the server could not answer just now"; a retry may succeed.
+RETRY_STATUSES = frozenset({502, 503, 504})
+# The longest single wait between two attempts, whatever `backoff` and the attempt number.
+MAX_BACKOFF_S = 10.0
+
+
+class ClientError(RagError):
+    """Base of every error the clients raise."""
+
+
+class RetrieverHTTPError(ClientError):
+    """The server answered with an error status; `error` and `detail` are its JSON body."""
+
+    def __init__(self, status: int, error: str, detail: str) -> None:
+        super().__init__(f"HTTP {status} {error}: {detail}")
+        self.status = status
+        self.error = error
+        self.detail = detail
+        # A proxy in front of several services can re-raise this with the same status and code.
+        self.http_status = status
+        self.code = error
+
+
+class Unauthorized(RetrieverHTTPError):
+    """401: no API key, or the wrong one."""
+
+
+class NotFound(RetrieverHTTPError):
+    """404: an unknown collection (or a wrong base URL)."""
+
+
+class Conflict(RetrieverHTTPError):
+    """409: e.g. the collection was embedded with another model than the server's encoder."""
+
+
+class PayloadTooLarge(RetrieverHTTPError):
+    """413: the request body is over the server's RAG_MAX_BODY_BYTES."""
+
+
+class UnprocessableRequest(RetrieverHTTPError):
+    """422: a query, k, mode, filter or batch size the server does not accept."""
+
+
+class ServerError(RetrieverHTTPError):
+    """5xx: the server failed; `detail` is what it chose to say."""
+
+
+class RetrieverUnavailable(ClientError):
+    """No answer after every attempt; the last transport error is the `__cause__`."""
+
+    http_status = 503
+    code = "unavailable"
+
+    def __init__(self, message: str, attempts: int) -> None:
+        super().__init__(message)
+        self.attempts = attempts
+
+
+_BY_STATUS: dict[int, type[RetrieverHTTPError]] = {
+    401: Unauthorized,
+    404: NotFound,
+    409: Conflict,
+    413: PayloadTooLarge,
+    422: UnprocessableRequest,
+}
+
+
+def http_error(response: httpx.Response) -> RetrieverHTTPError:
+    """The typed error for an error response, with the server's `error` and `detail`."""
+    error, detail = f"http_{response.status_code}", response.text[:500]
+    try:
+        body = response.json()
+    except ValueError:  # not JSON: a proxy's HTML page, say
+        body = None
+    if isinstance(body, Mapping):
+        error = str(body.get("error", error))
+        detail = str(body.get("detail", detail))
+    status = response.status_code
+    cls = _BY_STATUS.get(status, ServerError if status >= 500 else RetrieverHTTPError)
+    return cls(status, error, detail)
+
+
+def search_body(
+    *,
+    k: int | None,
+    mode: Mode | None,
+    filter: SearchFilter | None,
+    collection: str | None,
+    **extra: Any,
+) -> dict[str, Any]:
+    """The JSON body of a search; options left as None are left to the server's defaults."""
+    body: dict[str, Any] = dict(extra)
+    if k is not None:
+        body["k"] = k
+    if mode is not None:
+        body["mode"] = mode
+    if filter is not None and not filter.is_empty:
+        body["filter"] = filter.to_dict()
+    if collection is not None:
+        body["collection"] = collection
+    return body
+
+
+def _headers(api_key: str | None) -> dict[str, str]:
+    return {"Authorization": f"Bearer {api_key}"} if api_key else {}
+
+
+def _check_retry_settings(retries: int, backoff: float) -> None:
+    if retries < 0:
+        raise ValueError(f"retries must be >= 0, got {retries}")
+    if backoff < 0:
+        raise ValueError(f"backoff must be >= 0 seconds, got {backoff}")
+
+
+def _delay(backoff: float, attempt: int) -> float:
+    """Seconds to wait after failed attempt number `attempt` (0-based): backoff * 2**attempt."""
+    return min(backoff * 2**attempt, MAX_BACKOFF_S)
+
+
+def _unavailable(method: str, url: str, attempts: int, exc: Exception) -> RetrieverUnavailable:
+    return RetrieverUnavailable(
+        f"{method} {url} got no answer after {attempts} attempt(s): "
+        f"{type(exc).__name__}: {exc}; is the server running and the base URL right?",
+        attempts,
+    )
+
+
+def _result(response: httpx.Response) -> SearchResult:
+    return SearchResult.from_dict(response.json())
+
+
+def _results(response: httpx.Response) -> list[SearchResult]:
+    return [SearchResult.from_dict(r) for r in response.json()["results"]]
+
+
+class RetrieverClient:
+    """A blocking client of `rag-retriever serve`. Use it as a context manager, or call close()."""
+
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        api_key: str | None = None,
+        timeout: float = 10.0,
+        retries: int = 3,
+        backoff: float = 0.2,
+        transport: httpx.BaseTransport | None = None,
+    ) -> None:
+        _check_retry_settings(retries, backoff)
+        self.base_url = base_url
+        self.retries = retries
+        self.backoff = backoff
+        self._http = httpx.Client(
+            base_url=base_url, headers=_headers(api_key), timeout=timeout, transport=transport
+        )
+
+    def search(
+        self,
+        query: str,
+        *,
+        k: int | None = None,
+        mode: Mode | None = None,
+        filter: SearchFilter | None = None,
+        collection: str | None = None,
+    ) -> list[Hit]:
+        return list(self.retrieve(query, k=k, mode=mode, filter=filter, collection=collection).hits)
+
+    def retrieve(
+        self,
+        query: str,
+        *,
+        k: int | None = None,
+        mode: Mode | None = None,
+        filter: SearchFilter | None = None,
+        collection: str | None = None,
+    ) -> SearchResult:
+        body = search_body(k=k, mode=mode, filter=filter, collection=collection, query=query)
+        return _result(self._request("POST", "/v1/search", json=body))
+
+    def search_batch(
+        self,
+        queries: Sequence[str],
+        *,
+        k: int | None = None,
+        mode: Mode | None = None,
+        filter: SearchFilter | None = None,
+        collection: str | None = None,
+    ) -> list[list[Hit]]:
+        results = self.retrieve_batch(queries, k=k, mode=mode, filter=filter, collection=collection)
+        return [list(r.hits) for r in results]
+
+    def retrieve_batch(
+        self,
+        queries: Sequence[str],
+        *,
+        k: int | None = None,
+        mode: Mode | None = None,
+        filter: SearchFilter | None = None,
+        collection: str | None = None,
+    ) -> list[SearchResult]:
+        body = search_body(
+            k=k, mode=mode, filter=filter, collection=collection, queries=list(queries)
+        )
+        return _results(self._request("POST", "/v1/search/batch", json=body))
+
+    def collections(self) -> dict[str, Any]:
+        """{"default_collection": alias, "collections": {alias: {"serving", "versions"}}}."""
+        data: dict[str, Any] = self._request("GET", "/v1/collections").json()
+        return data
+
+    def health(self) -> bool:
+        """True when the process answers /healthz; False when nothing answers (no retries)."""
+        return self._probe("/healthz")
+
+    def ready(self) -> bool:
+        """True when /readyz says the default collection is servable (no retries)."""
+        return self._probe("/readyz")
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def _url(self, path: str) -> str:
+        return f"{self.base_url.rstrip('/')}{path}"
+
+    def _probe(self, path: str) -> bool:
+        try:
+            response = self._http.get(path)
+        except httpx.TransportError:
+            return False
+        if response.status_code in (200, 503):
+            return response.status_code == 200
+        raise http_error(response)  # 404 = wrong base URL: say so rather than "not ready"
+
+    def _request(self, method: str, path: str, json: Any = None) -> httpx.Response:
+        for attempt in range(self.retries + 1):
+            try:
+                response = self._http.request(method, path, json=json)
+            except httpx.TransportError as exc:
+                if attempt == self.retries:
+                    raise _unavailable(method, self._url(path), attempt + 1, exc) from exc
+            else:
+                if response.is_success:
+                    return response
+                if response.status_code not in RETRY_STATUSES or attempt == self.retries:
+                    raise http_error(response)
+            time.sleep(_delay(self.backoff, attempt))
+        raise AssertionError("unreachable: the last attempt returns or raises")
+
+
+class AsyncRetrieverClient:
+    """The asyncio twin of RetrieverClient: same arguments, same methods, awaited."""
+
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        api_key: str | None = None,
+        timeout: float = 10.0,
+        retries: int = 3,
+        backoff: float = 0.2,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
+        _check_retry_settings(retries, backoff)
+        self.base_url = base_url
+        self.retries = retries
+        self.backoff = backoff
+        self._http = httpx.AsyncClient(
+            base_url=base_url, headers=_headers(api_key), timeout=timeout, transport=transport
+        )
+
+    async def search(
+        self,
+        query: str,
+        *,
+        k: int | None = None,
+        mode: Mode | None = None,
+        filter: SearchFilter | None = None,
+        collection: str | None = None,
+    ) -> list[Hit]:
+        result = await self.retrieve(query, k=k, mode=mode, filter=filter, collection=collection)
+        return list(result.hits)
+
+    async def retrieve(
+        self,
+        query: str,
+        *,
+        k: int | None = None,
+        mode: Mode | None = None,
+        filter: SearchFilter | None = None,
+        collection: str | None = None,
+    ) -> SearchResult:
+        body = search_body(k=k, mode=mode, filter=filter, collection=collection, query=query)
+        return _result(await self._request("POST", "/v1/search", json=body))
+
+    async def search_batch(
+        self,
+        queries: Sequence[str],
+        *,
+        k: int | None = None,
+        mode: Mode | None = None,
+        filter: SearchFilter | None = None,
+        collection: str | None = None,
+    ) -> list[list[Hit]]:
+        results = await self.retrieve_batch(
+            queries, k=k, mode=mode, filter=filter, collection=collection
+        )
+        return [list(r.hits) for r in results]
+
+    async def retrieve_batch(
+        self,
+        queries: Sequence[str],
+        *,
+        k: int | None = None,
+        mode: Mode | None = None,
+        filter: SearchFilter | None = None,
+        collection: str | None = None,
+    ) -> list[SearchResult]:
+        body = search_body(
+            k=k, mode=mode, filter=filter, collection=collection, queries=list(queries)
+        )
+        return _results(await self._request("POST", "/v1/search/batch", json=body))
+
+    async def collections(self) -> dict[str, Any]:
+        data: dict[str, Any] = (await self._request("GET", "/v1/collections")).json()
+        return data
+
+    async def health(self) -> bool:
+        return await self._probe("/healthz")
+
+    async def ready(self) -> bool:
+        return await self._probe("/readyz")
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    def _url(self, path: str) -> str:
+        return f"{self.base_url.rstrip('/')}{path}"
+
+    async def _probe(self, path: str) -> bool:
+        try:
+            response = await self._http.get(path)
+        except httpx.TransportError:
+            return False
+        if response.status_code in (200, 503):
+            return response.status_code == 200
+        raise http_error(response)
+
+    async def _request(self, method: str, path: str, json: Any = None) -> httpx.Response:
+        for attempt in range(self.retries + 1):
+            try:
+                response = await self._http.request(method, path, json=json)
+            except httpx.TransportError as exc:
+                if attempt == self.retries:
+                    raise _unavailable(method, self._url(path), attempt + 1, exc) from exc
+            else:
+                if response.is_success:
+                    return response
+                if response.status_code not in RETRY_STATUSES or attempt == self.retries:
+                    raise http_error(response)
+            await asyncio.sleep(_delay(self.backoff, attempt))
+        raise AssertionError("unreachable: the last attempt returns or raises")

@@ -1,0 +1,117 @@
+"""A LangChain retriever over rag-retriever: in-process, or remote through the HTTP clients.
+
+Example:
+    >>> from rag_retriever.langchain import RagRetrieverLangChain
+    >>> lc = RagRetrieverLangChain(backend=RetrieverClient("http://127.0.0.1:8000"), k=4)  # doctest: +SKIP
+    >>> docs = lc.invoke("who founded Normandy?")                                   # doctest: +SKIP
+    >>> docs[0].metadata["doc_id"], docs[0].metadata["dense_rank"]                  # doctest: +SKIP
+    ('normans', 1)
+
+Each `Document` holds the chunk text; its metadata holds the chunk's provenance (chunk_id,
+doc_id, title, start, end, chunk_index), its final rank and score, every stage's rank and
+score (`dense_rank`, `dense_score`, `bm25_rank`, ..., `rerank_score`; None for a stage that did
+not run or did not return the chunk), the BM25 matched terms, the collection that answered, and
+the document's own metadata under "metadata".
+
+langchain-core is optional (`pip install 'rag-retriever[langchain]'`); nothing else in
+rag_retriever imports this module. It does not build chains, prompts or vector stores.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+try:
+    from langchain_core.callbacks import (
+        AsyncCallbackManagerForRetrieverRun,
+        CallbackManagerForRetrieverRun,
+    )
+    from langchain_core.documents import Document
+    from langchain_core.retrievers import BaseRetriever
+except ImportError as exc:  # pragma: no cover - exercised by a test that hides langchain_core
+    raise ImportError(
+        "rag_retriever.langchain needs langchain-core, which is not installed: "
+        "pip install 'rag-retriever[langchain]'"
+    ) from exc
+from pydantic import ConfigDict, InstanceOf
+
+from rag_retriever.client import AsyncRetrieverClient, RetrieverClient
+from rag_retriever.records import Hit, Mode, SearchFilter, SearchResult
+from rag_retriever.retriever import Retriever
+
+STAGES = ("dense", "bm25", "fused", "rerank")
+
+
+def hit_to_document(hit: Hit, *, collection: str | None = None) -> Document:
+    """A LangChain Document for one hit (see the module docstring for the metadata keys)."""
+    metadata: dict[str, Any] = {
+        "chunk_id": hit.chunk_id,
+        "doc_id": hit.doc_id,
+        "title": hit.title,
+        "start": hit.start,
+        "end": hit.end,
+        "chunk_index": hit.chunk_index,
+        "rank": hit.rank,
+        "score": hit.score,
+    }
+    for name in STAGES:
+        stage = getattr(hit, name)
+        metadata[f"{name}_rank"] = None if stage is None else stage.rank
+        metadata[f"{name}_score"] = None if stage is None else stage.score
+    metadata["matched_terms"] = list(hit.matched_terms)
+    metadata["collection"] = collection
+    metadata["metadata"] = dict(hit.metadata)
+    return Document(page_content=hit.text, metadata=metadata, id=hit.chunk_id)
+
+
+def result_to_documents(result: SearchResult) -> list[Document]:
+    return [hit_to_document(h, collection=result.collection) for h in result.hits]
+
+
+class RagRetrieverLangChain(BaseRetriever):
+    """`backend` is a loaded Retriever, a RetrieverClient or an AsyncRetrieverClient.
+
+    The other fields are the search options of every call; None leaves them to the backend's
+    defaults (RAG_DEFAULT_K, rerank when a reranker is loaded, else hybrid; RAG_COLLECTION).
+    With an AsyncRetrieverClient only `ainvoke` works (a sync call cannot drive its event loop).
+    """
+
+    model_config = ConfigDict(arbitrary_types_allowed=True)
+
+    backend: InstanceOf[Retriever] | InstanceOf[RetrieverClient] | InstanceOf[AsyncRetrieverClient]
+    k: int | None = None
+    mode: Mode | None = None
+    filter: InstanceOf[SearchFilter] | None = None
+    collection: str | None = None
+
+    def _get_relevant_documents(
+        self, query: str, *, run_manager: CallbackManagerForRetrieverRun
+    ) -> list[Document]:
+        return result_to_documents(self._retrieve_sync(query))
+
+    async def _aget_relevant_documents(
+        self, query: str, *, run_manager: AsyncCallbackManagerForRetrieverRun
+    ) -> list[Document]:
+        if isinstance(self.backend, AsyncRetrieverClient):
+            result = await self.backend.retrieve(query, **self._options())
+        else:
+            # The in-process model and the blocking client would stall the event loop.
+            result = await asyncio.to_thread(self._retrieve_sync, query)
+        return result_to_documents(result)
+
+    def _retrieve_sync(self, query: str) -> SearchResult:
+        if isinstance(self.backend, AsyncRetrieverClient):
+            raise TypeError(
+                "this RagRetrieverLangChain wraps an AsyncRetrieverClient: call `ainvoke`, or "
+                "pass a RetrieverClient (or an in-process Retriever) to use `invoke`"
+            )
+        return self.backend.retrieve(query, **self._options())
+
+    def _options(self) -> dict[str, Any]:
+        return {
+            "k": self.k,
+            "mode": self.mode,
+            "filter": self.filter,
+            "collection": self.collection,
+        }

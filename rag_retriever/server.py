@@ -1,0 +1,548 @@
+"""The HTTP service: search, batch search, collections, health and readiness over FastAPI.
+
+Example:
+    >>> app = create_app(Retriever.from_settings(settings), settings)       # doctest: +SKIP
+    >>> serve(settings, host="127.0.0.1", port=8000)                         # doctest: +SKIP
+
+    $ curl -s localhost:8000/v1/search -d '{"query": "who founded Normandy?", "k": 3}' \\
+        -H 'content-type: application/json'
+
+Endpoints: `POST /v1/search`, `POST /v1/search/batch`, `GET /v1/collections`, `GET /healthz`
+(the process answers), `GET /readyz` (the default collection opens with the loaded encoder),
+OpenAPI docs at `/docs`. Every error is JSON `{"error": code, "detail": message}`; a `RagError`
+keeps its own status and message, an unexpected exception is logged here and answered with a
+generic 500. Limits come from Settings: query length, k, batch size, body size (the body is
+counted as it streams in, so a missing or false Content-Length cannot get past the limit).
+With `RAG_API_KEY` set, everything except the two probes needs `Authorization: Bearer <key>`
+or `X-API-Key: <key>`.
+
+Models are loaded once by the caller and shared by all requests: FastAPI runs the sync
+endpoints on a thread pool, the encoder and BM25 are read-only at query time, and QdrantStore
+serialises access to embedded Qdrant. Embedded Qdrant is single-process, so run one worker
+(`serve` does); scale out with a Qdrant server (RAG_QDRANT_URL) and several replicas. This
+module does not do TLS, rate limiting or multi-tenant keys: put a reverse proxy in front.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hmac
+import importlib.metadata
+import ipaddress
+import json
+import logging
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import uvicorn
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ConfigDict, Field
+from qdrant_client.http.exceptions import ResponseHandlingException, UnexpectedResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from ingest.versions import describe_collections
+from rag_retriever.errors import InvalidRequest, RagError
+from rag_retriever.records import Mode, SearchFilter
+from rag_retriever.retriever import Retriever
+from rag_retriever.settings import Settings
+
+log = logging.getLogger(__name__)
+
+# The probes stay open without a key: orchestrators call them and they reveal nothing private.
+PUBLIC_PATHS = frozenset({"/healthz", "/readyz"})
+# A refused body is still read (and dropped) up to this size so the client gets the 413 rather
+# than a reset connection; beyond it the connection is closed at once.
+DRAIN_LIMIT_BYTES = 16 * 1024 * 1024
+# How long `serve_in_thread` waits for uvicorn to bind before giving up.
+STARTUP_TIMEOUT_S = 30.0
+
+
+# -- request bodies -----------------------------------------------------------------------------
+
+
+class _Options(BaseModel):
+    # strict: "5" is not a k; forbid: a misspelt field ("top_k") is an error, not silently ignored.
+    model_config = ConfigDict(strict=True, extra="forbid")
+
+    k: int | None = Field(default=None, description="hits per query (default RAG_DEFAULT_K)")
+    mode: Mode | None = Field(
+        default=None, description="dense, bm25, hybrid or rerank (default: rerank if available)"
+    )
+    filter: dict[str, Any] | None = Field(
+        default=None,
+        description='{"doc_ids": ["a.md"], "equals": {"lang": "en"}}; applied to every branch',
+        examples=[{"equals": {"lang": "en"}}],
+    )
+    collection: str | None = Field(
+        default=None, description="alias or collection (default RAG_COLLECTION)"
+    )
+
+
+class SearchBody(_Options):
+    query: str = Field(description="the question", examples=["who founded Normandy?"])
+
+
+class BatchBody(_Options):
+    queries: list[str] = Field(description="questions, answered in order")
+
+
+# -- the app -----------------------------------------------------------------------------------
+
+
+def create_app(retriever: Retriever, settings: Settings) -> FastAPI:
+    """A FastAPI app answering with `retriever` (already loaded) under the limits of `settings`."""
+    app = FastAPI(
+        title="rag-retriever",
+        version=_version(),
+        description="Hybrid dense + BM25 retrieval with per-stage ranks, over versioned "
+        "Qdrant collections.",
+    )
+    app.state.retriever = retriever
+    app.state.settings = settings
+
+    @app.post("/v1/search", summary="Search one query")
+    def search(body: SearchBody) -> JSONResponse:
+        _check_options(body, settings)
+        _check_query_length(body.query, settings, "query")
+        result = retriever.retrieve(
+            body.query,
+            k=_k(body, settings),
+            mode=body.mode,
+            filter=_filter(body.filter),
+            collection=body.collection,
+        )
+        return JSONResponse(result.to_dict())
+
+    @app.post("/v1/search/batch", summary="Search many queries (encoded in one batch)")
+    def search_batch(body: BatchBody) -> JSONResponse:
+        _check_options(body, settings)
+        if len(body.queries) > settings.max_batch_size:
+            raise InvalidRequest(
+                f"the batch has {len(body.queries)} queries; the limit is "
+                f"{settings.max_batch_size} (RAG_MAX_BATCH_SIZE); split it"
+            )
+        for i, query in enumerate(body.queries):
+            _check_query_length(query, settings, f"queries[{i}]")
+        results = retriever.retrieve_batch(
+            body.queries,
+            k=_k(body, settings),
+            mode=body.mode,
+            filter=_filter(body.filter),
+            collection=body.collection,
+        )
+        return JSONResponse({"results": [r.to_dict() for r in results]})
+
+    @app.get("/v1/collections", summary="Aliases, the collection each serves, all versions")
+    def collections() -> JSONResponse:
+        return JSONResponse(
+            {
+                "default_collection": retriever.default_collection,
+                "collections": describe_collections(retriever.store),
+            }
+        )
+
+    @app.get("/healthz", summary="Liveness: the process answers")
+    def healthz() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @app.get("/readyz", summary="Readiness: the default collection opens with this encoder")
+    def readyz() -> JSONResponse:
+        ready, report = check_ready(retriever)
+        return JSONResponse(report, status_code=200 if ready else 503)
+
+    app.add_exception_handler(RagError, _rag_error)
+    app.add_exception_handler(RequestValidationError, _validation_error)
+    app.add_exception_handler(StarletteHTTPException, _http_error)
+    app.add_exception_handler(ResponseHandlingException, _qdrant_unreachable)
+    app.add_exception_handler(UnexpectedResponse, _qdrant_unreachable)
+    # Added last = runs first: auth, then the body limit, then the error boundary.
+    app.add_middleware(_ErrorBoundary)
+    app.add_middleware(_BodyLimit, max_bytes=settings.max_body_bytes)
+    if settings.api_key:
+        app.add_middleware(_ApiKey, key=settings.api_key)
+    return app
+
+
+def check_ready(retriever: Retriever) -> tuple[bool, dict[str, Any]]:
+    """Open the default collection (alias, fingerprint, BM25 sidecar) and say whether it worked.
+
+    The first successful check also loads the BM25 sidecar, so later searches do not pay for it.
+    """
+    alias = retriever.default_collection
+    base: dict[str, Any] = {
+        "collection": alias,
+        "model": retriever.encoder.fingerprint.describe(),
+        "reranker": retriever.reranker is not None,
+    }
+    try:
+        name, index = retriever.open_collection(alias, retriever.default_mode)
+    except RagError as exc:
+        return False, {"status": "not_ready", "error": exc.code, "detail": str(exc), **base}
+    except (ResponseHandlingException, UnexpectedResponse) as exc:
+        code, detail = _qdrant_problem(exc)
+        return False, {"status": "not_ready", "error": code, "detail": detail, **base}
+    except Exception:
+        # A probe must answer, whatever broke; the traceback stays in the server log.
+        log.exception("readiness check failed")
+        return False, {
+            "status": "not_ready",
+            "error": "internal_error",
+            "detail": "the readiness check failed unexpectedly; see the server log",
+            **base,
+        }
+    return True, {"status": "ready", "serving": name, "chunks": len(index), **base}
+
+
+def _check_options(body: _Options, settings: Settings) -> None:
+    if body.k is not None and not 1 <= body.k <= settings.max_k:
+        raise InvalidRequest(
+            f"k must be an integer from 1 to {settings.max_k} (RAG_MAX_K), got {body.k}"
+        )
+
+
+def _k(body: _Options, settings: Settings) -> int:
+    return settings.default_k if body.k is None else body.k
+
+
+def _check_query_length(query: str, settings: Settings, where: str) -> None:
+    if len(query) > settings.max_query_chars:
+        raise InvalidRequest(
+            f"{where} is {len(query)} characters long; the limit is "
+            f"{settings.max_query_chars} (RAG_MAX_QUERY_CHARS)"
+        )
+
+
+def _filter(data: dict[str, Any] | None) -> SearchFilter | None:
+    if data is None:
+        return None
+    try:
+        return SearchFilter.from_dict(data)
+    except (ValueError, TypeError) as exc:
+        raise InvalidRequest(f"invalid filter: {exc}") from None
+
+
+def _version() -> str:
+    try:
+        return importlib.metadata.version("rag-retriever")
+    except importlib.metadata.PackageNotFoundError:  # running from a source tree
+        return "0+unknown"
+
+
+# -- errors ------------------------------------------------------------------------------------
+
+
+def _error(status: int, code: str, detail: str, headers: dict[str, str] | None = None) -> Any:
+    return JSONResponse({"error": code, "detail": detail}, status_code=status, headers=headers)
+
+
+async def _rag_error(request: Request, exc: Exception) -> Any:
+    assert isinstance(exc, RagError)
+    if exc.http_status >= 500:
+        log.error("%s %s failed: %s", request.method, request.url.path, exc)
+    return _error(exc.http_status, exc.code, str(exc))
+
+
+async def _validation_error(request: Request, exc: Exception) -> Any:
+    assert isinstance(exc, RequestValidationError)
+    problems = []
+    for e in exc.errors():
+        where = ".".join(str(p) for p in e.get("loc", ()) if p != "body") or "body"
+        problems.append(f"{where}: {e.get('msg', 'invalid')}")
+    return _error(422, "invalid_request", "; ".join(problems))
+
+
+async def _http_error(request: Request, exc: Exception) -> Any:
+    assert isinstance(exc, StarletteHTTPException)
+    code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
+    return _error(exc.status_code, code, str(exc.detail), dict(exc.headers or {}) or None)
+
+
+async def _qdrant_unreachable(request: Request, exc: Exception) -> Any:
+    assert isinstance(exc, ResponseHandlingException | UnexpectedResponse)
+    code, detail = _qdrant_problem(exc)
+    log.error("%s %s: %s", request.method, request.url.path, detail)
+    return _error(503, code, detail)
+
+
+def _qdrant_problem(exc: ResponseHandlingException | UnexpectedResponse) -> tuple[str, str]:
+    if isinstance(exc, ResponseHandlingException):
+        # `source` is the transport error, e.g. "[Errno 111] Connection refused".
+        return "vector_store_unavailable", (
+            f"Qdrant is unreachable: {exc.source or type(exc.source).__name__}; check that the "
+            f"Qdrant server at RAG_QDRANT_URL is running"
+        )
+    return "vector_store_error", (
+        f"Qdrant answered {exc.status_code} {exc.reason_phrase}; check RAG_QDRANT_URL, "
+        f"RAG_QDRANT_API_KEY and the Qdrant server log"
+    )
+
+
+# -- ASGI middleware (plain ASGI: they see the raw byte stream, unlike BaseHTTPMiddleware) -----
+
+
+async def _send_json(send: Send, status: int, body: dict[str, str], **headers: str) -> None:
+    payload = json.dumps(body).encode()
+    raw = [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode())]
+    raw += [(k.lower().encode(), v.encode()) for k, v in headers.items()]
+    await send({"type": "http.response.start", "status": status, "headers": raw})
+    await send({"type": "http.response.body", "body": payload})
+
+
+class _ErrorBoundary:
+    """Answers an unexpected exception with a generic JSON 500 and logs its traceback here."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = False
+
+        async def tracking_send(message: Message) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, receive, tracking_send)
+        except Exception:
+            log.exception("%s %s failed", scope.get("method"), scope.get("path"))
+            if started:  # too late for a clean answer; let the server drop the connection
+                raise
+            await _send_json(
+                send,
+                500,
+                {"error": "internal_error", "detail": "internal server error; see the server log"},
+            )
+
+
+class _BodyLimit:
+    """413 when the body is over `max_bytes`: by Content-Length, and by counting what arrives."""
+
+    def __init__(self, app: ASGIApp, *, max_bytes: int) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        declared = _header(scope, b"content-length")
+        if declared is not None:
+            if not declared.isdigit():
+                await _send_json(
+                    send, 400, {"error": "bad_request", "detail": "invalid Content-Length header"}
+                )
+                return
+            if int(declared) > self.max_bytes:
+                if int(declared) <= DRAIN_LIMIT_BYTES:
+                    await _drain(receive, 0)
+                await self._too_large(send)
+                return
+        # Read the whole body before the app sees any of it (it is at most max_bytes), so a
+        # body that is longer than it claims, or has no length at all, is still stopped here.
+        chunks: list[bytes] = []
+        size = 0
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > self.max_bytes:
+                if message.get("more_body", False):
+                    await _drain(receive, size)
+                await self._too_large(send)
+                return
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                break
+        replayed = False
+
+        async def replay() -> Message:
+            nonlocal replayed
+            if replayed:
+                return await receive()  # later calls wait for the disconnect, as usual
+            replayed = True
+            return {"type": "http.request", "body": b"".join(chunks), "more_body": False}
+
+        await self.app(scope, replay, send)
+
+    async def _too_large(self, send: Send) -> None:
+        await _send_json(
+            send,
+            413,
+            {
+                "error": "payload_too_large",
+                "detail": f"the request body is over {self.max_bytes} bytes "
+                f"(RAG_MAX_BODY_BYTES); send fewer or shorter queries",
+            },
+            connection="close",
+        )
+
+
+async def _drain(receive: Receive, seen: int) -> None:
+    """Read and drop the rest of a refused body, up to DRAIN_LIMIT_BYTES in all.
+
+    A server that answers and closes while the client is still sending resets the connection,
+    and the client sees "connection reset" instead of the 413 and its message.
+    """
+    while seen <= DRAIN_LIMIT_BYTES:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return
+        seen += len(message.get("body", b""))
+        if not message.get("more_body", False):
+            return
+
+
+class _ApiKey:
+    """401 unless the request carries the key (`Authorization: Bearer` or `X-API-Key`)."""
+
+    def __init__(self, app: ASGIApp, *, key: str) -> None:
+        self.app = app
+        self.key = key.encode()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["path"] in PUBLIC_PATHS:
+            await self.app(scope, receive, send)
+            return
+        if self._authorised(scope):
+            await self.app(scope, receive, send)
+            return
+        await _send_json(
+            send,
+            401,
+            {
+                "error": "unauthorized",
+                "detail": "missing or wrong API key; send 'Authorization: Bearer <key>' or "
+                "'X-API-Key: <key>' with the key the server has in RAG_API_KEY",
+            },
+            **{"www-authenticate": "Bearer"},
+        )
+
+    def _authorised(self, scope: Scope) -> bool:
+        offered: list[str] = []
+        authorization = _header(scope, b"authorization")
+        if authorization is not None:
+            scheme, _, token = authorization.partition(" ")
+            if scheme.lower() == "bearer":
+                offered.append(token.strip())
+        api_key = _header(scope, b"x-api-key")
+        if api_key is not None:
+            offered.append(api_key.strip())
+        # Constant-time comparison: the time taken says nothing about how much of the key matched.
+        return any(hmac.compare_digest(o.encode(), self.key) for o in offered)
+
+
+def _header(scope: Scope, name: bytes) -> str | None:
+    for key, value in scope["headers"]:
+        if key.lower() == name:
+            return bytes(value).decode("latin-1")
+    return None
+
+
+# -- running it --------------------------------------------------------------------------------
+
+
+def serve(settings: Settings, *, host: str = "127.0.0.1", port: int = 8000) -> None:
+    """Load the models once, then serve until interrupted (one worker: see the module docstring).
+
+    The default host is the loopback interface; pass 0.0.0.0 to accept other machines (inside
+    a container that is what you want; elsewhere set RAG_API_KEY first).
+    """
+    retriever = Retriever.from_settings(settings)
+    if not settings.api_key and not _is_loopback(host):
+        log.warning(
+            "serving on %s without RAG_API_KEY: anyone who can reach port %d can search", host, port
+        )
+    ready, report = check_ready(retriever)
+    if ready:
+        log.info(
+            "serving %s -> %s (%d chunks)",
+            report["collection"],
+            report["serving"],
+            report["chunks"],
+        )
+    else:
+        log.warning("not ready yet (/readyz answers 503): %s", report["detail"])
+    uvicorn.run(
+        create_app(retriever, settings),
+        host=host,
+        port=port,
+        workers=1,
+        log_level=settings.log_level.lower(),
+    )
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+@contextmanager
+def serve_in_thread(app: FastAPI, *, host: str = "127.0.0.1", port: int = 0) -> Iterator[str]:
+    """Run `app` under uvicorn on a background thread; yields its base URL (port 0 = any free).
+
+    For tests, notebooks and benchmarks: the server stops when the block exits.
+    """
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    bound_port = sock.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off"))
+    thread = threading.Thread(
+        target=server.run, kwargs={"sockets": [sock]}, name="rag-retriever-http", daemon=True
+    )
+    thread.start()
+    deadline = time.monotonic() + STARTUP_TIMEOUT_S
+    while not server.started:
+        if not thread.is_alive() or time.monotonic() > deadline:
+            sock.close()
+            raise RuntimeError(f"the HTTP server did not start on {host}:{bound_port}")
+        time.sleep(0.01)
+    try:
+        url_host = f"[{host}]" if ":" in host else host
+        yield f"http://{url_host}:{bound_port}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=STARTUP_TIMEOUT_S)
+        sock.close()
+
+
+def register_cli(subparsers: Any) -> None:
+    """Add `rag-retriever serve` to the CLI (append this to `cli.EXTRA_COMMANDS`)."""
+    from rag_retriever.cli import _common
+
+    p: argparse.ArgumentParser = subparsers.add_parser(
+        "serve", help="serve search over HTTP (FastAPI; OpenAPI docs at /docs)"
+    )
+    p.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="interface to bind (default 127.0.0.1, this machine only; 0.0.0.0 for all)",
+    )
+    p.add_argument("--port", type=int, default=8000, help="port (default 8000)")
+    p.add_argument("--collection", help="default alias or collection (RAG_COLLECTION)")
+    _common(p)
+    p.set_defaults(func=_cmd_serve)
+
+
+def _cmd_serve(args: argparse.Namespace) -> int:
+    from rag_retriever.cli import _settings
+
+    serve(_settings(args, collection=args.collection), host=args.host, port=args.port)
+    return 0

@@ -1,0 +1,263 @@
+"""Train a cross-encoder reranker on the user's questions, with negatives from the retriever.
+
+Example:
+    rag-retriever train-reranker --collection squad --questions questions_train.jsonl \\
+        --out models/reranker-squad --max-questions 1500
+
+Each training group is one question, its gold chunk and `negatives` chunks taken from the top
+of the collection's own hybrid list (never a gold chunk, never random): exactly the candidates
+the reranker will see at query time. The model is `AutoModelForSequenceClassification` with one
+logit, initialised from `--base` (default: all-MiniLM-L6-v2). The loss is the softmax cross
+entropy of the gold chunk within its group (listwise); `--loss pointwise` uses binary cross
+entropy per pair instead. Questions whose gold chunk is not among the candidates are skipped
+and counted (the reranker cannot learn from them, nor fix them).
+
+Validation, before and after: on the held-out questions, recall@1/@5 and MRR@10 of the hybrid
+order of their candidates, of the reranked order, and of the two fused by RRF.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+import torch
+import transformers
+from tqdm.auto import tqdm
+
+from eval.questions import file_sha256, load_questions
+from rag_retriever.device import choose_precision
+from rag_retriever.encoder import quiet_transformers
+from rag_retriever.errors import ConfigError
+from rag_retriever.fusion import rrf
+from rag_retriever.profiles import resolve_model
+from rag_retriever.reranker import CrossEncoderReranker
+from rag_retriever.retriever import Retriever
+from rag_retriever.training.common import prepare_output, warmup_linear, write_metadata
+from rag_retriever.training.mining import Example, MinedSet, mine_examples, split_examples
+
+log = logging.getLogger(__name__)
+
+METADATA_FILE = "rag_training.json"
+NAME_FILE = "rag_reranker.json"
+MIN_TRAIN_QUESTIONS = 8
+
+
+@dataclass(frozen=True)
+class RerankerTrainingConfig:
+    negatives: int = 7
+    epochs: int = 1
+    batch_size: int = 4  # questions per step; each brings 1 + negatives pairs
+    learning_rate: float = 4e-5
+    head_learning_rate: float | None = None  # None = learning_rate
+    warmup_fraction: float = 0.1
+    max_length: int = 192
+    max_questions: int | None = None
+    val_fraction: float = 0.1
+    seed: int = 0
+    depth: int = 30  # hybrid candidates mined per question (and reranked in validation)
+    loss: Literal["listwise", "pointwise"] = "listwise"
+    freeze_layers: int = 0  # freeze the embeddings and the first N transformer layers
+    name: str | None = None
+
+
+def load_base(source: str) -> tuple[Any, Any]:
+    """A one-logit sequence classifier from a cross-encoder or a plain encoder directory."""
+    with quiet_transformers():
+        tokenizer = transformers.AutoTokenizer.from_pretrained(source)
+        model = transformers.AutoModelForSequenceClassification.from_pretrained(
+            source, num_labels=1, ignore_mismatched_sizes=True
+        )
+    return model, tokenizer
+
+
+def _freeze(model: Any, layers: int) -> None:
+    if layers <= 0:
+        return
+    base = getattr(model, model.base_model_prefix)
+    for p in base.embeddings.parameters():
+        p.requires_grad = False
+    for layer in base.encoder.layer[:layers]:
+        for p in layer.parameters():
+            p.requires_grad = False
+
+
+def _param_groups(model: Any, lr: float, head_lr: float | None) -> list[dict[str, Any]]:
+    head_names = ("classifier", "pooler", "score")
+    head = [
+        p
+        for n, p in model.named_parameters()
+        if p.requires_grad and any(h in n for h in head_names)
+    ]
+    body = [
+        p
+        for n, p in model.named_parameters()
+        if p.requires_grad and not any(h in n for h in head_names)
+    ]
+    return [{"params": body, "lr": lr}, {"params": head, "lr": head_lr or lr}]
+
+
+def validate(
+    reranker: CrossEncoderReranker, mined: MinedSet, examples: list[Example]
+) -> dict[str, float]:
+    """Recall@1/@5 and MRR@10 of hybrid, reranked, and RRF(reranked, hybrid) candidate orders."""
+    if not examples:
+        return {}
+    orders: dict[str, list[list[int]]] = {"hybrid": [], "rerank": [], "rerank+hybrid": []}
+    for ex in examples:
+        candidates = list(ex.ranked)
+        scores = reranker.score(
+            ex.query, [mined.index.chunks[r].embed_text for r in candidates]
+        ).scores
+        reranked = [candidates[i] for i in np.argsort(-scores, kind="stable")]
+        orders["hybrid"].append(candidates)
+        orders["rerank"].append(reranked)
+        orders["rerank+hybrid"].append([r for r, _ in rrf([reranked, candidates])])
+    out: dict[str, float] = {"questions": len(examples)}
+    for name, lists in orders.items():
+        ranks = [
+            next((k for k, r in enumerate(order, 1) if r in ex.gold), None)
+            for order, ex in zip(lists, examples, strict=True)
+        ]
+        out[f"{name} recall@1"] = sum(r == 1 for r in ranks) / len(ranks)
+        out[f"{name} recall@5"] = sum(r is not None and r <= 5 for r in ranks) / len(ranks)
+        out[f"{name} mrr@10"] = sum(1 / r for r in ranks if r is not None and r <= 10) / len(ranks)
+    return out
+
+
+def train_reranker(
+    retriever: Retriever,
+    questions_path: Path,
+    out: Path,
+    *,
+    collection: str,
+    base: str,
+    config: RerankerTrainingConfig,
+    device: str = "auto",
+    dtype: str = "auto",
+    overwrite: bool = False,
+    progress: bool = True,
+) -> dict[str, Any]:
+    started = time.perf_counter()
+    prepare_output(out, overwrite)
+    questions, problems = load_questions(questions_path)
+    if config.max_questions is not None:
+        questions = questions[: config.max_questions]
+    mined = mine_examples(
+        retriever,
+        questions,
+        collection=collection,
+        negatives=config.negatives,
+        depth=config.depth,
+        progress=progress,
+    )
+    usable = [ex for ex in mined.examples if ex.positive_retrieved]
+    skipped = dict(mined.skipped)
+    skipped["gold_not_among_candidates"] = len(mined.examples) - len(usable)
+    train, val = split_examples(usable, config.val_fraction, config.seed)
+    if len(train) < max(MIN_TRAIN_QUESTIONS, config.batch_size):
+        raise ConfigError(
+            f"only {len(train)} usable training questions (skipped: {skipped}, input problems: "
+            f"{len(problems)}); the reranker needs questions whose gold chunk is among the top "
+            f"{config.depth} hybrid candidates"
+        )
+    source = resolve_model(base).source if not Path(base).is_dir() else base
+    torch.manual_seed(config.seed)  # the head initialisation and dropout
+    model, tokenizer = load_base(source)
+    precision = choose_precision(device, dtype)
+    reranker = CrossEncoderReranker(
+        model, tokenizer, name=str(out), precision=precision, max_length=config.max_length
+    )
+    before = validate(reranker, mined, val)
+    _freeze(model, config.freeze_layers)
+    steps_per_epoch = -(-len(train) // config.batch_size)
+    total = steps_per_epoch * config.epochs
+    optimizer = torch.optim.AdamW(
+        _param_groups(model, config.learning_rate, config.head_learning_rate), weight_decay=0.01
+    )
+    scheduler = warmup_linear(optimizer, total, config.warmup_fraction)
+    model.train()
+    group = 1 + config.negatives
+    losses: list[float] = []
+    rng = np.random.default_rng(config.seed)
+    chunks = mined.index.chunks
+    bar = tqdm(total=total, desc="train-reranker", unit="step", disable=not progress)
+    for _ in range(config.epochs):
+        order = rng.permutation(len(train))
+        for start in range(0, len(train), config.batch_size):
+            batch = [train[i] for i in order[start : start + config.batch_size]]
+            queries = [ex.query for ex in batch for _ in range(group)]
+            passages = [chunks[r].embed_text for ex in batch for r in (ex.positive, *ex.negatives)]
+            encoded = tokenizer(
+                queries,
+                passages,
+                padding=True,
+                truncation="only_second",
+                max_length=config.max_length,
+                return_tensors="pt",
+            ).to(precision.device)
+            with precision.autocast():
+                logits = reranker.logits(dict(encoded)).view(len(batch), group)
+            if config.loss == "listwise":
+                target = torch.zeros(len(batch), dtype=torch.long, device=logits.device)
+                loss = torch.nn.functional.cross_entropy(logits, target)
+            else:
+                labels = torch.zeros_like(logits)
+                labels[:, 0] = 1.0
+                loss = torch.nn.functional.binary_cross_entropy_with_logits(logits, labels)
+            optimizer.zero_grad()
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            optimizer.step()
+            scheduler.step()
+            losses.append(loss.item())
+            bar.update(1)
+            bar.set_postfix(loss=f"{np.mean(losses[-20:]):.3f}")
+    bar.close()
+    model.eval()
+    for p in model.parameters():
+        p.requires_grad = True
+    with quiet_transformers():
+        model.save_pretrained(out)
+        tokenizer.save_pretrained(out)
+    name = config.name or f"reranker-{mined.collection}"
+    (out / NAME_FILE).write_text(json.dumps({"name": name}) + "\n", encoding="utf-8")
+    trained = CrossEncoderReranker.load(
+        out, device=device, dtype=dtype, max_length=config.max_length
+    )
+    after = validate(trained, mined, val)
+    fingerprint = retriever.store.metadata(mined.collection).get("fingerprint") or {}
+    metadata = {
+        "kind": "reranker",
+        "name": name,
+        "base_model": source,
+        "collection": mined.collection,
+        "collection_fingerprint": fingerprint,
+        "questions_file": str(questions_path),
+        "questions_sha256": file_sha256(questions_path),
+        "parameters": asdict(config),
+        "device": precision.describe(),
+        "examples": {
+            "train": len(train),
+            "validation": len(val),
+            "skipped": skipped,
+            "input_problems": len(problems),
+        },
+        "steps": total,
+        "pairs_per_step": config.batch_size * group,
+        "loss_first_20": float(np.mean(losses[:20])),
+        "loss_last_20": float(np.mean(losses[-20:])),
+        "loss_curve": [
+            round(float(np.mean(losses[i : i + 20])), 4) for i in range(0, len(losses), 20)
+        ],
+        "validation_before": before,
+        "validation_after": after,
+        "time_s": round(time.perf_counter() - started, 1),
+    }
+    write_metadata(out, METADATA_FILE, metadata)
+    return metadata
