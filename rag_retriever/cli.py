@@ -482,6 +482,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # `rag-retriever search ... | head`: the reader left, not an error
+        sys.stderr.close()
+        return 0
 
 
 if __name__ == "__main__":

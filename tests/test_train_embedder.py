@@ -148,6 +148,7 @@ def test_tiny_model_learns_and_saves_a_loadable_profile(
     )
     assert trained.fingerprint.id != retriever.encoder.fingerprint.id
     assert json.loads((out / "rag_training.json").read_text())["questions_sha256"]
+    assert (out / "validation_questions.jsonl").read_text() == ""  # val_fraction=0: none held out
 
     # The planted positive moves up: rank the documents for each question, before and after.
     def mean_rank(encoder: Encoder) -> float:
@@ -196,3 +197,24 @@ def test_too_few_questions_is_a_clear_error(
             config=EmbedderTrainingConfig(batch_size=64),
             progress=False,
         )
+
+
+def test_held_out_questions_are_written_for_evaluation(
+    retriever: Retriever, tiny_encoder_dir: Path, tmp_path: Path
+) -> None:
+    out = tmp_path / "ft"
+    config = EmbedderTrainingConfig(batch_size=8, epochs=1, val_fraction=0.25, seed=2)
+    meta = train_embedder(
+        retriever,
+        question_rows(tmp_path),
+        out,
+        collection="kb",
+        base=resolve_model(str(tiny_encoder_dir)),
+        config=config,
+        device="cpu",
+        dtype="fp32",
+        progress=False,
+    )
+    held_out, problems = load_questions(out / "validation_questions.jsonl")
+    assert not problems and len(held_out) == meta["examples"]["validation"] == 6
+    assert meta["validation_before"]["questions"] == 6

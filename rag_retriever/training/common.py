@@ -37,5 +37,20 @@ def warmup_linear(
     return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
 
 
+VALIDATION_FILE = "validation_questions.jsonl"
+
+
+def write_question_subset(questions_path: Path, ids: set[str], out: Path) -> int:
+    """Copy the lines of the held-out questions, so they can be evaluated on their own later
+    (`eval/recall_at_k.py --questions OUT/validation_questions.jsonl`)."""
+    written = 0
+    with questions_path.open(encoding="utf-8") as src, out.open("w", encoding="utf-8") as dst:
+        for line in src:
+            if line.strip() and str(json.loads(line).get("id")) in ids:
+                dst.write(line if line.endswith("\n") else line + "\n")
+                written += 1
+    return written
+
+
 def write_metadata(out: Path, filename: str, data: dict[str, Any]) -> None:
     (out / filename).write_text(json.dumps(data, indent=2, default=str) + "\n", encoding="utf-8")

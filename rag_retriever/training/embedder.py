@@ -37,7 +37,13 @@ from rag_retriever.encoder import Encoder, pool, quiet_transformers
 from rag_retriever.errors import ConfigError
 from rag_retriever.profiles import ModelProfile, ResolvedModel, write_profile_file
 from rag_retriever.retriever import Retriever
-from rag_retriever.training.common import prepare_output, warmup_linear, write_metadata
+from rag_retriever.training.common import (
+    VALIDATION_FILE,
+    prepare_output,
+    warmup_linear,
+    write_metadata,
+    write_question_subset,
+)
 from rag_retriever.training.mining import (
     Example,
     MinedSet,
@@ -219,6 +225,7 @@ def train_embedder(
         model.save_pretrained(out)
         tokenizer.save_pretrained(out)
     write_profile_file(out, profile)
+    write_question_subset(questions_path, {ex.question_id for ex in val}, out / VALIDATION_FILE)
     trained = Encoder.load(str(out), device=device, dtype=dtype)
     after = validate(trained, mined, val)
     metadata = {
@@ -241,6 +248,7 @@ def train_embedder(
         "steps": total,
         "loss_first_20": float(np.mean(losses[:20])),
         "loss_last_20": float(np.mean(losses[-20:])),
+        "validation_questions": VALIDATION_FILE,
         "validation_before": before,
         "validation_after": after,
         "time_s": round(time.perf_counter() - started, 1),
