@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import string
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import pytest
@@ -17,8 +17,12 @@ import torch
 from qdrant_client import QdrantClient
 from transformers import BertConfig, BertForSequenceClassification, BertModel, BertTokenizer
 
+from ingest.loaders import LoadedCorpus
+from ingest.writer import ingest_documents
 from rag_retriever.encoder import Encoder
 from rag_retriever.profiles import ModelProfile, write_profile_file
+from rag_retriever.records import Document
+from rag_retriever.retriever import Retriever
 from rag_retriever.store import QdrantStore
 
 SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
@@ -160,6 +164,25 @@ def store() -> Iterator[QdrantStore]:
     client = QdrantClient(":memory:")
     yield QdrantStore(client)
     client.close()
+
+
+def collection_retriever(
+    docs: Sequence[Document],
+    store: QdrantStore,
+    encoder: Encoder,
+    index_root: Path,
+    *,
+    alias: str = "kb",
+) -> Retriever:
+    """`docs` ingested as `alias` (a real versioned collection), and a retriever serving it."""
+    ingest_documents(
+        LoadedCorpus(tuple(docs), 0, "test"),
+        alias=alias,
+        encoder=encoder,
+        store=store,
+        index_root=index_root,
+    )
+    return Retriever(encoder=encoder, store=store, index_root=index_root, collection=alias)
 
 
 def shared_data(*parts: str) -> Path:

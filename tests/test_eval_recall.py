@@ -9,13 +9,11 @@ import pytest
 
 from eval.questions import load_questions
 from eval.recall_at_k import build_parser, run
-from ingest.loaders import LoadedCorpus
-from ingest.writer import ingest_documents
 from rag_retriever.encoder import Encoder
 from rag_retriever.records import Document
 from rag_retriever.retriever import Retriever
 from rag_retriever.store import QdrantStore
-from tests.conftest import write_jsonl
+from tests.conftest import collection_retriever, write_jsonl
 
 LONG = " ".join(f"The king of city {i} held a war." for i in range(40))  # several chunks
 DOCS = (
@@ -28,16 +26,7 @@ DOCS = (
 
 @pytest.fixture
 def retriever(store: QdrantStore, tiny_encoder: Encoder, tmp_path: Path) -> Retriever:
-    ingest_documents(
-        LoadedCorpus(DOCS, 0, "t"),
-        alias="kb",
-        encoder=tiny_encoder,
-        store=store,
-        index_root=tmp_path / "idx",
-    )
-    return Retriever(
-        encoder=tiny_encoder, store=store, index_root=tmp_path / "idx", collection="kb"
-    )
+    return collection_retriever(DOCS, store, tiny_encoder, tmp_path / "idx")
 
 
 def questions_file(tmp_path: Path) -> Path:

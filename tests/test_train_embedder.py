@@ -10,8 +10,6 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from eval.questions import load_questions
-from ingest.loaders import LoadedCorpus
-from ingest.writer import ingest_documents
 from rag_retriever.encoder import Encoder
 from rag_retriever.errors import ConfigError
 from rag_retriever.profiles import resolve_model
@@ -20,7 +18,7 @@ from rag_retriever.retriever import Retriever
 from rag_retriever.store import QdrantStore
 from rag_retriever.training.embedder import EmbedderTrainingConfig, train_embedder
 from rag_retriever.training.mining import Example, batches_without_shared_gold, mine_examples
-from tests.conftest import write_jsonl
+from tests.conftest import collection_retriever, write_jsonl
 
 WORDS = [
     "apples",
@@ -75,16 +73,7 @@ def question_rows(tmp_path: Path, copies: int = 2) -> Path:
 
 @pytest.fixture
 def retriever(store: QdrantStore, tiny_encoder: Encoder, tmp_path: Path) -> Retriever:
-    ingest_documents(
-        LoadedCorpus(DOCS, 0, "t"),
-        alias="kb",
-        encoder=tiny_encoder,
-        store=store,
-        index_root=tmp_path / "idx",
-    )
-    return Retriever(
-        encoder=tiny_encoder, store=store, index_root=tmp_path / "idx", collection="kb"
-    )
+    return collection_retriever(DOCS, store, tiny_encoder, tmp_path / "idx")
 
 
 def test_mined_negatives_are_never_gold(retriever: Retriever, tmp_path: Path) -> None:
