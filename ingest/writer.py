@@ -44,6 +44,10 @@ from rag_retriever.store import STATUS_BUILDING, STATUS_COMPLETE, QdrantStore, c
 
 log = logging.getLogger(__name__)
 
+# Chunks per step: reuse is looked up and missing vectors are encoded for a whole block at once
+# (few, full encoder batches even when only a handful of chunks changed), then upserted in
+# smaller batches so that memory stays flat on any corpus size.
+ENCODE_BLOCK = 1024
 UPSERT_BATCH = 256
 
 
@@ -294,8 +298,8 @@ def _write_vectors(
     reused = encoded = truncated = 0
     bar = tqdm(total=len(chunks), desc=f"embedding {name}", unit="chunk", disable=not progress)
     try:
-        for start in range(0, len(chunks), UPSERT_BATCH):
-            block = chunks[start : start + UPSERT_BATCH]
+        for start in range(0, len(chunks), ENCODE_BLOCK):
+            block = chunks[start : start + ENCODE_BLOCK]
             vectors = np.empty((len(block), encoder.fingerprint.dim), dtype=np.float32)
             todo = list(range(len(block)))
             if reusable is not None:
@@ -315,9 +319,16 @@ def _write_vectors(
                 vectors[todo] = result.vectors
                 encoded += len(todo)
                 truncated += result.truncated
-            store.upsert(name, [c.id for c in block], vectors, [c.to_payload() for c in block])
-            bar.update(len(block))
-            bar.set_postfix(reused=reused, encoded=encoded)
+            for at in range(0, len(block), UPSERT_BATCH):
+                part = block[at : at + UPSERT_BATCH]
+                store.upsert(
+                    name,
+                    [c.id for c in part],
+                    vectors[at : at + len(part)],
+                    [c.to_payload() for c in part],
+                )
+                bar.update(len(part))
+                bar.set_postfix(reused=reused, encoded=encoded)
     finally:
         bar.close()
     return reused, encoded, truncated

@@ -123,7 +123,7 @@ def test_failure_mid_ingest_leaves_the_alias_and_no_partial_collection(
 ) -> None:
     good = run(store, tiny_encoder, tmp_path)
     monkeypatch.setattr(
-        "ingest.writer.UPSERT_BATCH", 2
+        "ingest.writer.ENCODE_BLOCK", 2
     )  # several blocks, so the failure is mid-way
     many = [Document(f"d{i}", f"T{i}", f"Text number {i} about apples.") for i in range(9)]
     failing = FailingEncoder(tiny_encoder, fail_on_call=3)
