@@ -165,7 +165,7 @@ def test_sigkill_at_random_points_never_breaks_the_alias(
     )
     assert first.returncode == 0, first.stderr
     rng = random.Random(7)
-    killed = 0
+    killed = left_behind = 0
     for _ in range(KILL_RUNS):
         proc = subprocess.Popen(
             cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
@@ -176,7 +176,7 @@ def test_sigkill_at_random_points_never_breaks_the_alias(
             line = proc.stderr.readline()
             if "embedding" in line:
                 break
-        time.sleep(rng.uniform(0.0, 1.5))
+        time.sleep(rng.uniform(0.0, 0.6))
         if proc.poll() is None:
             proc.send_signal(signal.SIGKILL)
             killed += 1
@@ -189,9 +189,11 @@ def test_sigkill_at_random_points_never_breaks_the_alias(
             meta = store.metadata(served)
             assert meta["status"] == STATUS_COMPLETE
             assert meta["chunks"] > 300 and store.count(served) == meta["chunks"]
+            left_behind += sum(1 for i in store.versions("kb") if i.status != STATUS_COMPLETE)
         finally:
             client.close()
     assert killed >= 2
+    assert left_behind >= 1, "no kill landed mid-ingest; the test did not test anything"
     final = subprocess.run(
         [*cmd, "--no-progress", "--json"], env=env, capture_output=True, text=True, timeout=300
     )
@@ -202,7 +204,7 @@ def test_sigkill_at_random_points_never_breaks_the_alias(
         store = QdrantStore(client)
         statuses = [i.status for i in store.versions("kb")]
         assert all(s == STATUS_COMPLETE for s in statuses), statuses  # orphans were removed
-        assert report["orphans_removed"]
+        assert report["promoted"]
         encoder = Encoder.load(str(tiny_encoder_dir), device="cpu")
         retriever = Retriever(
             encoder=encoder, store=store, index_root=tmp_path / "data" / "indexes", collection="kb"
