@@ -1,0 +1,93 @@
+"""The command line on a tiny model: bad input writes nothing, errors are one line, exit codes."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from qdrant_client import QdrantClient
+
+from rag_retriever.cli import main
+from rag_retriever.store import QdrantStore
+from tests.conftest import write_jsonl
+
+
+@pytest.fixture
+def env(tmp_path: Path, tiny_encoder_dir: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("RAG_DATA_DIR", str(tmp_path / "data"))
+    monkeypatch.setenv("RAG_EMBED_MODEL", str(tiny_encoder_dir))
+    monkeypatch.setenv("RAG_DEVICE", "cpu")
+    return tmp_path / "data"
+
+
+def collections(data: Path) -> list[str]:
+    if not (data / "qdrant").exists():
+        return []
+    client = QdrantClient(path=str(data / "qdrant"))
+    try:
+        return QdrantStore(client).collection_names()
+    finally:
+        client.close()
+
+
+def test_invalid_input_writes_nothing(
+    env: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"id": "a", "text": "fine"}\n{"id": "a", "text": "dup"}\n', encoding="utf-8")
+    assert main(["ingest", str(bad), "--collection", "kb", "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: 1 problem(s) in") and "duplicate id 'a'" in err
+    assert collections(env) == []
+
+
+def test_ingest_search_collections_rollback(
+    env: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    corpus = write_jsonl(
+        tmp_path / "docs.jsonl",
+        [
+            {"id": "a", "title": "Apples", "text": "Red apples.", "lang": "en"},
+            {"id": "b", "text": "River city.", "lang": "fr"},
+        ],
+    )
+    for _ in range(2):
+        assert main(["ingest", str(corpus), "--collection", "kb", "--no-progress"]) == 0
+    out = capsys.readouterr().out
+    assert "kb__tiny-bert-32__v2" in out and "2 reused" in out
+    assert (
+        main(
+            [
+                "search",
+                "apples",
+                "--collection",
+                "kb",
+                "--mode",
+                "bm25",
+                "--where",
+                "lang=en",
+                "--json",
+            ]
+        )
+        == 0
+    )
+    result = json.loads(capsys.readouterr().out)
+    assert [h["doc_id"] for h in result["hits"]] == ["a"]
+    assert main(["collections", "--json"]) == 0
+    listing = json.loads(capsys.readouterr().out)
+    assert (
+        listing["kb"]["serving"] == "kb__tiny-bert-32__v2" and len(listing["kb"]["versions"]) == 2
+    )
+    assert main(["rollback", "kb"]) == 0
+    assert capsys.readouterr().out.strip() == "kb -> kb__tiny-bert-32__v1"
+    assert main(["search", "apples", "--collection", "nope"]) == 2
+    assert "does not exist; existing: kb" in capsys.readouterr().err
+
+
+def test_bad_setting_is_a_one_line_error(
+    env: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("RAG_DENSE_TOP_N", "lots")
+    assert main(["collections"]) == 2
+    assert "RAG_DENSE_TOP_N='lots' is invalid" in capsys.readouterr().err
