@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 import transformers
 
 from eval.bench_common import percentile, read_jsonl, shared_path
@@ -81,8 +82,9 @@ def run(
     peer = CrossEncoder(str(reranker_dir), device="cpu", max_length=reranker.max_length)
     peer.predict(pairs[:32], batch_size=32)
     t0 = time.perf_counter()
+    # Identity: CrossEncoder applies a sigmoid to one-logit models by default; we compare logits.
     theirs = np.asarray(
-        peer.predict(pairs, batch_size=32, activation_fn=None), dtype=np.float32
+        peer.predict(pairs, batch_size=32, activation_fn=torch.nn.Identity()), dtype=np.float32
     ).reshape(-1)
     peer_s = time.perf_counter() - t0
     out["reranker_throughput"] = {
