@@ -4,12 +4,10 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import signal
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -134,10 +132,33 @@ def test_queries_keep_answering_while_a_new_version_is_swapped_in(
     assert answered > 0
 
 
-KILL_RUNS = 3
+# Run by the killed subprocess: `rag-retriever ingest` with one QdrantStore method wrapped so it
+# announces each call on stderr and then pauses, and the test can kill it right after that step
+# (deterministic, however fast the machine; a timer after the progress bar was not).
+KILLABLE_INGEST = """
+import sys, time
+from rag_retriever import cli, store
+def announce(name):
+    original = getattr(store.QdrantStore, name)
+    def wrapped(self, *args, **kwargs):
+        out = original(self, *args, **kwargs)
+        print("kill-point " + name, file=sys.stderr, flush=True)
+        time.sleep(0.3)
+        return out
+    setattr(store.QdrantStore, name, wrapped)
+announce(sys.argv[1])
+sys.exit(cli.main(sys.argv[2:]))
+"""
+
+# (the QdrantStore call to kill after, which call of it, whether the new version is served then)
+KILL_POINTS = [
+    ("upsert", 1, False),  # vectors half written
+    ("update_metadata", 1, False),  # marked complete, alias not yet moved
+    ("point_alias", 1, True),  # alias moved, old versions not yet cleaned up
+]
 
 
-def test_sigkill_at_random_points_never_breaks_the_alias(
+def test_sigkill_at_each_write_step_never_breaks_the_alias(
     tiny_encoder_dir: Path, tmp_path: Path
 ) -> None:
     """A real `rag-retriever ingest` subprocess on embedded Qdrant, killed with SIGKILL."""
@@ -159,44 +180,50 @@ def test_sigkill_at_random_points_never_breaks_the_alias(
         "RAG_EMBED_MODEL": str(tiny_encoder_dir),
         "RAG_DEVICE": "cpu",
     }
-    cmd = [sys.executable, "-m", "rag_retriever.cli", "ingest", str(corpus), "--collection", "kb"]
-    first = subprocess.run(
-        [*cmd, "--no-progress"], env=env, capture_output=True, text=True, timeout=300
-    )
+    args = ["ingest", str(corpus), "--collection", "kb", "--no-progress"]
+    cmd = [sys.executable, "-m", "rag_retriever.cli", *args]
+    first = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     assert first.returncode == 0, first.stderr
-    rng = random.Random(7)
-    killed = left_behind = 0
-    for _ in range(KILL_RUNS):
-        proc = subprocess.Popen(
-            cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
-        )
-        assert proc.stderr is not None
-        # Wait until it is writing vectors, then kill it somewhere in the middle of the work.
-        while proc.poll() is None:
-            line = proc.stderr.readline()
-            if "embedding" in line:
-                break
-        time.sleep(rng.uniform(0.0, 0.6))
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGKILL)
-            killed += 1
-        proc.wait()
-        proc.stderr.close()
+
+    def served() -> tuple[str, list[str]]:
         client = QdrantClient(path=str(tmp_path / "data" / "qdrant"))
         try:
             store = QdrantStore(client)
-            served = store.aliases()["kb"]
-            meta = store.metadata(served)
+            name = store.aliases()["kb"]
+            meta = store.metadata(name)
             assert meta["status"] == STATUS_COMPLETE
-            assert meta["chunks"] > 300 and store.count(served) == meta["chunks"]
-            left_behind += sum(1 for i in store.versions("kb") if i.status != STATUS_COMPLETE)
+            assert meta["chunks"] >= 300 and store.count(name) == meta["chunks"]
+            return name, [i.name for i in store.versions("kb") if i.status != STATUS_COMPLETE]
         finally:
             client.close()
-    assert killed >= 2
-    assert left_behind >= 1, "no kill landed mid-ingest; the test did not test anything"
-    final = subprocess.run(
-        [*cmd, "--no-progress", "--json"], env=env, capture_output=True, text=True, timeout=300
-    )
+
+    before, _ = served()
+    left_behind = 0
+    for method, nth, moved in KILL_POINTS:
+        proc = subprocess.Popen(
+            [sys.executable, "-c", KILLABLE_INGEST, method, *args],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        assert proc.stderr is not None
+        seen = 0
+        for line in proc.stderr:
+            seen += line.strip() == f"kill-point {method}"
+            if seen == nth:
+                break
+        assert seen == nth, f"ingest ended before {method} #{nth}"
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        proc.stderr.close()
+        assert proc.returncode == -signal.SIGKILL
+        now, unfinished = served()
+        assert (now != before) == moved, method
+        left_behind += len(unfinished)
+        before = now
+    assert left_behind >= 1  # the half-written version, still marked building
+    final = subprocess.run([*cmd, "--json"], env=env, capture_output=True, text=True, timeout=300)
     assert final.returncode == 0, final.stderr
     report = json.loads(final.stdout)
     client = QdrantClient(path=str(tmp_path / "data" / "qdrant"))
