@@ -301,6 +301,7 @@ def cmd_train_reranker(args: argparse.Namespace) -> int:
         depth=args.depth,
         loss=args.loss,
         freeze_layers=args.freeze_layers,
+        pooler_init=args.pooler_init,
         name=args.name,
     )
     meta = train_reranker(
@@ -433,13 +434,28 @@ def build_parser() -> argparse.ArgumentParser:
         "train-reranker", help="train a cross-encoder reranker on labelled questions"
     )
     _training_args(p)
+    # The same defaults as RerankerTrainingConfig (a test checks), without importing torch here.
     p.add_argument(
-        "--negatives", type=int, default=7, help="hybrid-mined negatives per question (7)"
+        "--negatives", type=int, default=3, help="hybrid-mined negatives per question (3)"
     )
-    p.add_argument("--batch-size", type=int, default=4, help="questions per step (4)")
-    p.add_argument("--lr", type=float, default=4e-5)
-    p.add_argument("--head-lr", type=float, help="learning rate of the classification head")
-    p.add_argument("--max-length", type=int, default=192, help="tokens of question + chunk (192)")
+    p.add_argument("--batch-size", type=int, default=8, help="questions per step (8)")
+    p.add_argument("--lr", type=float, default=1e-4, help="body learning rate (1e-4)")
+    p.add_argument(
+        "--head-lr", type=float, default=1e-3, help="pooler + classifier learning rate (1e-3)"
+    )
+    p.add_argument(
+        "--max-length",
+        type=int,
+        default=256,
+        help="tokens of question + chunk (256 = RAG_RERANK_MAX_LENGTH's default)",
+    )
+    p.add_argument(
+        "--pooler-init",
+        choices=("auto", "identity", "keep"),
+        default="auto",
+        help="identity: reset the pooler to the identity; auto (default): do so when the head "
+        "is new and the base's pooler was never trained (sentence-transformers); keep: leave it",
+    )
     p.add_argument(
         "--depth", type=int, default=30, help="hybrid candidates mined per question (30)"
     )

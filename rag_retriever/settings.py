@@ -23,6 +23,8 @@ from rag_retriever.errors import ConfigError
 DEVICES = ("auto", "cpu", "cuda")
 DTYPES = ("auto", "fp32", "bf16", "fp16")
 POOLINGS = ("mean", "cls")
+# How `rerank` mode orders the reranked candidates (see rag_retriever/retriever.py).
+RERANK_FUSIONS = ("none", "rrf")
 
 
 @dataclass(frozen=True)
@@ -60,6 +62,11 @@ class Settings:
     rrf_k: int = 60
     rerank_model: str | None = None
     rerank_candidates: int = 50
+    # "rrf": the final order of the candidates is the RRF (k = rrf_k) of the cross-encoder's order
+    # and their hybrid order; "none": the cross-encoder's order alone. rrf measured better with a
+    # reranker from `train-reranker` (SQuAD dev, 1,500 questions, 20 candidates: recall@1 hybrid
+    # 0.717, none 0.753, rrf 0.779) and bounds the damage of a weak one.
+    rerank_fusion: str = "rrf"
     rerank_batch_size: int = 32
     rerank_max_length: int = 256
     default_k: int = 10
@@ -113,6 +120,7 @@ class Settings:
             )
         _choice("device", self.device, DEVICES)
         _choice("dtype", self.dtype, DTYPES)
+        _choice("rerank_fusion", self.rerank_fusion, RERANK_FUSIONS)
         if self.pooling is not None:
             _choice("pooling", self.pooling, POOLINGS)
         if not self.collection or "__" in self.collection:
@@ -202,6 +210,7 @@ _CONVERTERS: dict[str, Callable[[str], Any]] = {
     "rrf_k": _int,
     "rerank_model": _optional_str,
     "rerank_candidates": _int,
+    "rerank_fusion": str,
     "rerank_batch_size": _int,
     "rerank_max_length": _int,
     "default_k": _int,

@@ -19,6 +19,7 @@ from rag_retriever.chunk_index import ChunkIndex
 from rag_retriever.encoder import Encoder
 from rag_retriever.errors import (
     CollectionNotFound,
+    ConfigError,
     FingerprintMismatch,
     InvalidRequest,
     ModelLoadError,
@@ -26,8 +27,9 @@ from rag_retriever.errors import (
 from rag_retriever.fusion import rrf
 from rag_retriever.profiles import ModelProfile, write_profile_file
 from rag_retriever.records import Document, SearchFilter
-from rag_retriever.reranker import CrossEncoderReranker, PairScores
+from rag_retriever.reranker import CrossEncoderReranker, PairScores, Scorer
 from rag_retriever.retriever import RetrievalConfig, Retriever
+from rag_retriever.settings import Settings
 from rag_retriever.store import QdrantStore
 
 TOPICS = ["apples", "pears", "wine", "river", "mountain", "city", "king", "queen", "war", "peace"]
@@ -220,19 +222,31 @@ class OracleScorer:
         return PairScores(np.array([self.table.get(p, 0.0) for p in passages], dtype=np.float32), 0)
 
 
+def reranking_retriever(
+    encoder: Encoder, store: QdrantStore, root: Path, scorer: Scorer, config: RetrievalConfig
+) -> Retriever:
+    return Retriever(
+        encoder=encoder,
+        store=store,
+        index_root=root,
+        reranker=scorer,
+        config=config,
+        collection="kb",
+    )
+
+
 def test_rerank_orders_exactly_by_scorer(
     collection, tiny_encoder: Encoder, store: QdrantStore, tmp_path: Path
 ) -> None:
     _, index = collection
     table = {c.embed_text: float(len(c.text)) + i * 1e-3 for i, c in enumerate(index.chunks)}
     scorer = OracleScorer(table)
-    retriever = Retriever(
-        encoder=tiny_encoder,
-        store=store,
-        index_root=tmp_path,
-        reranker=scorer,
-        config=RetrievalConfig(rerank_candidates=6),
-        collection="kb",
+    retriever = reranking_retriever(
+        tiny_encoder,
+        store,
+        tmp_path,
+        scorer,
+        RetrievalConfig(rerank_candidates=6, rerank_fusion="none"),
     )
     result = retriever.retrieve("king queen war", k=6)
     assert result.mode == "rerank"
@@ -281,3 +295,66 @@ def test_a_plain_encoder_is_not_accepted_as_reranker(
         CrossEncoderReranker.load(tiny_encoder_dir)
     with pytest.raises(ModelLoadError, match="cannot load reranker"):
         CrossEncoderReranker.load(tmp_path / "missing")
+
+
+def test_rerank_rrf_fusion_is_rrf_of_the_cross_encoder_and_hybrid_orders(
+    collection, tiny_encoder: Encoder, store: QdrantStore, tmp_path: Path
+) -> None:
+    _, index = collection
+    # Reverse the hybrid order: the fused order then differs from both inputs.
+    table = {c.embed_text: -float(len(c.text)) - i * 1e-3 for i, c in enumerate(index.chunks)}
+    scorer = OracleScorer(table)
+    retriever = Retriever(
+        encoder=tiny_encoder,
+        store=store,
+        index_root=tmp_path,
+        reranker=scorer,
+        config=RetrievalConfig(
+            rerank_candidates=6, rerank_fusion="rrf", rerank_fusion_weights=(1.0, 0.5)
+        ),
+        collection="kb",
+    )
+    hybrid = retriever.search("king queen war", k=10, mode="hybrid")
+    hits = retriever.search("king queen war", k=10, mode="rerank")
+    candidates = [h.chunk_id for h in hybrid[:6]]
+    by_ce = sorted(candidates, key=lambda c: -table[index.chunks[index.row_of[c]].embed_text])
+    expected = rrf([by_ce, candidates], k=60, weights=[1.0, 0.5])
+    assert [h.chunk_id for h in hits[:6]] == [c for c, _ in expected]
+    assert [h.score for h in hits[:6]] == pytest.approx([s for _, s in expected])
+    assert [h.rank for h in hits] == list(range(1, len(hits) + 1))
+    for h in hits[:6]:  # the cross-encoder's own rank and score stay on the hit
+        assert h.rerank is not None
+        assert h.rerank.rank == by_ce.index(h.chunk_id) + 1
+        assert h.rerank.score == pytest.approx(
+            table[index.chunks[index.row_of[h.chunk_id]].embed_text]
+        )
+    # Beyond the candidates: the hybrid order, no rerank stage.
+    assert [h.chunk_id for h in hits[6:]] == [h.chunk_id for h in hybrid[6:]]
+    assert all(h.rerank is None for h in hits[6:])
+
+
+def test_rerank_fusion_none_is_the_cross_encoder_order(
+    collection, tiny_encoder: Encoder, store: QdrantStore, tmp_path: Path
+) -> None:
+    _, index = collection
+    table = {c.embed_text: -float(len(c.text)) - i * 1e-3 for i, c in enumerate(index.chunks)}
+    retriever = reranking_retriever(
+        tiny_encoder,
+        store,
+        tmp_path,
+        OracleScorer(table),
+        RetrievalConfig(rerank_candidates=6, rerank_fusion="none"),
+    )
+    hits = retriever.search("king queen war", k=6, mode="rerank")
+    assert [h.score for h in hits] == sorted((h.score for h in hits), reverse=True)
+    assert all(h.rerank is not None and h.score == h.rerank.score for h in hits)
+
+
+def test_rerank_fusion_is_validated() -> None:
+    with pytest.raises(ValueError, match="rerank_fusion must be one of none, rrf"):
+        RetrievalConfig(rerank_fusion="max")  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="RAG_RERANK_FUSION must be one of none, rrf"):
+        Settings.from_env({"RAG_RERANK_FUSION": "max"})
+    settings = Settings.from_env({"RAG_RERANK_FUSION": "none"})
+    assert RetrievalConfig.from_settings(settings).rerank_fusion == "none"
+    assert RetrievalConfig.from_settings(Settings()).rerank_fusion == Settings().rerank_fusion

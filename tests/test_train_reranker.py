@@ -7,10 +7,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
+from transformers import BertModel
 
 from eval.questions import load_questions
 from ingest.loaders import LoadedCorpus
 from ingest.writer import ingest_documents
+from rag_retriever.cli import build_parser
 from rag_retriever.encoder import Encoder
 from rag_retriever.errors import ConfigError
 from rag_retriever.records import Document
@@ -18,7 +21,12 @@ from rag_retriever.reranker import CrossEncoderReranker
 from rag_retriever.retriever import Retriever
 from rag_retriever.store import QdrantStore
 from rag_retriever.training.mining import mine_examples
-from rag_retriever.training.reranker import RerankerTrainingConfig, train_reranker
+from rag_retriever.training.reranker import (
+    RerankerTrainingConfig,
+    init_pooler,
+    load_base,
+    train_reranker,
+)
 from tests.conftest import build_tiny_bert, write_jsonl
 
 WORDS = [
@@ -151,3 +159,99 @@ def test_too_few_usable_questions(
             config=RerankerTrainingConfig(negatives=3),
             progress=False,
         )
+
+
+def test_cli_defaults_are_the_training_config_defaults(tmp_path: Path) -> None:
+    args = build_parser().parse_args(
+        ["train-reranker", "--collection", "kb", "--questions", "q.jsonl", "--out", "o"]
+    )
+    defaults = RerankerTrainingConfig()
+    for cli_name, field in [
+        ("negatives", "negatives"),
+        ("batch_size", "batch_size"),
+        ("lr", "learning_rate"),
+        ("head_lr", "head_learning_rate"),
+        ("max_length", "max_length"),
+        ("pooler_init", "pooler_init"),
+        ("depth", "depth"),
+        ("loss", "loss"),
+        ("freeze_layers", "freeze_layers"),
+    ]:
+        assert getattr(args, cli_name) == getattr(defaults, field), cli_name
+
+
+def _pooler(model: torch.nn.Module) -> torch.nn.Linear:
+    dense = model.bert.pooler.dense  # type: ignore[union-attr]
+    assert isinstance(dense, torch.nn.Linear)
+    return dense
+
+
+def test_untrained_pooler_under_a_fresh_head_becomes_the_identity(tmp_path: Path) -> None:
+    # A plain encoder whose pooler bias is all zeros: what a sentence-transformers checkpoint
+    # (mean pooling, pooler never trained) looks like.
+    encoder = build_tiny_bert(tmp_path / "enc", seed=2)
+    model, _, fresh = load_base(str(encoder))
+    assert fresh
+    assert not _pooler(model).bias.any()
+    assert init_pooler(model, "auto", fresh_head=fresh)
+    assert torch.equal(_pooler(model).weight, torch.eye(32))
+    assert not _pooler(model).bias.any()
+    # "keep" leaves the random pooler alone.
+    model, _, fresh = load_base(str(encoder))
+    before = _pooler(model).weight.clone()
+    assert not init_pooler(model, "keep", fresh_head=fresh)
+    assert torch.equal(_pooler(model).weight, before)
+
+
+def test_a_trained_pooler_or_an_existing_head_is_kept(
+    tmp_path: Path, tiny_reranker_dir: Path
+) -> None:
+    # A cross-encoder base: its head and pooler were trained together; "auto" keeps both.
+    model, _, fresh = load_base(str(tiny_reranker_dir))
+    assert not fresh
+    before = _pooler(model).weight.clone()
+    assert not init_pooler(model, "auto", fresh_head=fresh)
+    assert torch.equal(_pooler(model).weight, before)
+    # "identity" resets it anyway.
+    assert init_pooler(model, "identity", fresh_head=fresh)
+    assert torch.equal(_pooler(model).weight, torch.eye(32))
+    # A plain encoder with a trained pooler (non-zero bias, e.g. BERT's NSP pooler): kept.
+    encoder = build_tiny_bert(tmp_path / "enc", seed=3)
+    bert = BertModel.from_pretrained(encoder)
+    assert bert.pooler is not None
+    with torch.no_grad():
+        bert.pooler.dense.bias.fill_(0.1)
+    bert.save_pretrained(encoder)
+    model, _, fresh = load_base(str(encoder))
+    assert fresh
+    assert not init_pooler(model, "auto", fresh_head=fresh)
+    assert _pooler(model).bias.detach().eq(0.1).all()
+
+
+def test_training_from_a_plain_encoder_skips_the_random_head_validation(
+    retriever: Retriever, tmp_path: Path
+) -> None:
+    base = build_tiny_bert(tmp_path / "enc", seed=4, hidden=64)
+    meta = train_reranker(
+        retriever,
+        questions(tmp_path, retriever, copies=1),
+        tmp_path / "out",
+        collection="kb",
+        base=str(base),
+        config=RerankerTrainingConfig(
+            negatives=3, batch_size=4, max_length=48, val_fraction=0.3, depth=8
+        ),
+        device="cpu",
+        dtype="fp32",
+        progress=False,
+    )
+    assert meta["fresh_head"] and meta["pooler_reset_to_identity"]
+    before, after = meta["validation_before"], meta["validation_after"]
+    assert before["questions"] == after["questions"] > 0
+    assert not any(k.startswith("rerank") for k in before)  # a random head is not validated
+    assert {"hybrid recall@1", "rerank recall@1", "rerank+hybrid recall@1"} <= set(after)
+    assert before["hybrid recall@1"] == after["hybrid recall@1"]
+    held_out, _ = load_questions(tmp_path / "out" / "validation_questions.jsonl")
+    assert len(held_out) == meta["examples"]["validation"]
+    loaded = CrossEncoderReranker.load(tmp_path / "out", device="cpu", dtype="fp32")
+    assert loaded.num_labels == 1
