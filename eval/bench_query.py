@@ -7,6 +7,7 @@ CPU has it) against `sentence_transformers.CrossEncoder(<same dir>).predict` on 
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import time
 from pathlib import Path
@@ -19,6 +20,7 @@ import transformers
 from eval.bench_common import percentile, read_jsonl, shared_path
 from rag_retriever.encoder import quiet_transformers
 from rag_retriever.profiles import resolve_model
+from rag_retriever.records import Mode
 from rag_retriever.reranker import CrossEncoderReranker
 from rag_retriever.retriever import Retriever
 
@@ -47,7 +49,16 @@ def run(
     reranker = CrossEncoderReranker.load(reranker_dir)
     retriever.reranker = reranker
     out: dict[str, Any] = {"latency": {}, "questions": n_questions, "reranker": str(reranker_dir)}
-    for mode in ("dense", "bm25", "hybrid", "rerank"):
+    default = retriever.config
+    runs: list[tuple[str, Mode, int]] = [
+        ("dense", "dense", default.rerank_candidates),
+        ("bm25", "bm25", default.rerank_candidates),
+        ("hybrid", "hybrid", default.rerank_candidates),
+        ("rerank (20 candidates)", "rerank", 20),
+        ("rerank (50 candidates)", "rerank", 50),
+    ]
+    for label, mode, candidates in runs:
+        retriever.config = dataclasses.replace(default, rerank_candidates=candidates)
         for q in sample[:5]:
             retriever.search(q, k=10, mode=mode, collection=collection)
         times = []
@@ -58,11 +69,12 @@ def run(
             times.append((time.perf_counter() - t0) * 1000)
             for stage, ms in result.timings_ms.items():
                 stage_ms.setdefault(stage, []).append(ms)
-        out["latency"][mode] = {
+        out["latency"][label] = {
             "p50_ms": percentile(times, 50),
             "p95_ms": percentile(times, 95),
             "stages_p50_ms": {s: percentile(v, 50) for s, v in stage_ms.items()},
         }
+    retriever.config = default
 
     # Reranker throughput on real candidate lists.
     pairs: list[tuple[str, str]] = []

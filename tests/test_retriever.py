@@ -6,11 +6,13 @@ import json
 import shutil
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 import torch
 from rank_bm25 import BM25Okapi
+from threadpoolctl import threadpool_info
 
 from ingest.loaders import LoadedCorpus
 from ingest.writer import ingest_documents
@@ -358,3 +360,23 @@ def test_rerank_fusion_is_validated() -> None:
     settings = Settings.from_env({"RAG_RERANK_FUSION": "none"})
     assert RetrievalConfig.from_settings(settings).rerank_fusion == "none"
     assert RetrievalConfig.from_settings(Settings()).rerank_fusion == Settings().rerank_fusion
+
+
+def test_embedded_search_runs_on_one_blas_thread(
+    collection, store: QdrantStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Spinning OpenBLAS workers left by embedded Qdrant's matrix product starved the next query
+    # encoding (eval/bench_query.py measures the latency); here: the limit is in force.
+    retriever, _ = collection
+    blas_threads: list[list[int]] = []
+    query_points = store.client.query_points
+
+    def spy(*args: Any, **kwargs: Any) -> Any:
+        blas_threads.append(
+            [i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas"]
+        )
+        return query_points(*args, **kwargs)
+
+    monkeypatch.setattr(store.client, "query_points", spy)
+    assert retriever.search("king queen war", k=3, mode="dense")
+    assert blas_threads and all(n == 1 for n in blas_threads[0])
