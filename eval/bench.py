@@ -4,7 +4,7 @@ the ratio. Results go to `<out>/bench.json` and `<out>/bench.txt`.
 Usage:
     python eval/bench.py [--out bench-out] [--only bm25 ingest query load] [--reranker DIR]
 
-Needs ../shared/data (SQuAD and SciFact). Takes about 10-15 minutes on 2 CPU cores.
+Needs ../shared/data (SQuAD and SciFact). Takes about 5 minutes on 2 CPU cores.
 """
 
 from __future__ import annotations

@@ -29,7 +29,7 @@ def untrained_reranker(directory: Path) -> Path:
     """all-MiniLM-L6-v2 with a fresh one-logit head: right shape and speed, no skill."""
     if not (directory / "config.json").exists():
         source = resolve_model("all-MiniLM-L6-v2").source
-        with quiet_transformers():
+        with quiet_transformers(new_head_expected=True):
             model = transformers.AutoModelForSequenceClassification.from_pretrained(
                 source, num_labels=1
             )

@@ -104,13 +104,23 @@ def load_base(source: str) -> tuple[Any, Any, bool]:
     Returns (model, tokenizer, fresh_head): whether the classification head was newly initialised
     (the source was not a sequence classifier).
     """
-    with quiet_transformers():
+    with quiet_transformers(new_head_expected=True):
         tokenizer = transformers.AutoTokenizer.from_pretrained(source)
         model, info = transformers.AutoModelForSequenceClassification.from_pretrained(
             source, num_labels=1, ignore_mismatched_sizes=True, output_loading_info=True
         )
     new = set(info.get("missing_keys") or ()) | {k for k, *_ in info.get("mismatched_keys") or ()}
     fresh_head = any(k.startswith(("classifier", "score")) for k in new)
+    if fresh_head:
+        log.info("%s has no one-logit classification head: a new one is initialised", source)
+    others = sorted(k for k in new if not k.startswith(("classifier", "score")))
+    if others:
+        log.warning(
+            "%s: %d weights newly initialised besides the head: %s",
+            source,
+            len(others),
+            ", ".join(others[:5]),
+        )
     return model, tokenizer, fresh_head
 
 
