@@ -263,23 +263,35 @@ def cmd_train_embedder(args: argparse.Namespace) -> int:
         overwrite=args.overwrite,
         progress=not args.no_progress,
     )
-    before, after = meta["validation_before"], meta["validation_after"]
-    print(f"model       {args.out} ({meta['fingerprint']['model']}@{meta['fingerprint']['id']})")
-    print(
-        f"examples    {meta['examples']['train']} train, {meta['examples']['validation']} validation, skipped {meta['examples']['skipped']}"
-    )
-    print(
-        f"loss        {meta['loss_first_20']:.3f} -> {meta['loss_last_20']:.3f} over {meta['steps']} steps"
-    )
-    for key in ("recall@1", "recall@5", "mrr@10"):
-        if key in before:
-            print(f"validation  {key}: {before[key]:.4f} -> {after[key]:.4f}")
-    print(f"time        {meta['time_s']:.0f}s")
-    print(
-        f"next        RAG_EMBED_MODEL={args.out} rag-retriever ingest CORPUS --collection {settings.collection} "
-        f"--gate QUESTIONS.jsonl  (a new model means a full re-ingest)"
+    _print_training(
+        meta,
+        f"{args.out} ({meta['fingerprint']['model']}@{meta['fingerprint']['id']})",
+        f"RAG_EMBED_MODEL={args.out} rag-retriever ingest CORPUS --collection "
+        f"{settings.collection} --gate QUESTIONS.jsonl  (a new model means a full re-ingest)",
     )
     return 0
+
+
+def _print_training(meta: dict[str, Any], model: str, next_step: str) -> None:
+    """The summary both training commands print: examples, loss, validation before -> after."""
+    before, after = meta["validation_before"], meta["validation_after"]
+    examples = meta["examples"]
+    print(f"model       {model}")
+    print(
+        f"examples    {examples['train']} train, {examples['validation']} validation "
+        f"(held out: {meta['validation_questions']}), skipped {examples['skipped']}"
+    )
+    print(
+        f"loss        {meta['loss_first_20']:.3f} -> {meta['loss_last_20']:.3f} "
+        f"over {meta['steps']} steps"
+    )
+    for key in (k for k in after if "@" in k):  # the metrics, not the counts
+        was = f"{before[key]:.4f}" if key in before else "  -   "
+        print(f"validation  {key}: {was} -> {after[key]:.4f}")
+    if any("@" in k and k not in before for k in after):
+        print("            (-: the head was new; a random head is not validated before training)")
+    print(f"time        {meta['time_s']:.0f}s")
+    print(f"next        {next_step}")
 
 
 def cmd_train_reranker(args: argparse.Namespace) -> int:
@@ -316,19 +328,11 @@ def cmd_train_reranker(args: argparse.Namespace) -> int:
         overwrite=args.overwrite,
         progress=not args.no_progress,
     )
-    before, after = meta["validation_before"], meta["validation_after"]
-    print(f"model       {args.out} ({meta['name']})")
-    print(
-        f"examples    {meta['examples']['train']} train, {meta['examples']['validation']} validation, skipped {meta['examples']['skipped']}"
+    _print_training(
+        meta,
+        f"{args.out} ({meta['name']})",
+        f"RAG_RERANK_MODEL={args.out} rag-retriever search QUESTION --mode rerank",
     )
-    print(
-        f"loss        {meta['loss_first_20']:.3f} -> {meta['loss_last_20']:.3f} over {meta['steps']} steps"
-    )
-    for key in after:
-        if key != "questions":
-            print(f"validation  {key}: {before.get(key, float('nan')):.4f} -> {after[key]:.4f}")
-    print(f"time        {meta['time_s']:.0f}s")
-    print(f"next        RAG_RERANK_MODEL={args.out} rag-retriever search QUESTION --mode rerank")
     return 0
 
 

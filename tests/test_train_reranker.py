@@ -13,7 +13,7 @@ from transformers import BertModel
 from eval.questions import load_questions
 from ingest.loaders import LoadedCorpus
 from ingest.writer import ingest_documents
-from rag_retriever.cli import build_parser
+from rag_retriever.cli import build_parser, main
 from rag_retriever.encoder import Encoder
 from rag_retriever.errors import ConfigError
 from rag_retriever.records import Document
@@ -255,3 +255,41 @@ def test_training_from_a_plain_encoder_skips_the_random_head_validation(
     assert len(held_out) == meta["examples"]["validation"]
     loaded = CrossEncoderReranker.load(tmp_path / "out", device="cpu", dtype="fp32")
     assert loaded.num_labels == 1
+
+
+def test_train_reranker_command(
+    tmp_path: Path,
+    tiny_encoder_dir: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    monkeypatch.setenv("RAG_DATA_DIR", str(tmp_path / "data"))
+    monkeypatch.setenv("RAG_EMBED_MODEL", str(tiny_encoder_dir))
+    monkeypatch.setenv("RAG_DEVICE", "cpu")
+    corpus = write_jsonl(
+        tmp_path / "docs.jsonl", [{"id": d.id, "title": d.title, "text": d.text} for d in DOCS]
+    )
+    assert main(["ingest", str(corpus), "--collection", "kb", "--no-progress"]) == 0
+    rows: list[dict[str, object]] = [
+        {"id": f"q{i}-{c}", "question": f"{w} science city", "gold_doc_ids": [f"d{i}"]}
+        for c in range(2)
+        for i, w in enumerate(WORDS)
+    ]
+    qs = write_jsonl(tmp_path / "q.jsonl", rows)
+    base = build_tiny_bert(tmp_path / "enc", seed=5)
+    out = tmp_path / "reranker"
+    cmd = ["train-reranker", "--collection", "kb", "--questions", str(qs), "--out", str(out)]
+    small = ["--base", str(base), "--batch-size", "4", "--max-length", "48", "--depth", "8"]
+    capsys.readouterr()
+    assert main([*cmd, *small, "--val-fraction", "0.25", "--no-progress"]) == 0
+    printed = capsys.readouterr().out
+    assert "(held out: validation_questions.jsonl)" in printed
+    assert "validation  rerank recall@1:   -    -> " in printed  # a new head: not validated
+    assert "validation  hybrid recall@1: " in printed
+    assert f"RAG_RERANK_MODEL={out} rag-retriever search" in printed
+    assert CrossEncoderReranker.load(out, device="cpu", dtype="fp32").num_labels == 1
+    # The output exists: refused without --overwrite, and left as it was.
+    weights = (out / "model.safetensors").read_bytes()
+    assert main([*cmd, *small, "--no-progress"]) == 2
+    assert "--overwrite" in capsys.readouterr().err
+    assert (out / "model.safetensors").read_bytes() == weights
