@@ -9,6 +9,7 @@ from typing import Any
 
 import torch
 
+from rag_retriever.device import Precision, choose_precision
 from rag_retriever.errors import ConfigError
 
 
@@ -35,6 +36,47 @@ def warmup_linear(
         return max(0.0, (total_steps - step) / max(1, total_steps - warmup))
 
     return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+
+
+def training_precision(device: str, dtype: str) -> Precision:
+    """`choose_precision`, except that `auto` on a GPU with bf16 (Ampere and later) trains in bf16,
+    which needs no loss scaling; fp16 (older GPUs, or asked for) trains through a GradScaler."""
+    precision = choose_precision(device, dtype)
+    if dtype == "auto" and precision.device.type == "cuda" and torch.cuda.is_bf16_supported():
+        return Precision(precision.device, "bf16")
+    return precision
+
+
+class OptimizerStep:
+    """One optimisation step: zero the gradients, backpropagate, clip the gradient norm to 1,
+    step the optimizer and the schedule. In fp16 the loss goes through a GradScaler, so that small
+    gradients do not underflow to zero (and a step with inf/nan gradients is skipped)."""
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        scheduler: torch.optim.lr_scheduler.LRScheduler,
+        precision: Precision,
+    ) -> None:
+        self.model, self.optimizer, self.scheduler = model, optimizer, scheduler
+        self.scaler = (
+            torch.amp.GradScaler(precision.device.type) if precision.dtype == "fp16" else None
+        )
+
+    def __call__(self, loss: torch.Tensor) -> None:
+        self.optimizer.zero_grad()
+        if self.scaler is None:
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
+            self.optimizer.step()
+        else:
+            self.scaler.scale(loss).backward()
+            self.scaler.unscale_(self.optimizer)
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+        self.scheduler.step()
 
 
 VALIDATION_FILE = "validation_questions.jsonl"

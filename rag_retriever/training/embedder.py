@@ -32,14 +32,15 @@ import torch
 from tqdm.auto import tqdm
 
 from eval.questions import file_sha256, load_questions
-from rag_retriever.device import choose_precision
 from rag_retriever.encoder import Encoder, pool, quiet_transformers
 from rag_retriever.errors import ConfigError
 from rag_retriever.profiles import ModelProfile, ResolvedModel, write_profile_file
 from rag_retriever.retriever import Retriever
 from rag_retriever.training.common import (
     VALIDATION_FILE,
+    OptimizerStep,
     prepare_output,
+    training_precision,
     warmup_linear,
     write_metadata,
     write_question_subset,
@@ -155,7 +156,7 @@ def train_embedder(
         pooling=base.profile.pooling,
         max_seq_length=retriever.encoder.max_seq_length,
     )
-    precision = choose_precision(device, dtype)
+    precision = training_precision(device, dtype)
     torch.manual_seed(config.seed)  # dropout
     base_with_new_prefixes = Encoder.load(
         ResolvedModel(base.source, profile), device=device, dtype=dtype
@@ -170,7 +171,9 @@ def train_embedder(
     )
     total = steps_per_epoch * config.epochs
     optimizer = torch.optim.AdamW(model.parameters(), lr=config.learning_rate, weight_decay=0.01)
-    scheduler = warmup_linear(optimizer, total, config.warmup_fraction)
+    step = OptimizerStep(
+        model, optimizer, warmup_linear(optimizer, total, config.warmup_fraction), precision
+    )
     model.train()
     losses: list[float] = []
     bar = tqdm(total=total, desc="train-embedder", unit="step", disable=not progress)
@@ -211,11 +214,7 @@ def train_embedder(
             loss = torch.nn.functional.cross_entropy(
                 logits, torch.arange(len(batch), device=logits.device)
             )
-            optimizer.zero_grad()
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            optimizer.step()
-            scheduler.step()
+            step(loss)
             losses.append(loss.item())
             bar.update(1)
             bar.set_postfix(loss=f"{np.mean(losses[-20:]):.3f}")

@@ -44,7 +44,6 @@ import transformers
 from tqdm.auto import tqdm
 
 from eval.questions import file_sha256, load_questions
-from rag_retriever.device import choose_precision
 from rag_retriever.encoder import quiet_transformers
 from rag_retriever.errors import ConfigError
 from rag_retriever.fusion import rrf
@@ -53,7 +52,9 @@ from rag_retriever.reranker import CrossEncoderReranker
 from rag_retriever.retriever import Retriever
 from rag_retriever.training.common import (
     VALIDATION_FILE,
+    OptimizerStep,
     prepare_output,
+    training_precision,
     warmup_linear,
     write_metadata,
     write_question_subset,
@@ -256,7 +257,7 @@ def train_reranker(
     torch.manual_seed(config.seed)  # the head initialisation and dropout
     model, tokenizer, fresh_head = load_base(source)
     pooler_reset = init_pooler(model, config.pooler_init, fresh_head=fresh_head)
-    precision = choose_precision(device, dtype)
+    precision = training_precision(device, dtype)
     reranker = CrossEncoderReranker(
         model, tokenizer, name=str(out), precision=precision, max_length=config.max_length
     )
@@ -268,7 +269,9 @@ def train_reranker(
     optimizer = torch.optim.AdamW(
         _param_groups(model, config.learning_rate, config.head_learning_rate), weight_decay=0.01
     )
-    scheduler = warmup_linear(optimizer, total, config.warmup_fraction)
+    step = OptimizerStep(
+        model, optimizer, warmup_linear(optimizer, total, config.warmup_fraction), precision
+    )
     model.train()
     group = 1 + config.negatives
     losses: list[float] = []
@@ -298,11 +301,7 @@ def train_reranker(
                 labels = torch.zeros_like(logits)
                 labels[:, 0] = 1.0
                 loss = torch.nn.functional.binary_cross_entropy_with_logits(logits, labels)
-            optimizer.zero_grad()
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            optimizer.step()
-            scheduler.step()
+            step(loss)
             losses.append(loss.item())
             bar.update(1)
             bar.set_postfix(loss=f"{np.mean(losses[-20:]):.3f}")

@@ -1,0 +1,50 @@
+"""What both trainers share: the optimisation step (with fp16 loss scaling) and the precision."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from rag_retriever.device import Precision
+from rag_retriever.training.common import OptimizerStep, training_precision, warmup_linear
+
+
+def one_step(precision: Precision, scale: float) -> tuple[torch.Tensor, OptimizerStep]:
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
+    step = OptimizerStep(model, optimizer, warmup_linear(optimizer, 10, 0.0), precision)
+    x = torch.ones(3, 4)
+    step(model(x).sum() * scale)
+    return torch.cat([p.detach().flatten() for p in model.parameters()]), step
+
+
+def test_fp16_step_unscales_before_clipping_and_stepping() -> None:
+    # Gradients of norm < 1, so clipping leaves them alone: a scaled gradient that was not
+    # unscaled would be clipped to norm 1 and give another update.
+    cpu = torch.device("cpu")
+    plain, fp32_step = one_step(Precision(cpu, "fp32"), 1e-3)
+    scaled, fp16_step = one_step(Precision(cpu, "fp16"), 1e-3)
+    assert fp32_step.scaler is None and fp16_step.scaler is not None
+    assert torch.allclose(plain, scaled)
+    untouched, _ = one_step(Precision(cpu, "fp32"), 0.0)
+    assert not torch.allclose(plain, untouched)  # the step did move the weights
+
+
+@pytest.mark.filterwarnings("ignore:Detected call of `lr_scheduler.step\\(\\)` before")
+def test_fp16_step_skips_non_finite_gradients() -> None:
+    before, _ = one_step(Precision(torch.device("cpu"), "fp32"), 0.0)
+    skipped, _ = one_step(Precision(torch.device("cpu"), "fp16"), float("inf"))
+    assert torch.equal(before, skipped)  # no update: the scaler dropped the step
+
+
+def test_auto_precision_trains_in_bf16_on_a_gpu_that_has_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # No GPU here: CUDA's presence and its bf16 support are mocked.
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: True)
+    assert training_precision("auto", "auto").describe() == "cuda/bf16"
+    assert training_precision("cuda", "fp16").describe() == "cuda/fp16"
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: False)
+    assert training_precision("auto", "auto").describe() == "cuda/fp16"
