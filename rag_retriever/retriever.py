@@ -79,6 +79,7 @@ class RetrievalConfig:
             dense_top_n=s.dense_top_n,
             bm25_top_n=s.bm25_top_n,
             rrf_k=s.rrf_k,
+            rrf_weights=s.rrf_weights,
             rerank_candidates=s.rerank_candidates,
             rerank_fusion=s.rerank_fusion,  # type: ignore[arg-type]  # validated by Settings
             default_k=s.default_k,

@@ -60,6 +60,8 @@ class Settings:
     bm25_top_n: int = 100
     # Reciprocal rank fusion constant (Cormack, Clarke & Buettcher, SIGIR 2009).
     rrf_k: int = 60
+    # Weights of the dense and the BM25 list in the hybrid fusion (RAG_RRF_WEIGHTS="1,1").
+    rrf_weights: tuple[float, float] = (1.0, 1.0)
     rerank_model: str | None = None
     rerank_candidates: int = 50
     # "rrf": the final order of the candidates is the RRF (k = rrf_k) of the cross-encoder's order
@@ -121,6 +123,15 @@ class Settings:
         _choice("device", self.device, DEVICES)
         _choice("dtype", self.dtype, DTYPES)
         _choice("rerank_fusion", self.rerank_fusion, RERANK_FUSIONS)
+        if (
+            len(self.rrf_weights) != 2
+            or not all(w >= 0 for w in self.rrf_weights)
+            or not any(self.rrf_weights)
+        ):
+            raise ConfigError(
+                f"RAG_RRF_WEIGHTS must be two non-negative numbers, not both 0 (dense,bm25), "
+                f"got {self.rrf_weights!r}"
+            )
         if self.pooling is not None:
             _choice("pooling", self.pooling, POOLINGS)
         if not self.collection or "__" in self.collection:
@@ -191,6 +202,10 @@ def _int(raw: str) -> int:
     return int(raw.strip())
 
 
+def _weights(raw: str) -> tuple[float, ...]:
+    return tuple(float(part) for part in raw.split(","))
+
+
 _CONVERTERS: dict[str, Callable[[str], Any]] = {
     "data_dir": Path,
     "qdrant_url": _optional_str,
@@ -208,6 +223,7 @@ _CONVERTERS: dict[str, Callable[[str], Any]] = {
     "dense_top_n": _int,
     "bm25_top_n": _int,
     "rrf_k": _int,
+    "rrf_weights": _weights,
     "rerank_model": _optional_str,
     "rerank_candidates": _int,
     "rerank_fusion": str,

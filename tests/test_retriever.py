@@ -380,3 +380,16 @@ def test_embedded_search_runs_on_one_blas_thread(
     monkeypatch.setattr(store.client, "query_points", spy)
     assert retriever.search("king queen war", k=3, mode="dense")
     assert blas_threads and all(n == 1 for n in blas_threads[0])
+
+
+def test_rrf_weights_from_settings_reach_the_fusion(collection, store: QdrantStore) -> None:
+    retriever, _ = collection
+    dense_only = Retriever(
+        encoder=retriever.encoder,
+        store=store,
+        index_root=retriever.index_root,
+        config=RetrievalConfig.from_settings(Settings.from_env({"RAG_RRF_WEIGHTS": "1,0"})),
+        collection="kb",
+    )
+    dense = [h.chunk_id for h in retriever.search("king queen war", k=5, mode="dense")]
+    assert [h.chunk_id for h in dense_only.search("king queen war", k=5, mode="hybrid")] == dense
