@@ -10,6 +10,7 @@ import re
 import shlex
 import subprocess
 import sys
+import tomllib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -218,7 +219,17 @@ def test_copied_paths_exist_and_are_not_dockerignored(name: str) -> None:
         if kw == "COPY"
         for src in shlex.split(args)[:-1]
     ]
-    assert {"pyproject.toml", "README.md", "rag_retriever", "ingest", "eval"} <= set(sources)
+    # Everything `pip install .` reads: the readme and license files pyproject.toml names (a
+    # missing license file fails the build) and the packages it finds.
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())
+    packages = project["tool"]["setuptools"]["packages"]["find"]["include"]
+    needed = {
+        "pyproject.toml",
+        project["project"]["readme"],
+        *project["project"].get("license-files", []),
+        *(pattern.rstrip("*") for pattern in packages),
+    }
+    assert needed <= set(sources), needed - set(sources)
     for src in sources:
         assert (REPO / src).exists(), src
         assert not any(fnmatch.fnmatch(src, pattern) for pattern in ignored), src
