@@ -230,6 +230,13 @@ class Retriever:
                 )
             if mode is None and self.reranker is None:
                 notices.append("reranking is off: RAG_RERANK_MODEL is not set")
+            if trace.rerank_truncated:
+                limit = getattr(self.reranker, "max_length", None)
+                notices.append(
+                    f"{trace.rerank_truncated} of the {len(trace.rerank or ())} reranked chunks "
+                    f"did not fit the cross-encoder's {limit or 'maximum'}-token window with the "
+                    f"question and were cut at the end (RAG_RERANK_MAX_LENGTH)"
+                )
             results.append(
                 SearchResult(
                     query=trace.query,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from collections.abc import Sequence
 from pathlib import Path
@@ -393,3 +394,25 @@ def test_rrf_weights_from_settings_reach_the_fusion(collection, store: QdrantSto
     )
     dense = [h.chunk_id for h in retriever.search("king queen war", k=5, mode="dense")]
     assert [h.chunk_id for h in dense_only.search("king queen war", k=5, mode="hybrid")] == dense
+
+
+def test_chunks_cut_for_the_cross_encoder_are_reported(
+    collection, tiny_encoder: Encoder, store: QdrantStore, tmp_path: Path, tiny_reranker_dir: Path
+) -> None:
+    config = RetrievalConfig(rerank_candidates=6)
+    for max_length, cut in [(12, True), (512, False)]:
+        reranker = CrossEncoderReranker.load(
+            tiny_reranker_dir, device="cpu", dtype="fp32", max_length=max_length
+        )
+        retriever = reranking_retriever(tiny_encoder, store, tmp_path, reranker, config)
+        result = retriever.retrieve("king queen war", k=6, mode="rerank")
+        notes = [n for n in result.notices if "reranked chunks" in n]
+        if cut:
+            assert len(notes) == 1
+            assert re.match(
+                r"[1-6] of the 6 reranked chunks did not fit the cross-encoder's "
+                r"12-token window",
+                notes[0],
+            ), notes
+        else:
+            assert notes == []
