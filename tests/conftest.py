@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from hypothesis import settings
 from qdrant_client import QdrantClient
 from transformers import BertConfig, BertForSequenceClassification, BertModel, BertTokenizer
 
@@ -24,6 +25,11 @@ from rag_retriever.profiles import ModelProfile, write_profile_file
 from rag_retriever.records import Document
 from rag_retriever.retriever import Retriever
 from rag_retriever.store import QdrantStore
+
+# Property tests check correctness, not speed: no per-example deadline, which a busy CI machine
+# can miss on a slow first example.
+settings.register_profile("rag-retriever", deadline=None)
+settings.load_profile("rag-retriever")
 
 SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 
