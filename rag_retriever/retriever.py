@@ -25,7 +25,7 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal, get_args
+from typing import get_args
 
 import numpy as np
 
@@ -35,7 +35,7 @@ from rag_retriever.errors import CollectionNotFound, FingerprintMismatch, Invali
 from rag_retriever.fusion import rrf
 from rag_retriever.records import Hit, Mode, SearchFilter, SearchResult, StageScore
 from rag_retriever.reranker import CrossEncoderReranker, Scorer
-from rag_retriever.settings import RERANK_FUSIONS, Settings
+from rag_retriever.settings import RERANK_FUSIONS, RerankFusion, Settings
 from rag_retriever.store import QdrantStore, open_client
 
 log = logging.getLogger(__name__)
@@ -48,7 +48,6 @@ INDEX_CACHE_SIZE = 4
 # replacing it. SQuAD dev (5,708 questions, 20 candidates), recall@1: hybrid 0.720, cross-encoder
 # order 0.776, rrf 0.791. Hit.rerank keeps the cross-encoder's rank and score either way;
 # Hit.rank/score are the final order (with rrf, the RRF score).
-RerankFusion = Literal["none", "rrf"]
 
 
 @dataclass(frozen=True)
@@ -81,7 +80,7 @@ class RetrievalConfig:
             rrf_k=s.rrf_k,
             rrf_weights=s.rrf_weights,
             rerank_candidates=s.rerank_candidates,
-            rerank_fusion=s.rerank_fusion,  # type: ignore[arg-type]  # validated by Settings
+            rerank_fusion=s.rerank_fusion,
             default_k=s.default_k,
             max_k=s.max_k,
             max_query_chars=s.max_query_chars,

@@ -16,7 +16,7 @@ import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, get_args
 
 from rag_retriever.errors import ConfigError
 
@@ -24,7 +24,8 @@ DEVICES = ("auto", "cpu", "cuda")
 DTYPES = ("auto", "fp32", "bf16", "fp16")
 POOLINGS = ("mean", "cls")
 # How `rerank` mode orders the reranked candidates (see rag_retriever/retriever.py).
-RERANK_FUSIONS = ("none", "rrf")
+RerankFusion = Literal["none", "rrf"]
+RERANK_FUSIONS: tuple[RerankFusion, ...] = get_args(RerankFusion)
 
 
 @dataclass(frozen=True)
@@ -68,7 +69,7 @@ class Settings:
     # and their hybrid order; "none": the cross-encoder's order alone. rrf measured better with a
     # reranker from `train-reranker` (SQuAD dev, 5,708 questions, 20 candidates: recall@1 hybrid
     # 0.720, none 0.776, rrf 0.791) and bounds the damage of a weak one.
-    rerank_fusion: str = "rrf"
+    rerank_fusion: RerankFusion = "rrf"
     rerank_batch_size: int = 32
     rerank_max_length: int = 256
     default_k: int = 10

@@ -66,6 +66,9 @@ log = logging.getLogger(__name__)
 METADATA_FILE = "rag_training.json"
 NAME_FILE = "rag_reranker.json"
 MIN_TRAIN_QUESTIONS = 8
+# Weight names of the classification head of transformers' sequence classifiers (BERT-style
+# "classifier", decoder-style "score").
+HEAD_PREFIXES = ("classifier", "score")
 
 
 PoolerInit = Literal["auto", "identity", "keep"]
@@ -112,10 +115,11 @@ def load_base(source: str) -> tuple[Any, Any, bool]:
             source, num_labels=1, ignore_mismatched_sizes=True, output_loading_info=True
         )
     new = set(info.get("missing_keys") or ()) | {k for k, *_ in info.get("mismatched_keys") or ()}
-    fresh_head = any(k.startswith(("classifier", "score")) for k in new)
+    head = {k for k in new if k.startswith(HEAD_PREFIXES)}
+    fresh_head = bool(head)
     if fresh_head:
         log.info("%s has no one-logit classification head: a new one is initialised", source)
-    others = sorted(k for k in new if not k.startswith(("classifier", "score")))
+    others = sorted(new - head)
     if others:
         log.warning(
             "%s: %d weights newly initialised besides the head: %s",
