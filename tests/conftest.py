@@ -149,6 +149,16 @@ def tiny_encoder_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return directory
 
 
+@pytest.fixture
+def env(tmp_path: Path, tiny_encoder_dir: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The environment of a CLI test: data under tmp_path, the tiny encoder, the CPU; returns
+    RAG_DATA_DIR."""
+    monkeypatch.setenv("RAG_DATA_DIR", str(tmp_path / "data"))
+    monkeypatch.setenv("RAG_EMBED_MODEL", str(tiny_encoder_dir))
+    monkeypatch.setenv("RAG_DEVICE", "cpu")
+    return tmp_path / "data"
+
+
 @pytest.fixture(scope="session")
 def tiny_reranker_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build_tiny_bert(tmp_path_factory.mktemp("tiny-reranker"), classifier=True, seed=1)

@@ -13,14 +13,6 @@ from rag_retriever.store import QdrantStore
 from tests.conftest import write_jsonl
 
 
-@pytest.fixture
-def env(tmp_path: Path, tiny_encoder_dir: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    monkeypatch.setenv("RAG_DATA_DIR", str(tmp_path / "data"))
-    monkeypatch.setenv("RAG_EMBED_MODEL", str(tiny_encoder_dir))
-    monkeypatch.setenv("RAG_DEVICE", "cpu")
-    return tmp_path / "data"
-
-
 def collections(data: Path) -> list[str]:
     if not (data / "qdrant").exists():
         return []

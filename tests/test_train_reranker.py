@@ -258,14 +258,8 @@ def test_training_from_a_plain_encoder_skips_the_random_head_validation(
 
 
 def test_train_reranker_command(
-    tmp_path: Path,
-    tiny_encoder_dir: Path,
-    monkeypatch: pytest.MonkeyPatch,
-    capsys: pytest.CaptureFixture[str],
+    env: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    monkeypatch.setenv("RAG_DATA_DIR", str(tmp_path / "data"))
-    monkeypatch.setenv("RAG_EMBED_MODEL", str(tiny_encoder_dir))
-    monkeypatch.setenv("RAG_DEVICE", "cpu")
     corpus = write_jsonl(
         tmp_path / "docs.jsonl", [{"id": d.id, "title": d.title, "text": d.text} for d in DOCS]
     )
