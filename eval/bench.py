@@ -72,7 +72,6 @@ def main(argv: list[str] | None = None) -> int:
                 alias="squad",
                 encoder=retriever.encoder,
                 store=retriever.store,
-                index_root=settings.index_dir,
             )
         if "query" in args.only:
             from eval import bench_query
@@ -94,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
                 seconds=args.load_seconds,
             )
             emit(bench_load.report(results["load"]))
-        retriever.store.client.close()
+        retriever.store.close()
 
     (args.out / "bench.json").write_text(json.dumps(results, indent=2), encoding="utf-8")
     (args.out / "bench.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")

@@ -14,14 +14,12 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from qdrant_client import QdrantClient
-
 from eval.bench_common import shared_path
 from ingest.chunking import Chunker
 from ingest.loaders import LoadedCorpus, load_documents
 from ingest.writer import chunking_config_for, ingest_documents
 from rag_retriever.encoder import Encoder
-from rag_retriever.store import QdrantStore
+from rag_retriever.store import EdgeStore
 
 CHANGED_FRACTION = 0.01
 
@@ -52,19 +50,15 @@ def run(n_encode: int = 1000) -> dict[str, Any]:
 
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
-        store = QdrantStore(QdrantClient(path=str(root / "qdrant")))
+        store = EdgeStore(root / "edge")
         t0 = time.perf_counter()
-        full = ingest_documents(
-            corpus, alias="squad", encoder=encoder, store=store, index_root=root / "idx"
-        )
+        full = ingest_documents(corpus, alias="squad", encoder=encoder, store=store)
         full_s = time.perf_counter() - t0
         changed, n_changed = change_paragraphs(corpus, CHANGED_FRACTION)
         t0 = time.perf_counter()
-        again = ingest_documents(
-            changed, alias="squad", encoder=encoder, store=store, index_root=root / "idx"
-        )
+        again = ingest_documents(changed, alias="squad", encoder=encoder, store=store)
         again_s = time.perf_counter() - t0
-        store.client.close()
+        store.close()
     out["ingest"] = {
         "documents": full.documents,
         "chunks": full.chunks,

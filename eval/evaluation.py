@@ -31,7 +31,7 @@ from eval.metrics import (
     recall_from_ranks,
 )
 from eval.questions import Question
-from rag_retriever.chunk_index import ChunkIndex
+from rag_retriever.chunk_table import ChunkTable
 from rag_retriever.records import Mode
 from rag_retriever.retriever import Retriever, Trace
 
@@ -126,10 +126,9 @@ def evaluate(
         raise ValueError(f"every k must be positive, got {list(ks)}")
     started = time.perf_counter()
     trace_mode = trace_mode_for(modes)
-    name, index = retriever.open_collection(collection, trace_mode)
-    rows_of_doc: dict[str, list[int]] = {}
-    for row, chunk in enumerate(index.chunks):
-        rows_of_doc.setdefault(chunk.doc_id, []).append(row)
+    name = retriever.open_collection(collection, trace_mode).name
+    index = ChunkTable.load(retriever.store, name)
+    rows_of_doc = index.rows_of_doc
 
     problems: list[str] = []
     runnable: list[tuple[Question, list[set[Hashable]]]] = []
@@ -159,7 +158,7 @@ def evaluate(
     bar = tqdm(total=len(runnable), desc=f"evaluating {name}", unit="q", disable=not progress)
     for start in range(0, len(runnable), BATCH):
         batch = runnable[start : start + BATCH]
-        _, _, traces = retriever.trace(
+        _, traces = retriever.trace(
             [q.question for q, _ in batch], mode=trace_mode, collection=name
         )
         for (q, items), trace in zip(batch, traces, strict=True):
@@ -183,7 +182,7 @@ def evaluate(
 
 
 def gold_items(
-    q: Question, index: ChunkIndex, rows_of_doc: dict[str, list[int]], level: Level
+    q: Question, index: ChunkTable, rows_of_doc: dict[str, list[int]], level: Level
 ) -> list[set[Hashable]]:
     """The gold items of a question as sets of keys (chunk rows, or doc ids at doc level)."""
     if level == "doc":
@@ -202,7 +201,7 @@ def gold_items(
     return [set(rows_of_doc[d]) for d in q.gold_doc_ids if d in rows_of_doc]
 
 
-def _result(q: Question, index: ChunkIndex, items: list[set[Hashable]]) -> QuestionResult:
+def _result(q: Question, index: ChunkTable, items: list[set[Hashable]]) -> QuestionResult:
     gold_rows = sorted({k for item in items for k in item if isinstance(k, int)})
     return QuestionResult(
         id=q.id,
@@ -213,7 +212,7 @@ def _result(q: Question, index: ChunkIndex, items: list[set[Hashable]]) -> Quest
     )
 
 
-def _keys(rows: Sequence[int], index: ChunkIndex, level: Level) -> list[Hashable]:
+def _keys(rows: Sequence[int], index: ChunkTable, level: Level) -> list[Hashable]:
     if level == "doc":
         return list(dict.fromkeys(index.chunks[r].doc_id for r in rows))
     return list(rows)
@@ -223,7 +222,7 @@ def _score(
     q: Question,
     items: list[set[Hashable]],
     trace: Trace,
-    index: ChunkIndex,
+    index: ChunkTable,
     modes: Sequence[Mode],
     level: Level,
     candidates_m: int,
@@ -231,7 +230,7 @@ def _score(
 ) -> QuestionResult:
     result = _result(q, index, items)
     for mode in modes:
-        keys = _keys([row for row, _ in trace.final(mode)], index, level)
+        keys = _keys(index.rows([cid for cid, _ in trace.final(mode)]), index, level)
         result.item_ranks[mode] = item_ranks(keys, items)
         result.scores[mode] = {
             "mrr@10": mrr_at_k(keys, items, 10),
@@ -243,10 +242,12 @@ def _score(
             return None
         return any(r is not None for r in item_ranks(_keys(rows, index, level), items))
 
-    result.in_dense = found(None if trace.dense is None else [r for r, _ in trace.dense])
-    result.in_bm25 = found(None if trace.bm25 is None else [h.row for h in trace.bm25])
-    fused = None if trace.fused is None else [r for r, _ in trace.fused[:candidates_m]]
-    result.in_candidates = found(fused)
+    def rows(stage: list[tuple[str, Any]] | None) -> list[int] | None:
+        return None if stage is None else index.rows([cid for cid, _ in stage])
+
+    result.in_dense = found(rows(trace.dense))
+    result.in_bm25 = found(rows(trace.bm25))
+    result.in_candidates = found(rows(None if trace.fused is None else trace.fused[:candidates_m]))
     primary = primary_mode(modes)
     result.failure_class = classify_failure(
         has_gold=True,

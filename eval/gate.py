@@ -26,7 +26,7 @@ from rag_retriever.profiles import ModelProfile, ResolvedModel
 from rag_retriever.reranker import CrossEncoderReranker, Scorer
 from rag_retriever.retriever import RetrievalConfig, Retriever
 from rag_retriever.settings import Settings
-from rag_retriever.store import QdrantStore
+from rag_retriever.store import Store
 
 MAX_LISTED_REGRESSIONS = 20
 
@@ -36,7 +36,7 @@ def make_gate(
     *,
     settings: Settings,
     encoder: Encoder,
-    store: QdrantStore,
+    store: Store,
     k: int = 10,
     min_recall: float = 0.0,
     max_regression: float = 0.01,
@@ -65,7 +65,6 @@ def make_gate(
         return Retriever(
             encoder=model,
             store=store,
-            index_root=settings.index_dir,
             reranker=reranker,
             config=config,
         )
@@ -114,7 +113,7 @@ def make_gate(
     return gate
 
 
-def _encoder_of(store: QdrantStore, collection: str, settings: Settings) -> Encoder:
+def _encoder_of(store: Store, collection: str, settings: Settings) -> Encoder:
     meta = store.metadata(collection)
     fingerprint = meta.get("fingerprint") or {}
     source = meta.get("model_source")

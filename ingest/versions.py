@@ -1,27 +1,36 @@
 """Versions of an alias: list them, remove orphans, apply retention, promote, roll back.
 
 Example:
-    >>> rollback(store, "docs", index_root)        # doctest: +SKIP
+    >>> rollback(store, "docs")        # doctest: +SKIP
     'docs__all-minilm-l6-v2-384__v2'
 
-Only `complete` versions are ever served: promote and rollback refuse anything else.
+Only `complete` versions are ever served: promote and rollback refuse anything else. When the
+alias moves, the version it leaves is stamped `retired_at`; retention deletes a retired version
+only after a grace period, so a process that resolved the alias just before the move can finish
+its queries (and follows the alias on its next one).
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import time
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
-from rag_retriever.chunk_index import ChunkIndex
 from rag_retriever.errors import CollectionNotFound, InvalidRequest
-from rag_retriever.store import STATUS_COMPLETE, CollectionInfo, QdrantStore, parse_collection_name
+from rag_retriever.store import (
+    STATUS_COMPLETE,
+    CollectionInfo,
+    Store,
+    parse_collection_name,
+    retired_for,
+)
 
 log = logging.getLogger(__name__)
 
 
-def remove_orphans(store: QdrantStore, alias: str, index_root: Path) -> list[str]:
+def remove_orphans(store: Store, alias: str) -> list[str]:
     """Delete collections of `alias` that never completed and are not served."""
     served = set(store.aliases().values())
     removed = []
@@ -31,23 +40,41 @@ def remove_orphans(store: QdrantStore, alias: str, index_root: Path) -> list[str
                 "removing incomplete collection %s left by an interrupted ingest", info.name
             )
             store.delete(info.name)
-            ChunkIndex.remove(index_root, info.name)
             removed.append(info.name)
     return removed
 
 
-def apply_retention(store: QdrantStore, alias: str, index_root: Path, keep: int) -> list[str]:
-    """Keep the `keep` newest complete versions and the served one; delete older ones."""
+def apply_retention(store: Store, alias: str, keep: int, *, grace_s: float = 60.0) -> list[str]:
+    """Keep the `keep` newest complete versions and the served one; delete older ones that
+    stopped serving at least `grace_s` seconds ago."""
     served = set(store.aliases().values())
     complete = [i for i in store.versions(alias) if i.status == STATUS_COMPLETE]
-    doomed = [i for i in complete[: max(0, len(complete) - keep)] if i.name not in served]
+    now = time.time()
+    doomed = []
+    for info in complete[: max(0, len(complete) - keep)]:
+        retired = retired_for(info.meta, now)
+        if info.name not in served and (retired is None or retired >= grace_s):
+            doomed.append(info)
     for info in doomed:
         store.delete(info.name)
-        ChunkIndex.remove(index_root, info.name)
     return [i.name for i in doomed]
 
 
-def promote_version(store: QdrantStore, alias: str, version: int) -> str:
+def point_alias(store: Store, alias: str, name: str) -> None:
+    """Move `alias` to `name` and stamp the version it leaves as retired now."""
+    previous = store.aliases().get(alias)
+    store.point_alias(alias, name)
+    if previous is not None and previous != name:
+        with contextlib.suppress(CollectionNotFound):
+            meta = store.metadata(previous)
+            store.update_metadata(previous, {**meta, "retired_at": time.time()})
+    with contextlib.suppress(CollectionNotFound):
+        meta = store.metadata(name)
+        if "retired_at" in meta:
+            store.update_metadata(name, {k: v for k, v in meta.items() if k != "retired_at"})
+
+
+def promote_version(store: Store, alias: str, version: int) -> str:
     """Point `alias` at its complete version `version`; returns the collection name."""
     infos = store.versions(alias)
     match = [i for i in infos if i.version == version]
@@ -59,11 +86,11 @@ def promote_version(store: QdrantStore, alias: str, version: int) -> str:
         raise InvalidRequest(
             f"{info.name} is {info.status!r}, not complete; only complete versions can be served"
         )
-    store.point_alias(alias, info.name)
+    point_alias(store, alias, info.name)
     return info.name
 
 
-def rollback(store: QdrantStore, alias: str) -> str:
+def rollback(store: Store, alias: str) -> str:
     """Point `alias` at the newest complete version older than the one it serves now."""
     served = store.aliases().get(alias)
     if served is None:
@@ -80,7 +107,7 @@ def rollback(store: QdrantStore, alias: str) -> str:
             f"{alias!r} serves {served} and no older complete version is kept "
             f"(RAG_KEEP_VERSIONS keeps the newest versions after each ingest)"
         )
-    store.point_alias(alias, older[-1].name)
+    point_alias(store, alias, older[-1].name)
     return older[-1].name
 
 
@@ -100,7 +127,7 @@ def describe_versions(infos: Sequence[CollectionInfo], served: str | None) -> li
     ]
 
 
-def describe_collections(store: QdrantStore) -> dict[str, dict[str, Any]]:
+def describe_collections(store: Store) -> dict[str, dict[str, Any]]:
     """{alias: {"serving": collection or None, "versions": [...]}} for every versioned alias."""
     aliases = store.aliases()
     groups = sorted({p[0] for n in store.collection_names() if (p := parse_collection_name(n))})

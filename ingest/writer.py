@@ -1,17 +1,17 @@
 """Write a corpus into a new, versioned collection and move the alias only when it is complete.
 
 Example:
-    >>> report = ingest_documents(corpus, alias="docs", encoder=enc, store=store,
-    ...                           index_root=Path("rag-data/indexes"))    # doctest: +SKIP
-    >>> report.collection                                                   # doctest: +SKIP
+    >>> report = ingest_documents(corpus, alias="docs", encoder=enc, store=store)  # doctest: +SKIP
+    >>> report.collection                                                           # doctest: +SKIP
     'docs__all-minilm-l6-v2-384__v2'
 
-Steps: chunk every document (all input was validated before this point) -> create collection
-`<alias>__<model>-<dim>__v<N>` marked `building` -> for each block of chunks, reuse the vector of
-an identical chunk of the live version when it was embedded with the same model fingerprint, else
-encode -> upsert -> build and save the BM25 sidecar -> check that Qdrant, the chunk table and BM25
-hold the same number of chunks -> mark `complete` -> optional promotion gate -> swap the alias in
-one call -> delete versions beyond the retention count.
+Steps: chunk every document (all input was validated before this point) -> BM25 statistics of the
+new corpus -> create collection `<alias>__<model>-<dim>__v<N>` marked `building` -> for each
+block of chunks, reuse the dense vector of an identical chunk of the live version when it was
+embedded with the same model fingerprint, else encode; compute its BM25 sparse vector; upsert ->
+seal (payload indexes, flush, optimize) -> check that the engine holds every chunk -> mark
+`complete` -> optional promotion gate -> swap the alias in one atomic step -> delete versions
+beyond the retention count that stopped serving more than the grace period ago.
 
 Any exception (or Ctrl-C) before the swap deletes the new collection and leaves the alias as it
 was. A process killed outright leaves a `building` collection behind; the next ingest of the
@@ -21,7 +21,10 @@ the new model, so vectors of two models never share a collection.
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import logging
+import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -35,12 +38,20 @@ from tqdm.auto import tqdm
 from ingest.chunking import Chunker, ChunkingConfig
 from ingest.loaders import LoadedCorpus
 from ingest.lock import IngestLock
-from ingest.versions import apply_retention, remove_orphans
-from rag_retriever.chunk_index import ChunkIndex
+from ingest.versions import apply_retention, point_alias, remove_orphans
+from rag_retriever.bm25 import BM25Model, Tokenizer
 from rag_retriever.encoder import Encoded, Fingerprint
 from rag_retriever.errors import GateRejected
-from rag_retriever.records import Chunk
-from rag_retriever.store import STATUS_BUILDING, STATUS_COMPLETE, QdrantStore, collection_name
+from rag_retriever.records import Chunk, Document, content_hash
+from rag_retriever.store import (
+    STATUS_BUILDING,
+    STATUS_COMPLETE,
+    IndexKind,
+    Store,
+    collection_name,
+    index_kind,
+    metadata_path,
+)
 
 log = logging.getLogger(__name__)
 
@@ -96,6 +107,8 @@ class IngestReport:
     orphans_removed: tuple[str, ...]
     timings_s: dict[str, float]
     gate: GateDecision | None = None
+    # Unchanged documents whose chunks were taken from the live version without re-chunking.
+    reused_documents: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         out = {k: v for k, v in self.__dict__.items() if k != "gate"}
@@ -124,17 +137,24 @@ def chunking_config_for(
     )
 
 
+def default_lock_dir(store: Store) -> Path:
+    """Where ingest locks live: the data dir of an embedded store (the parent of its root, as
+    the CLI's RAG_DATA_DIR), else the temp dir."""
+    root = getattr(store, "root", None)
+    return Path(root).parent if root is not None else Path(tempfile.gettempdir()) / "rag-retriever"
+
+
 def ingest_documents(
     corpus: LoadedCorpus,
     *,
     alias: str,
     encoder: PassageEncoder,
-    store: QdrantStore,
-    index_root: Path,
+    store: Store,
     lock_dir: Path | None = None,
     chunk_tokens: int = 200,
     overlap_tokens: int = 48,
     keep_versions: int = 2,
+    retention_grace_s: float = 60.0,
     promote: bool = True,
     gate: Gate | None = None,
     progress: bool = False,
@@ -142,205 +162,251 @@ def ingest_documents(
     """Ingest `corpus` as the next version of `alias`; see the module docstring for the steps."""
     if not corpus.documents:
         raise ValueError(f"{corpus.source}: no non-empty documents to ingest")
-    with IngestLock(lock_dir or index_root.parent, alias):
-        return _ingest_locked(
+    with IngestLock(lock_dir or default_lock_dir(store), alias):
+        job = _Ingest(
             corpus,
             alias=alias,
             encoder=encoder,
             store=store,
-            index_root=index_root,
             chunking=chunking_config_for(encoder, chunk_tokens, overlap_tokens),
-            keep_versions=keep_versions,
-            promote=promote,
-            gate=gate,
             progress=progress,
         )
+        return job.run(
+            keep_versions=keep_versions,
+            retention_grace_s=retention_grace_s,
+            promote=promote,
+            gate=gate,
+        )
 
 
-def _ingest_locked(
-    corpus: LoadedCorpus,
-    *,
-    alias: str,
-    encoder: PassageEncoder,
-    store: QdrantStore,
-    index_root: Path,
-    chunking: ChunkingConfig,
-    keep_versions: int,
-    promote: bool,
-    gate: Gate | None,
-    progress: bool,
-) -> IngestReport:
-    timings: dict[str, float] = {}
-    clock = time.perf_counter()
+class _Ingest:
+    """One ingest, as named steps; `timings` records each step's wall time."""
 
-    def lap(stage: str) -> None:
-        nonlocal clock
+    def __init__(
+        self,
+        corpus: LoadedCorpus,
+        *,
+        alias: str,
+        encoder: PassageEncoder,
+        store: Store,
+        chunking: ChunkingConfig,
+        progress: bool,
+    ) -> None:
+        self.corpus = corpus
+        self.alias = alias
+        self.encoder = encoder
+        self.store = store
+        self.chunking = chunking
+        self.progress = progress
+        self.tokenizer = Tokenizer()
+        self.timings: dict[str, float] = {}
+        self._clock = time.perf_counter()
+
+    def lap(self, stage: str) -> None:
         now = time.perf_counter()
-        timings[stage] = round(now - clock, 3)
-        clock = now
+        self.timings[stage] = round(now - self._clock, 3)
+        self._clock = now
 
-    orphans = remove_orphans(store, alias, index_root)
-    chunks = Chunker(encoder.count_tokens, chunking).chunk_all(corpus.documents)
-    lap("chunk")
+    def run(
+        self, *, keep_versions: int, retention_grace_s: float, promote: bool, gate: Gate | None
+    ) -> IngestReport:
+        store, alias = self.store, self.alias
+        orphans = remove_orphans(store, alias)
+        fingerprint = self.encoder.fingerprint
+        live_name = store.aliases().get(alias)
+        live = _LiveVersion.read(store, live_name, fingerprint, self.chunking)
+        self.lap("load_live")
+        chunks, reused_documents = self._chunk(live)
+        self.lap("chunk")
+        bm25 = BM25Model.build(self.tokenizer.tokenize(c.embed_text) for c in chunks)
+        self.lap("bm25_stats")
 
-    fingerprint = encoder.fingerprint
-    live_name = store.aliases().get(alias)
-    reusable = _reusable_vectors(store, index_root, live_name, fingerprint)
-    lap("load_reusable")
+        version = store.next_version(alias)
+        name = collection_name(alias, fingerprint.slug, version)
+        meta: dict[str, Any] = {
+            "alias": alias,
+            "version": version,
+            "status": STATUS_BUILDING,
+            "fingerprint": fingerprint.to_json(),
+            "bm25": bm25.to_json(),
+            "chunking": _chunking_json(self.chunking),
+            "source": self.corpus.source,
+            "model_source": getattr(self.encoder, "source", None),
+            "created_at": datetime.now(UTC).isoformat(timespec="seconds"),
+        }
+        store.create(name, fingerprint.dim, meta)
+        try:
+            reused, encoded, truncated = self._write(name, chunks, bm25, live)
+            self.lap("embed_upsert")
+            store.seal(name, _payload_indexes(chunks))
+            self.lap("seal")
+            points = store.count(name)
+            if points != len(chunks):
+                raise RuntimeError(
+                    f"collection {name} is inconsistent: {points} points, {len(chunks)} chunks"
+                )
+            meta.update(
+                status=STATUS_COMPLETE,
+                documents=len(self.corpus.documents),
+                chunks=len(chunks),
+                completed_at=datetime.now(UTC).isoformat(timespec="seconds"),
+            )
+            store.update_metadata(name, meta)
+            self.lap("verify")
+        except BaseException:
+            log.error("ingest of %s failed; removing the partial collection %s", alias, name)
+            store.delete(name)
+            raise
 
-    version = store.next_version(alias)
-    name = collection_name(alias, fingerprint.slug, version)
-    meta: dict[str, Any] = {
-        "alias": alias,
-        "version": version,
-        "status": STATUS_BUILDING,
-        "fingerprint": fingerprint.to_json(),
-        "source": corpus.source,
-        "model_source": getattr(encoder, "source", None),
-        "created_at": datetime.now(UTC).isoformat(timespec="seconds"),
-    }
-    store.create(name, fingerprint.dim, meta)
-    try:
-        reused, encoded, truncated = _write_vectors(
-            store, name, chunks, encoder, reusable, progress=progress
-        )
-        lap("embed_upsert")
-        index = ChunkIndex.build(chunks, collection=name)
-        index.save(index_root)
-        lap("bm25")
-        _verify(store, index_root, name, len(chunks))
-        live_hashes = reusable.hashes if reusable else set()
-        new_hashes = {c.content_hash for c in chunks}
-        meta.update(
-            status=STATUS_COMPLETE,
-            documents=len(corpus.documents),
+        decision = gate(name, live_name) if gate is not None else None
+        self.lap("gate")
+        promoted = False
+        deleted: list[str] = []
+        if promote and (decision is None or decision.promote):
+            point_alias(store, alias, name)
+            promoted = True
+            deleted = apply_retention(store, alias, keep_versions, grace_s=retention_grace_s)
+        self.lap("promote")
+        report = IngestReport(
+            alias=alias,
+            collection=name,
+            version=version,
+            fingerprint=fingerprint.describe(),
+            documents=len(self.corpus.documents),
+            skipped_empty=self.corpus.skipped_empty,
             chunks=len(chunks),
-            completed_at=datetime.now(UTC).isoformat(timespec="seconds"),
+            tokens=sum(c.n_tokens for c in chunks),
+            truncated=truncated,
+            reused=reused,
+            encoded=encoded,
+            removed=len(live.vector_of_hash.keys() - {c.content_hash for c in chunks}),
+            promoted=promoted,
+            previous=live_name,
+            deleted_versions=tuple(deleted),
+            orphans_removed=tuple(orphans),
+            timings_s=self.timings,
+            gate=decision,
+            reused_documents=reused_documents,
         )
-        store.update_metadata(name, meta)
-        lap("verify")
-    except BaseException:
-        log.error("ingest of %s failed; removing the partial collection %s", alias, name)
-        store.delete(name)
-        ChunkIndex.remove(index_root, name)
-        raise
+        if decision is not None and not decision.promote and promote:
+            raise GateRejected(decision.summary, report)
+        return report
 
-    decision = gate(name, live_name) if gate is not None else None
-    lap("gate")
-    promoted = False
-    deleted: list[str] = []
-    if promote and (decision is None or decision.promote):
-        store.point_alias(alias, name)
-        promoted = True
-        deleted = apply_retention(store, alias, index_root, keep_versions)
-    lap("promote")
-    report = IngestReport(
-        alias=alias,
-        collection=name,
-        version=version,
-        fingerprint=fingerprint.describe(),
-        documents=len(corpus.documents),
-        skipped_empty=corpus.skipped_empty,
-        chunks=len(chunks),
-        tokens=sum(c.n_tokens for c in chunks),
-        truncated=truncated,
-        reused=reused,
-        encoded=encoded,
-        removed=len(live_hashes - new_hashes),
-        promoted=promoted,
-        previous=live_name,
-        deleted_versions=tuple(deleted),
-        orphans_removed=tuple(orphans),
-        timings_s=timings,
-        gate=decision,
-    )
-    if decision is not None and not decision.promote and promote:
-        raise GateRejected(decision.summary, report)
-    return report
+    def _chunk(self, live: _LiveVersion) -> tuple[list[Chunk], int]:
+        """Chunks of every document; an unchanged document keeps the live version's chunks."""
+        chunker = Chunker(self.encoder.count_tokens, self.chunking)
+        chunks: list[Chunk] = []
+        reused = 0
+        for doc in self.corpus.documents:
+            kept = live.chunks_of.get((doc.id, document_hash(doc)))
+            if kept is not None:
+                chunks.extend(kept)
+                reused += 1
+            else:
+                chunks.extend(chunker.chunk_all([doc]))
+        return chunks, reused
 
-
-@dataclass
-class _Reusable:
-    collection: str
-    point_of_hash: dict[str, str]  # content hash -> point id in the live collection
-
-    @property
-    def hashes(self) -> set[str]:
-        return set(self.point_of_hash)
-
-
-def _reusable_vectors(
-    store: QdrantStore, index_root: Path, live: str | None, fingerprint: Fingerprint
-) -> _Reusable | None:
-    """Vectors of the live version can be reused only if it was embedded by the same model."""
-    if live is None:
-        return None
-    live_fp = store.metadata(live).get("fingerprint") or {}
-    if live_fp.get("id") != fingerprint.id:
-        log.info("live collection %s has another model fingerprint: re-encoding everything", live)
-        return None
-    index = ChunkIndex.load(index_root, live)
-    chunks = (
-        index.chunks if index is not None else [Chunk.from_payload(p) for p in store.payloads(live)]
-    )
-    return _Reusable(live, {c.content_hash: c.id for c in chunks})
-
-
-def _write_vectors(
-    store: QdrantStore,
-    name: str,
-    chunks: list[Chunk],
-    encoder: PassageEncoder,
-    reusable: _Reusable | None,
-    *,
-    progress: bool,
-) -> tuple[int, int, int]:
-    reused = encoded = truncated = 0
-    bar = tqdm(total=len(chunks), desc=f"embedding {name}", unit="chunk", disable=not progress)
-    try:
-        for start in range(0, len(chunks), ENCODE_BLOCK):
-            block = chunks[start : start + ENCODE_BLOCK]
-            vectors = np.empty((len(block), encoder.fingerprint.dim), dtype=np.float32)
-            todo = list(range(len(block)))
-            if reusable is not None:
-                wanted = {
-                    i: reusable.point_of_hash.get(c.content_hash) for i, c in enumerate(block)
-                }
-                found = store.vectors(reusable.collection, [p for p in wanted.values() if p])
+    def _write(
+        self, name: str, chunks: list[Chunk], bm25: BM25Model, live: _LiveVersion
+    ) -> tuple[int, int, int]:
+        reused = encoded = truncated = 0
+        dim = self.encoder.fingerprint.dim
+        hashes = {doc.id: document_hash(doc) for doc in self.corpus.documents}
+        bar = tqdm(
+            total=len(chunks), desc=f"embedding {name}", unit="chunk", disable=not self.progress
+        )
+        try:
+            for start in range(0, len(chunks), ENCODE_BLOCK):
+                block = chunks[start : start + ENCODE_BLOCK]
+                vectors = np.empty((len(block), dim), dtype=np.float32)
+                found = live.vectors(self.store, [c.content_hash for c in block])
                 todo = []
-                for i, point in wanted.items():
-                    if point is not None and point in found:
-                        vectors[i] = found[point]
+                for i, c in enumerate(block):
+                    if c.content_hash in found:
+                        vectors[i] = found[c.content_hash]
                         reused += 1
                     else:
                         todo.append(i)
-            if todo:
-                result = encoder.encode_passages([block[i].embed_text for i in todo])
-                vectors[todo] = result.vectors
-                encoded += len(todo)
-                truncated += result.truncated
-            for at in range(0, len(block), UPSERT_BATCH):
-                part = block[at : at + UPSERT_BATCH]
-                store.upsert(
-                    name,
-                    [c.id for c in part],
-                    vectors[at : at + len(part)],
-                    [c.to_payload() for c in part],
-                )
-                bar.update(len(part))
-                bar.set_postfix(reused=reused, encoded=encoded)
-    finally:
-        bar.close()
-    return reused, encoded, truncated
+                if todo:
+                    result = self.encoder.encode_passages([block[i].embed_text for i in todo])
+                    vectors[todo] = result.vectors
+                    encoded += len(todo)
+                    truncated += result.truncated
+                for at in range(0, len(block), UPSERT_BATCH):
+                    part = block[at : at + UPSERT_BATCH]
+                    self.store.upsert(
+                        name,
+                        [c.id for c in part],
+                        vectors[at : at + len(part)],
+                        [bm25.document_vector(self.tokenizer.tokenize(c.embed_text)) for c in part],
+                        [{**c.to_payload(), "doc_hash": hashes[c.doc_id]} for c in part],
+                    )
+                    bar.update(len(part))
+                    bar.set_postfix(reused=reused, encoded=encoded)
+        finally:
+            bar.close()
+        return reused, encoded, truncated
 
 
-def _verify(store: QdrantStore, index_root: Path, name: str, expected: int) -> None:
-    points = store.count(name)
-    saved = ChunkIndex.load(index_root, name)
-    rows = len(saved) if saved is not None else -1
-    bm25_docs = saved.bm25.n_docs if saved is not None else -1
-    if not points == rows == bm25_docs == expected:
-        raise RuntimeError(
-            f"collection {name} is inconsistent: {points} points in Qdrant, {rows} rows in the "
-            f"chunk table, {bm25_docs} BM25 documents, {expected} chunks expected"
-        )
+def document_hash(doc: Document) -> str:
+    """What decides that a document is unchanged: its title, text and metadata."""
+    return content_hash(json.dumps([doc.title, doc.text, dict(doc.metadata)], sort_keys=True))
+
+
+def _chunking_json(config: ChunkingConfig) -> dict[str, Any]:
+    return dataclasses.asdict(config)
+
+
+@dataclass
+class _LiveVersion:
+    """What a new version can take from the live one: chunks of unchanged documents (same
+    chunking) and dense vectors of identical chunk texts (same model fingerprint)."""
+
+    name: str | None = None
+    chunks_of: dict[tuple[str, str], list[Chunk]] = field(default_factory=dict)
+    vector_of_hash: dict[str, str] = field(default_factory=dict)  # content hash -> point id
+
+    @classmethod
+    def read(
+        cls, store: Store, live: str | None, fingerprint: Fingerprint, chunking: ChunkingConfig
+    ) -> _LiveVersion:
+        if live is None:
+            return cls()
+        meta = store.metadata(live)
+        if (meta.get("fingerprint") or {}).get("id") != fingerprint.id:
+            log.info("live collection %s has another model fingerprint: re-encoding all", live)
+            return cls()
+        same_chunking = meta.get("chunking") == _chunking_json(chunking)
+        out = cls(name=live)
+        for record in store.scroll(live):
+            chunk = Chunk.from_payload(record.payload)
+            out.vector_of_hash[chunk.content_hash] = record.id
+            doc_hash = record.payload.get("doc_hash")
+            if same_chunking and doc_hash:
+                out.chunks_of.setdefault((chunk.doc_id, str(doc_hash)), []).append(chunk)
+        for kept in out.chunks_of.values():
+            kept.sort(key=lambda c: c.chunk_index)
+        return out
+
+    def vectors(self, store: Store, text_hashes: Sequence[str]) -> dict[str, np.ndarray]:
+        """Live dense vectors of these chunk texts (content hash -> vector), where there are any."""
+        points = {h: p for h in text_hashes if (p := self.vector_of_hash.get(h)) is not None}
+        if self.name is None or not points:
+            return {}
+        records = store.retrieve(self.name, sorted(set(points.values())), with_dense=True)
+        found = {r.id: r.dense for r in records if r.dense is not None}
+        return {h: found[p] for h, p in points.items() if p in found}
+
+
+def _payload_indexes(chunks: Sequence[Chunk]) -> dict[str, IndexKind]:
+    """doc_id, and every metadata field whose values one index kind can serve."""
+    values: dict[str, list[Any]] = {}
+    for c in chunks:
+        for key, value in c.metadata.items():
+            values.setdefault(key, []).append(value)
+    indexes: dict[str, IndexKind] = {"doc_id": "keyword"}
+    for key, seen in values.items():
+        kind = index_kind(seen)
+        if kind is not None:
+            indexes[metadata_path(key)] = kind
+    return indexes

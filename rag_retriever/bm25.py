@@ -1,38 +1,44 @@
-"""BM25 (Okapi, exactly as rank-bm25 scores it) over an inverted index, plus its tokenizer.
+"""BM25 (Okapi, exactly as rank-bm25 scores it) as sparse vectors, plus its tokenizer.
 
 Example:
     >>> tok = Tokenizer()
-    >>> texts = ["red apples", "green pears", "red wine"]
-    >>> index = BM25Index.build([tok.tokenize(t) for t in texts])
-    >>> [int(i) for i in index.top_k(tok.tokenize("red"), 2).indices]
-    [0, 2]
+    >>> corpus = [tok.tokenize(t) for t in ["red apples", "green pears", "red wine"]]
+    >>> model = BM25Model.build(corpus)
+    >>> doc = model.document_vector(corpus[2])
+    >>> query = model.query_vector(tok.tokenize("red wine"))
+    >>> round(sparse_dot(query, doc), 4)
+    0.5874
 
-`rank_bm25.BM25Okapi.get_scores` walks every document for every query term in Python (~300 ms
-at 100k chunks). Here each term keeps a posting list of (document, precomputed term score), so
-a query only touches documents that contain one of its terms. The term scores are computed with
-the same float64 expression, in the same order, as rank-bm25 (idf floor `epsilon * average_idf`
-included), and the per-document sums add terms in query order, so scores are bit-identical to
-`get_scores` (a test checks this on a real corpus). Documents that contain no query term are not
-returned (their score is 0 in rank-bm25 too).
+A collection version is immutable, so the document side of BM25 can hold the final Okapi term
+weights of that version's corpus: `idf(t) * tf * (k1 + 1) / (tf + k1 * (1 - b + b * dl / avgdl))`,
+with rank-bm25's IDF (its own `_calc_idf`, the `epsilon * average_idf` floor included). The query
+side holds how often each query term occurs, so the engine's sparse dot product is exactly
+`rank_bm25.BM25Okapi(corpus).get_scores(query)` (stored as float32: equal to ~1e-6 relative).
+
+A term's sparse index is a stable 32-bit hash of the analysed term, so a serving process needs no
+vocabulary. Two terms of one version's vocabulary that hash alike are found at build time; the
+later one (in sorted order) moves to the next free index and the move is kept in the version's
+metadata (`BM25Model.moved`), so every vocabulary term keeps its own weight. Not handled: a query
+term that is in no document of the version but hashes like one that is (probability about
+vocabulary size / 2^32 per such term, e.g. 1e-5 at 40k terms) adds that term's weight.
 
 Tokenizer `en-snowball-v1`: NFKC, lower-case, `\\w+` words, an English stop-word list, Snowball
 English stemming (PyStemmer). The same tokenizer is used at ingest and at query time; its name is
-stored with each index and checked on load. It does not handle CJK word segmentation.
+stored with each version and checked when it is opened. It does not handle CJK word segmentation.
 """
 
 from __future__ import annotations
 
-import json
-import math
+import hashlib
 import re
 import unicodedata
 from collections import Counter
-from collections.abc import Sequence
-from dataclasses import dataclass
-from pathlib import Path
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
 
-import numpy as np
 import Stemmer
+from rank_bm25 import BM25Okapi
 
 TOKENIZER_NAME = "en-snowball-v1"
 
@@ -191,219 +197,178 @@ class Tokenizer:
         return [self.tokenize(t) for t in texts]
 
 
+# Qdrant's sparse vector indices are unsigned 32-bit integers.
+INDEX_SPACE = 2**32
+
+
+def term_index(term: str) -> int:
+    """The default sparse index of an analysed term: the first 4 bytes of its BLAKE2b digest."""
+    digest = hashlib.blake2b(term.encode("utf-8"), digest_size=4).digest()
+    return int.from_bytes(digest, "little")
+
+
 @dataclass(frozen=True)
-class TopK:
-    indices: np.ndarray  # int64 document indices, best first
-    scores: np.ndarray  # float64 BM25 scores
+class SparseVector:
+    """Sorted, distinct indices and their values (the engine's sparse vector)."""
 
+    indices: tuple[int, ...]
+    values: tuple[float, ...]
 
-class BM25Index:
-    """An inverted index with rank-bm25's Okapi scores precomputed per posting."""
-
-    def __init__(
-        self,
-        *,
-        vocab: list[str],
-        indptr: np.ndarray,
-        postings: np.ndarray,
-        impacts: np.ndarray,
-        doc_len: np.ndarray,
-        idf: np.ndarray,
-        avgdl: float,
-        average_idf: float,
-        k1: float = K1,
-        b: float = B,
-        epsilon: float = EPSILON,
-        tokenizer: str = TOKENIZER_NAME,
-    ) -> None:
-        self.vocab = vocab
-        self.term_ids = {t: i for i, t in enumerate(vocab)}
-        self.indptr = indptr
-        self.postings = postings
-        self.impacts = impacts
-        self.doc_len = doc_len
-        self.idf = idf
-        self.avgdl = avgdl
-        self.average_idf = average_idf
-        self.k1, self.b, self.epsilon = k1, b, epsilon
-        self.tokenizer = tokenizer
+    def __post_init__(self) -> None:
+        if len(self.indices) != len(self.values):
+            raise ValueError("a sparse vector needs one value per index")
 
     @property
-    def n_docs(self) -> int:
-        return len(self.doc_len)
+    def is_empty(self) -> bool:
+        return not self.indices
+
+
+def sparse_dot(a: SparseVector, b: SparseVector) -> float:
+    """The dot product the engine computes (for tests and docs)."""
+    weights = dict(zip(b.indices, b.values, strict=True))
+    return sum(v * weights.get(i, 0.0) for i, v in zip(a.indices, a.values, strict=True))
+
+
+def _sorted_vector(weights: Mapping[int, float]) -> SparseVector:
+    order = sorted(weights)
+    return SparseVector(tuple(order), tuple(float(weights[i]) for i in order))
+
+
+@dataclass(frozen=True)
+class BM25Model:
+    """One version's BM25: corpus statistics, parameters and the term -> index table.
+
+    `idf` is only known while the version is built (the document side needs it); a model read
+    back from a version's metadata (`from_json`) encodes queries only.
+    """
+
+    n_docs: int
+    avgdl: float
+    k1: float = K1
+    b: float = B
+    epsilon: float = EPSILON
+    tokenizer: str = TOKENIZER_NAME
+    # Vocabulary terms that moved off a hash shared with another term: term -> index.
+    moved: Mapping[str, int] = field(default_factory=dict)
+    idf: Mapping[str, float] = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
     def build(
         cls,
-        corpus: Sequence[Sequence[str]],
+        corpus: Iterable[Sequence[str]],
         *,
         k1: float = K1,
         b: float = B,
         epsilon: float = EPSILON,
-        tokenizer: str = TOKENIZER_NAME,
-    ) -> BM25Index:
-        """Index tokenised documents; replicates rank_bm25.BM25Okapi's statistics exactly."""
-        if not corpus:
-            raise ValueError("cannot build a BM25 index over zero documents")
-        term_ids: dict[str, int] = {}
-        doc_freq: list[int] = []
-        rows: list[np.ndarray] = []
-        docs: list[np.ndarray] = []
-        tfs: list[np.ndarray] = []
-        doc_len = np.fromiter((len(d) for d in corpus), dtype=np.int64, count=len(corpus))
-        for d, document in enumerate(corpus):
-            # Counter keeps first-occurrence order, as rank-bm25's `frequencies` dict does;
-            # the vocabulary order (and so the float sum behind average_idf) follows from it.
-            freqs = Counter(document)
-            ids = np.empty(len(freqs), dtype=np.int64)
-            for k, word in enumerate(freqs):
-                tid = term_ids.get(word)
-                if tid is None:
-                    tid = term_ids[word] = len(doc_freq)
-                    doc_freq.append(0)
-                doc_freq[tid] += 1
-                ids[k] = tid
-            rows.append(ids)
-            docs.append(np.full(len(freqs), d, dtype=np.int64))
-            tfs.append(np.fromiter(freqs.values(), dtype=np.int64, count=len(freqs)))
-        n_docs = len(corpus)
-        # rank-bm25: avgdl = num_doc / corpus_size with an integer numerator.
-        avgdl = int(doc_len.sum()) / n_docs
-        idf = np.empty(len(doc_freq), dtype=np.float64)
-        idf_sum = 0.0
-        negative = []
-        for tid, freq in enumerate(doc_freq):
-            value = math.log(n_docs - freq + 0.5) - math.log(freq + 0.5)
-            idf[tid] = value
-            idf_sum += value
-            if value < 0:
-                negative.append(tid)
-        average_idf = idf_sum / len(doc_freq)
-        idf[negative] = epsilon * average_idf
-
-        term = np.concatenate(rows)
-        doc = np.concatenate(docs)
-        tf = np.concatenate(tfs)
-        order = np.lexsort((doc, term))  # postings grouped by term, documents ascending
-        term, doc, tf = term[order], doc[order], tf[order]
-        indptr = np.zeros(len(doc_freq) + 1, dtype=np.int64)
-        np.cumsum(np.bincount(term, minlength=len(doc_freq)), out=indptr[1:])
-        dl = doc_len[doc]
-        # The exact expression of BM25Okapi.get_scores, evaluated once per posting.
-        impacts = idf[term] * (tf * (k1 + 1) / (tf + k1 * (1 - b + b * dl / avgdl)))
-        vocab = [""] * len(term_ids)
-        for word, tid in term_ids.items():
-            vocab[tid] = word
+    ) -> BM25Model:
+        """Statistics of a tokenised corpus, read once (so a generator of any size will do)."""
+        doc_freq: dict[str, int] = {}  # first-occurrence order, as rank-bm25's `nd`
+        n_docs = total = 0
+        for document in corpus:
+            n_docs += 1
+            total += len(document)
+            for word in dict.fromkeys(document):
+                doc_freq[word] = doc_freq.get(word, 0) + 1
+        if n_docs == 0:
+            raise ValueError("cannot build BM25 over zero documents")
         return cls(
-            vocab=vocab,
-            indptr=indptr,
-            postings=doc.astype(np.int32 if n_docs < 2**31 else np.int64),
-            impacts=impacts,
-            doc_len=doc_len,
-            idf=idf,
-            avgdl=avgdl,
-            average_idf=average_idf,
+            n_docs=n_docs,
+            # rank-bm25: avgdl = num_doc / corpus_size with an integer numerator.
+            avgdl=total / n_docs,
             k1=k1,
             b=b,
             epsilon=epsilon,
-            tokenizer=tokenizer,
+            moved=_resolve_collisions(doc_freq),
+            idf=_rank_bm25_idf(doc_freq, n_docs, k1=k1, b=b, epsilon=epsilon),
         )
 
-    # -- scoring ----------------------------------------------------------------------------
+    def index_of(self, term: str) -> int:
+        moved = self.moved.get(term)
+        return term_index(term) if moved is None else moved
 
-    def _accumulate(self, query: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
-        scores = np.zeros(self.n_docs, dtype=np.float64)
-        touched = np.zeros(self.n_docs, dtype=bool)
-        # Terms are added in query order, repeats included, as rank-bm25 does.
-        for word in query:
-            tid = self.term_ids.get(word)
-            if tid is None:
-                continue
-            lo, hi = self.indptr[tid], self.indptr[tid + 1]
-            ids = self.postings[lo:hi]
-            scores[ids] += self.impacts[lo:hi]
-            touched[ids] = True
-        return scores, touched
+    def document_vector(self, terms: Sequence[str]) -> SparseVector:
+        """Each distinct term's Okapi weight in this document, in rank-bm25's float64 expression."""
+        if not self.idf:
+            raise ValueError("this BM25 model has no IDF table: it can encode queries only")
+        k1, b = self.k1, self.b
+        norm = k1 * (1 - b + b * len(terms) / self.avgdl)
+        weights: dict[int, float] = {}
+        for term, tf in Counter(terms).items():
+            idf = self.idf.get(term)
+            if idf is None:
+                raise KeyError(f"term {term!r} is not in this version's vocabulary")
+            weights[self.index_of(term)] = idf * (tf * (k1 + 1) / (tf + norm))
+        return _sorted_vector(weights)
 
-    def scores(self, query: Sequence[str]) -> np.ndarray:
-        """Scores of every document, equal to rank_bm25.BM25Okapi(corpus).get_scores(query)."""
-        return self._accumulate(query)[0]
+    def query_vector(self, terms: Sequence[str]) -> SparseVector:
+        """How often each term occurs in the query: rank-bm25 adds a repeated term again."""
+        counts: dict[int, float] = {}
+        for term in terms:
+            index = self.index_of(term)
+            counts[index] = counts.get(index, 0.0) + 1.0
+        return _sorted_vector(counts)
 
-    def top_k(self, query: Sequence[str], k: int, mask: np.ndarray | None = None) -> TopK:
-        """The k best documents containing a query term, ties broken by document index.
-
-        `mask` (bool, one per document) restricts the candidates, e.g. to a metadata filter.
-        """
-        if k <= 0:
-            raise ValueError(f"k must be positive, got {k}")
-        scores, touched = self._accumulate(query)
-        if mask is not None:
-            touched &= mask
-        candidates = np.flatnonzero(touched)
-        if len(candidates) > k:
-            values = scores[candidates]
-            kth = np.partition(values, len(values) - k)[len(values) - k]
-            candidates = candidates[values >= kth]
-        order = np.lexsort((candidates, -scores[candidates]))[:k]
-        best = candidates[order]
-        return TopK(best.astype(np.int64), scores[best])
-
-    def matched_terms(self, query: Sequence[str], doc: int) -> list[str]:
-        """The query terms (index form) that occur in document `doc`, in query order."""
-        found = []
-        for word in dict.fromkeys(query):
-            tid = self.term_ids.get(word)
-            if tid is None:
-                continue
-            ids = self.postings[self.indptr[tid] : self.indptr[tid + 1]]
-            pos = int(np.searchsorted(ids, doc))
-            if pos < len(ids) and ids[pos] == doc:
-                found.append(word)
-        return found
-
-    # -- persistence ------------------------------------------------------------------------
-
-    def save(self, directory: Path) -> None:
-        directory.mkdir(parents=True, exist_ok=True)
-        np.savez(
-            directory / "bm25.npz",
-            indptr=self.indptr,
-            postings=self.postings,
-            impacts=self.impacts,
-            doc_len=self.doc_len,
-            idf=self.idf,
-        )
-        meta = {
-            "tokenizer": self.tokenizer,
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "n_docs": self.n_docs,
+            "avgdl": self.avgdl,
             "k1": self.k1,
             "b": self.b,
             "epsilon": self.epsilon,
-            "avgdl": self.avgdl,
-            "average_idf": self.average_idf,
-            "vocab": self.vocab,
+            "tokenizer": self.tokenizer,
+            "moved": dict(self.moved),
         }
-        (directory / "bm25.json").write_text(json.dumps(meta), encoding="utf-8")
 
     @classmethod
-    def load(cls, directory: Path) -> BM25Index:
-        meta = json.loads((directory / "bm25.json").read_text(encoding="utf-8"))
-        if meta["tokenizer"] != TOKENIZER_NAME:
+    def from_json(cls, data: Mapping[str, Any]) -> BM25Model:
+        if data.get("tokenizer") != TOKENIZER_NAME:
             raise ValueError(
-                f"BM25 index in {directory} was built with tokenizer {meta['tokenizer']!r}, "
-                f"this version uses {TOKENIZER_NAME!r}; rebuild it by re-ingesting"
+                f"this version's BM25 was built with tokenizer {data.get('tokenizer')!r}, this "
+                f"rag-retriever uses {TOKENIZER_NAME!r}; re-ingest the collection"
             )
-        arrays = np.load(directory / "bm25.npz")
         return cls(
-            vocab=list(meta["vocab"]),
-            indptr=arrays["indptr"],
-            postings=arrays["postings"],
-            impacts=arrays["impacts"],
-            doc_len=arrays["doc_len"],
-            idf=arrays["idf"],
-            avgdl=float(meta["avgdl"]),
-            average_idf=float(meta["average_idf"]),
-            k1=float(meta["k1"]),
-            b=float(meta["b"]),
-            epsilon=float(meta["epsilon"]),
-            tokenizer=str(meta["tokenizer"]),
+            n_docs=int(data["n_docs"]),
+            avgdl=float(data["avgdl"]),
+            k1=float(data["k1"]),
+            b=float(data["b"]),
+            epsilon=float(data["epsilon"]),
+            tokenizer=str(data["tokenizer"]),
+            moved={str(k): int(v) for k, v in dict(data.get("moved") or {}).items()},
         )
+
+
+def _rank_bm25_idf(
+    doc_freq: dict[str, int], n_docs: int, *, k1: float, b: float, epsilon: float
+) -> dict[str, float]:
+    """IDF exactly as rank-bm25 computes it: its own `_calc_idf` over the document frequencies.
+
+    `BM25Okapi(corpus)` would also keep a dict per document (gigabytes at a million chunks);
+    the IDF needs only the document frequencies, so only they are handed over.
+    """
+    reference = BM25Okapi.__new__(BM25Okapi)
+    reference.k1, reference.b, reference.epsilon = k1, b, epsilon
+    reference.corpus_size = n_docs
+    reference.idf = {}
+    reference._calc_idf(doc_freq)
+    return dict(reference.idf)
+
+
+def _resolve_collisions(vocabulary: Iterable[str]) -> dict[str, int]:
+    """Give every term its own index: the later of two same-hash terms (sorted) moves to the next
+    free index. Returns only the terms that moved."""
+    owner: dict[int, str] = {}
+    clashing: list[str] = []
+    for term in sorted(vocabulary):
+        index = term_index(term)
+        if index in owner:
+            clashing.append(term)
+        else:
+            owner[index] = term
+    moved: dict[str, int] = {}
+    for term in clashing:
+        index = term_index(term)
+        while index in owner:
+            index = (index + 1) % INDEX_SPACE
+        owner[index] = term
+        moved[term] = index
+    return moved

@@ -28,7 +28,7 @@ log = logging.getLogger("rag_retriever")
 
 def _common(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("settings (override RAG_* environment variables)")
-    g.add_argument("--data-dir", type=Path, help="RAG_DATA_DIR: embedded Qdrant + BM25 indexes")
+    g.add_argument("--data-dir", type=Path, help="RAG_DATA_DIR: embedded Qdrant (Edge) + locks")
     g.add_argument("--qdrant-url", help="RAG_QDRANT_URL: use a Qdrant server instead")
     g.add_argument("--model", dest="embed_model", help="RAG_EMBED_MODEL: embedding model")
     g.add_argument("--rerank-model", help="RAG_RERANK_MODEL: cross-encoder directory or id")
@@ -66,7 +66,7 @@ def cmd_ingest(args: argparse.Namespace) -> int:
     from ingest.loaders import load_documents
     from ingest.writer import ingest_documents
     from rag_retriever.encoder import load_encoder
-    from rag_retriever.store import QdrantStore, open_client
+    from rag_retriever.store import open_store
 
     settings = _settings(
         args,
@@ -77,7 +77,7 @@ def cmd_ingest(args: argparse.Namespace) -> int:
     )
     corpus = load_documents(args.path)  # validated fully before anything is written
     encoder = load_encoder(settings)
-    store = QdrantStore(open_client(settings))
+    store = open_store(settings)
     gate = None
     if args.gate is not None:
         from eval.gate import make_gate
@@ -97,11 +97,11 @@ def cmd_ingest(args: argparse.Namespace) -> int:
             alias=settings.collection,
             encoder=encoder,
             store=store,
-            index_root=settings.index_dir,
             lock_dir=settings.data_dir,
             chunk_tokens=settings.chunk_tokens,
             overlap_tokens=settings.chunk_overlap_tokens,
             keep_versions=settings.keep_versions,
+            retention_grace_s=settings.retention_grace_s,
             promote=not args.no_promote,
             gate=gate,
             progress=not args.no_progress,
@@ -127,7 +127,8 @@ def _print_ingest(report: dict[str, Any], as_json: bool) -> None:
         f"chunks      {report['chunks']} ({report['tokens']} tokens, "
         f"{report['truncated']} truncated)\n"
         f"vectors     {report['encoded']} encoded, {report['reused']} reused from "
-        f"{report['previous'] or '-'}, {report['removed']} removed"
+        f"{report['previous'] or '-'}, {report['removed']} removed\n"
+        f"documents   {report.get('reused_documents', 0)} unchanged (chunks reused)"
     )
     if report.get("gate"):
         print(f"gate        {report['gate']['summary']}")
@@ -182,9 +183,9 @@ def format_result(result: SearchResult, width: int = 100) -> str:
 
 def cmd_collections(args: argparse.Namespace) -> int:
     from ingest.versions import describe_collections
-    from rag_retriever.store import QdrantStore, open_client
+    from rag_retriever.store import open_store
 
-    out = describe_collections(QdrantStore(open_client(_settings(args))))
+    out = describe_collections(open_store(_settings(args)))
     if args.json:
         print(json.dumps(out, indent=2))
         return 0
@@ -203,9 +204,9 @@ def cmd_collections(args: argparse.Namespace) -> int:
 
 def cmd_rollback(args: argparse.Namespace) -> int:
     from ingest.versions import rollback
-    from rag_retriever.store import QdrantStore, open_client
+    from rag_retriever.store import open_store
 
-    store = QdrantStore(open_client(_settings(args)))
+    store = open_store(_settings(args))
     name = rollback(store, args.name)
     print(f"{args.name} -> {name}")
     return 0
@@ -213,9 +214,9 @@ def cmd_rollback(args: argparse.Namespace) -> int:
 
 def cmd_promote(args: argparse.Namespace) -> int:
     from ingest.versions import promote_version
-    from rag_retriever.store import QdrantStore, open_client
+    from rag_retriever.store import open_store
 
-    store = QdrantStore(open_client(_settings(args)))
+    store = open_store(_settings(args))
     name = promote_version(store, args.name, args.version)
     print(f"{args.name} -> {name}")
     return 0

@@ -6,14 +6,17 @@ Example:
     >>> hits[0].title, hits[0].dense, hits[0].bm25                               # doctest: +SKIP
     ('Normans', StageScore(rank=1, score=0.71), StageScore(rank=2, score=14.2))
 
-Modes: `dense` (Qdrant cosine), `bm25` (the collection's BM25 sidecar), `hybrid` (RRF of both),
+Modes: `dense` (Qdrant cosine), `bm25` (the version's BM25 sparse vectors in the same Qdrant
+collection), `hybrid` (RRF of both; the two lists come from one batched engine call),
 `rerank` (hybrid, then the cross-encoder scores the top `rerank_candidates`; with
 `rerank_fusion="rrf"` their final order is the RRF of the cross-encoder order and their hybrid
 order, with `"none"` the cross-encoder order alone; hits beyond them follow in fused order, with
 no rerank stage and their hybrid RRF score). Filters apply to
 both branches before fusion. The collection's stored model fingerprint must equal the encoder's
 for any mode that embeds the query. Each hit says what every stage that saw it said; timings
-per stage come with the result. This module does not write collections.
+per stage come with the result. The serving process holds no chunk table: hits are read from the
+engine's payloads (a bounded cache keeps recent ones), and the alias is resolved on every call,
+so a new version is served as soon as it is promoted. This module does not write collections.
 """
 
 from __future__ import annotations
@@ -22,25 +25,27 @@ import logging
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import get_args
+from typing import TYPE_CHECKING, get_args
 
 import numpy as np
 
-from rag_retriever.chunk_index import ChunkIndex, LexicalHit
-from rag_retriever.encoder import Encoder, load_encoder
+from rag_retriever.bm25 import BM25Model, Tokenizer
 from rag_retriever.errors import CollectionNotFound, FingerprintMismatch, InvalidRequest
 from rag_retriever.fusion import rrf
-from rag_retriever.records import Hit, Mode, SearchFilter, SearchResult, StageScore
-from rag_retriever.reranker import CrossEncoderReranker, Scorer
+from rag_retriever.records import Chunk, Hit, Mode, SearchFilter, SearchResult, StageScore
+from rag_retriever.reranker import Scorer
 from rag_retriever.settings import RERANK_FUSIONS, RerankFusion, Settings
-from rag_retriever.store import QdrantStore, open_client
+from rag_retriever.store import DENSE, SPARSE, StageQuery, Store, open_store
+
+if TYPE_CHECKING:
+    from rag_retriever.encoder import Encoder
 
 log = logging.getLogger(__name__)
 
-INDEX_CACHE_SIZE = 4
+# Chunk records kept in memory per process (most recently used); a bound, not a table.
+CHUNK_CACHE_SIZE = 20_000
 
 # How `rerank` mode orders the candidates: "none" = the cross-encoder's order alone; "rrf" =
 # reciprocal rank fusion (k = rrf_k) of the cross-encoder's order with the candidates' hybrid
@@ -89,28 +94,28 @@ class RetrievalConfig:
 
 @dataclass
 class Trace:
-    """What each stage returned for one query: (chunk row, StageScore), best first.
+    """What each stage returned for one query: (chunk id, StageScore), best first.
 
-    A stage that did not run is None. Rows index `ChunkIndex.chunks` of the traced collection.
+    A stage that did not run is None.
     """
 
     query: str
-    dense: list[tuple[int, StageScore]] | None = None
-    bm25: list[LexicalHit] | None = None
-    fused: list[tuple[int, StageScore]] | None = None
-    rerank: list[tuple[int, StageScore]] | None = None
+    dense: list[tuple[str, StageScore]] | None = None
+    bm25: list[tuple[str, StageScore]] | None = None
+    fused: list[tuple[str, StageScore]] | None = None
+    rerank: list[tuple[str, StageScore]] | None = None
     # The reranked candidates' final order when `rerank_fusion` fuses it with the hybrid order.
-    rerank_fused: list[tuple[int, StageScore]] | None = None
+    rerank_fused: list[tuple[str, StageScore]] | None = None
     query_truncated: bool = False
     rerank_truncated: int = 0
     timings_ms: dict[str, float] = field(default_factory=dict)
 
-    def final(self, mode: Mode) -> list[tuple[int, StageScore]]:
-        """The ranked rows a mode returns."""
+    def final(self, mode: Mode) -> list[tuple[str, StageScore]]:
+        """The ranked chunk ids a mode returns."""
         if mode == "dense":
             return self.dense or []
         if mode == "bm25":
-            return [(h.row, StageScore(h.rank, h.score)) for h in self.bm25 or []]
+            return self.bm25 or []
         if mode == "hybrid":
             return self.fused or []
         # The reranked candidates first, then the rest of the fused list in fused order.
@@ -118,28 +123,73 @@ class Trace:
         return head + (self.fused or [])[len(head) :]
 
 
+@dataclass(frozen=True)
+class OpenCollection:
+    """A resolved collection version and what querying it needs."""
+
+    name: str
+    bm25: BM25Model
+    meta: Mapping[str, object]
+
+
+class ChunkCache:
+    """The most recently read chunk records of each version, bounded; thread-safe."""
+
+    def __init__(self, store: Store, size: int = CHUNK_CACHE_SIZE) -> None:
+        self.store = store
+        self.size = size
+        self._items: OrderedDict[tuple[str, str], Chunk] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, name: str, ids: Sequence[str]) -> dict[str, Chunk]:
+        out: dict[str, Chunk] = {}
+        with self._lock:
+            for cid in ids:
+                chunk = self._items.get((name, cid))
+                if chunk is not None:
+                    self._items.move_to_end((name, cid))
+                    out[cid] = chunk
+        missing = [cid for cid in dict.fromkeys(ids) if cid not in out]
+        if missing:
+            fetched = {
+                r.id: Chunk.from_payload(r.payload) for r in self.store.retrieve(name, missing)
+            }
+            if len(fetched) != len(missing):
+                raise CollectionNotFound(f"collection {name!r} changed while it was read")
+            out.update(fetched)
+            with self._lock:
+                for cid, chunk in fetched.items():
+                    self._items[(name, cid)] = chunk
+                while len(self._items) > self.size:
+                    self._items.popitem(last=False)
+        return out
+
+
 class Retriever:
     def __init__(
         self,
         *,
         encoder: Encoder,
-        store: QdrantStore,
-        index_root: Path,
+        store: Store,
         reranker: Scorer | None = None,
         config: RetrievalConfig | None = None,
         collection: str = "docs",
     ) -> None:
         self.encoder = encoder
         self.store = store
-        self.index_root = index_root
         self.reranker = reranker
         self.config = config or RetrievalConfig()
         self.default_collection = collection
-        self._indexes: OrderedDict[str, ChunkIndex] = OrderedDict()
-        self._index_lock = threading.Lock()
+        self.tokenizer = Tokenizer()
+        self.chunk_cache = ChunkCache(store)
+        self._opened: dict[str, OpenCollection] = {}
+        self._open_lock = threading.Lock()
 
     @classmethod
     def from_settings(cls, settings: Settings) -> Retriever:
+        from rag_retriever.encoder import load_encoder
+        from rag_retriever.reranker import CrossEncoderReranker
+
         reranker = None
         if settings.rerank_model:
             reranker = CrossEncoderReranker.load(
@@ -151,8 +201,7 @@ class Retriever:
             )
         return cls(
             encoder=load_encoder(settings),
-            store=QdrantStore(open_client(settings)),
-            index_root=settings.index_dir,
+            store=open_store(settings),
             reranker=reranker,
             config=RetrievalConfig.from_settings(settings),
             collection=settings.collection,
@@ -216,9 +265,7 @@ class Retriever:
         """Results for many queries; query vectors are encoded in one batched call."""
         k = self._check_k(k)
         chosen_mode = self._check_mode(mode)
-        name, index, traces = self.trace(
-            queries, mode=chosen_mode, filter=filter, collection=collection
-        )
+        name, traces = self.trace(queries, mode=chosen_mode, filter=filter, collection=collection)
         results = []
         for trace in traces:
             notices = []
@@ -241,7 +288,7 @@ class Retriever:
                     query=trace.query,
                     mode=chosen_mode,
                     collection=name,
-                    hits=tuple(self._hits(index, trace, chosen_mode, k)),
+                    hits=tuple(self._hits(name, trace, chosen_mode, k)),
                     timings_ms={s: round(ms, 3) for s, ms in trace.timings_ms.items()},
                     query_truncated=trace.query_truncated,
                     notices=tuple(notices),
@@ -256,11 +303,11 @@ class Retriever:
         mode: Mode,
         filter: SearchFilter | None = None,
         collection: str | None = None,
-    ) -> tuple[str, ChunkIndex, list[Trace]]:
+    ) -> tuple[str, list[Trace]]:
         """Every stage's full ranked list for each query (what evaluation needs).
 
-        Returns the collection name, its chunk index (rows of the traces) and one Trace per query.
-        `rerank` runs all four stages at once, so one pass evaluates every mode.
+        Returns the collection version's name and one Trace per query. `rerank` runs all four
+        stages at once, so one pass evaluates every mode.
         """
         chosen_mode = self._check_mode(mode)
         for q in queries:
@@ -276,49 +323,27 @@ class Retriever:
             log.info("collection behind %r changed during the request; retrying", requested)
             return self._trace(queries, chosen_mode, filter, requested)
 
-    def _trace(
-        self, queries: Sequence[str], chosen_mode: Mode, filter: SearchFilter | None, requested: str
-    ) -> tuple[str, ChunkIndex, list[Trace]]:
-        name, index = self.open_collection(requested, chosen_mode)
-        uses_dense = chosen_mode != "bm25"
-        vectors: np.ndarray | None = None
-        truncated: list[bool] = [False] * len(queries)
-        encode_ms = 0.0
-        if uses_dense and queries:
-            t0 = time.perf_counter()
-            vectors, truncated = self._encode_queries(queries)
-            encode_ms = (time.perf_counter() - t0) * 1000 / len(queries)
-        traces = []
-        for i, query in enumerate(queries):
-            trace = Trace(query=query, query_truncated=truncated[i])
-            if uses_dense:
-                trace.timings_ms["encode"] = encode_ms
-            self._run_stages(
-                trace, None if vectors is None else vectors[i], chosen_mode, name, index, filter
-            )
-            trace.timings_ms["total"] = sum(trace.timings_ms.values())
-            traces.append(trace)
-        return name, index, traces
+    def chunks(self, name: str, ids: Sequence[str]) -> dict[str, Chunk]:
+        """Chunk records of a version by id (from the engine's payloads, cached)."""
+        return self.chunk_cache.get(name, ids)
 
-    def open_collection(self, alias_or_name: str, mode: Mode = "hybrid") -> tuple[str, ChunkIndex]:
-        """Resolve the alias, check the model fingerprint, load (or rebuild) the BM25 sidecar."""
+    def open_collection(self, alias_or_name: str, mode: Mode = "hybrid") -> OpenCollection:
+        """Resolve the alias; check the model fingerprint (for modes that embed the query)."""
         name = self.store.resolve(alias_or_name)
+        opened = self._opened.get(name)
+        if opened is None:
+            meta = self.store.metadata(name)
+            if "bm25" not in meta:
+                raise CollectionNotFound(
+                    f"collection {name!r} has no BM25 statistics: it was not written by this "
+                    f"version of rag-retriever; re-ingest it"
+                )
+            opened = OpenCollection(name, BM25Model.from_json(meta["bm25"]), meta)
+            with self._open_lock:
+                self._opened[name] = opened
         if mode != "bm25":
-            self._check_fingerprint(alias_or_name, name)
-        with self._index_lock:
-            index = self._indexes.get(name)
-            if index is not None:
-                self._indexes.move_to_end(name)
-                return name, index
-            index = ChunkIndex.load(self.index_root, name)
-            if index is None:
-                log.warning("no BM25 index for %s on this machine; rebuilding it from Qdrant", name)
-                index = ChunkIndex.rebuild(self.store.payloads(name), collection=name)
-                index.save(self.index_root)
-            self._indexes[name] = index
-            while len(self._indexes) > INDEX_CACHE_SIZE:
-                self._indexes.popitem(last=False)
-            return name, index
+            self._check_fingerprint(alias_or_name, opened)
+        return opened
 
     # -- validation -------------------------------------------------------------------------
 
@@ -352,18 +377,43 @@ class Retriever:
                 f"{self.config.max_query_chars} (RAG_MAX_QUERY_CHARS)"
             )
 
-    def _check_fingerprint(self, requested: str, name: str) -> None:
-        stored = self.store.metadata(name).get("fingerprint") or {}
+    def _check_fingerprint(self, requested: str, opened: OpenCollection) -> None:
+        stored = opened.meta.get("fingerprint") or {}
+        assert isinstance(stored, Mapping)
         ours = self.encoder.fingerprint
         if stored.get("id") != ours.id:
             theirs = f"{stored.get('model', 'an unknown model')}@{stored.get('id', '?')}"
             raise FingerprintMismatch(
-                f"collection {requested!r} ({name}) was embedded with {theirs}, but the query "
-                f"encoder is {ours.describe()}; re-ingest the collection with this model, or set "
-                f"RAG_EMBED_MODEL (and the prefix/pooling settings) to the model it was built with"
+                f"collection {requested!r} ({opened.name}) was embedded with {theirs}, but the "
+                f"query encoder is {ours.describe()}; re-ingest the collection with this model, "
+                f"or set RAG_EMBED_MODEL (and the prefix/pooling settings) to the model it was "
+                f"built with"
             )
 
     # -- stages -----------------------------------------------------------------------------
+
+    def _trace(
+        self, queries: Sequence[str], mode: Mode, flt: SearchFilter | None, requested: str
+    ) -> tuple[str, list[Trace]]:
+        opened = self.open_collection(requested, mode)
+        traces = [Trace(query=q) for q in queries]
+        if not queries:
+            return opened.name, traces
+        if mode != "bm25":
+            t0 = time.perf_counter()
+            vectors, truncated = self._encode_queries(queries)
+            encode_ms = (time.perf_counter() - t0) * 1000 / len(queries)
+            for trace, cut in zip(traces, truncated, strict=True):
+                trace.query_truncated = cut
+                trace.timings_ms["encode"] = encode_ms
+        self._first_stage(opened, traces, None if mode == "bm25" else vectors, mode, flt)
+        for trace in traces:
+            if mode in ("hybrid", "rerank"):
+                self._fuse(trace)
+            if mode == "rerank":
+                self._rerank(opened.name, trace)
+            trace.timings_ms["total"] = sum(trace.timings_ms.values())
+        return opened.name, traces
 
     def _encode_queries(self, queries: Sequence[str]) -> tuple[np.ndarray, list[bool]]:
         encoded = self.encoder.encode_queries(list(queries))
@@ -375,75 +425,91 @@ class Retriever:
         limit = self.encoder.max_seq_length - self.encoder.special_tokens
         return encoded.vectors, [n > limit for n in lengths]
 
-    def _run_stages(
+    def _first_stage(
         self,
-        stages: Trace,
-        vector: np.ndarray | None,
+        opened: OpenCollection,
+        traces: list[Trace],
+        vectors: np.ndarray | None,
         mode: Mode,
-        name: str,
-        index: ChunkIndex,
         flt: SearchFilter | None,
     ) -> None:
+        """The dense and BM25 lists of every query, from one batched engine call."""
         cfg = self.config
-        query = stages.query
-        timings = stages.timings_ms
-        if vector is not None:
-            t0 = time.perf_counter()
-            found = self.store.search(name, vector, cfg.dense_top_n, flt)
-            stages.dense = [
-                (index.row_of[pid], StageScore(rank, score))
-                for rank, (pid, score) in enumerate(found, start=1)
-            ]
-            timings["dense"] = (time.perf_counter() - t0) * 1000
-        if mode != "dense":
-            t0 = time.perf_counter()
-            stages.bm25 = index.search_bm25(query, cfg.bm25_top_n, flt)
-            timings["bm25"] = (time.perf_counter() - t0) * 1000
-        if mode in ("hybrid", "rerank"):
-            t0 = time.perf_counter()
-            assert stages.dense is not None and stages.bm25 is not None
-            fused = rrf(
-                [[row for row, _ in stages.dense], [h.row for h in stages.bm25]],
-                k=cfg.rrf_k,
-                weights=cfg.rrf_weights,
-            )
-            stages.fused = [
-                (row, StageScore(rank, score)) for rank, (row, score) in enumerate(fused, start=1)
-            ]
-            timings["fuse"] = (time.perf_counter() - t0) * 1000
-        if mode == "rerank":
-            assert self.reranker is not None and stages.fused is not None
-            t0 = time.perf_counter()
-            candidates = [row for row, _ in stages.fused[: cfg.rerank_candidates]]
-            scored = self.reranker.score(query, [index.chunks[r].embed_text for r in candidates])
-            # Stable: equal scores keep the fused order.
-            order = np.argsort(-scored.scores, kind="stable")
-            stages.rerank = [
-                (candidates[i], StageScore(rank, float(scored.scores[i])))
-                for rank, i in enumerate(order, start=1)
-            ]
-            stages.rerank_truncated = scored.truncated
-            if cfg.rerank_fusion == "rrf":
-                final = rrf(
-                    [[row for row, _ in stages.rerank], candidates],
-                    k=cfg.rrf_k,
-                    weights=cfg.rerank_fusion_weights,
-                )
-                stages.rerank_fused = [
-                    (row, StageScore(rank, score))
-                    for rank, (row, score) in enumerate(final, start=1)
-                ]
-            timings["rerank"] = (time.perf_counter() - t0) * 1000
+        requests: list[StageQuery] = []
+        slots: list[tuple[Trace, bool]] = []  # (trace, is the dense list)
+        for i, trace in enumerate(traces):
+            if vectors is not None:
+                requests.append(StageQuery(DENSE, vectors[i], cfg.dense_top_n, flt))
+                slots.append((trace, True))
+            if mode != "dense":
+                sparse = opened.bm25.query_vector(self.tokenizer.tokenize(trace.query))
+                trace.bm25 = []
+                if not sparse.is_empty:  # only stop words: no BM25 list
+                    requests.append(StageQuery(SPARSE, sparse, cfg.bm25_top_n, flt))
+                    slots.append((trace, False))
+        t0 = time.perf_counter()
+        results = self.store.search(opened.name, requests)
+        per_query_ms = (time.perf_counter() - t0) * 1000 / len(traces)
+        for (trace, is_dense), found in zip(slots, results, strict=True):
+            ranked = [(pid, StageScore(rank, s)) for rank, (pid, s) in enumerate(found, start=1)]
+            if is_dense:
+                trace.dense = ranked
+            else:
+                trace.bm25 = ranked
+        for trace in traces:
+            trace.timings_ms["search"] = per_query_ms
 
-    def _hits(self, index: ChunkIndex, stages: Trace, mode: Mode, k: int) -> list[Hit]:
+    def _fuse(self, trace: Trace) -> None:
+        cfg = self.config
+        t0 = time.perf_counter()
+        assert trace.dense is not None and trace.bm25 is not None
+        fused = rrf(
+            [[cid for cid, _ in trace.dense], [cid for cid, _ in trace.bm25]],
+            k=cfg.rrf_k,
+            weights=cfg.rrf_weights,
+        )
+        trace.fused = [
+            (cid, StageScore(rank, score)) for rank, (cid, score) in enumerate(fused, start=1)
+        ]
+        trace.timings_ms["fuse"] = (time.perf_counter() - t0) * 1000
+
+    def _rerank(self, name: str, trace: Trace) -> None:
+        cfg = self.config
+        assert self.reranker is not None and trace.fused is not None
+        t0 = time.perf_counter()
+        candidates = [cid for cid, _ in trace.fused[: cfg.rerank_candidates]]
+        chunks = self.chunks(name, candidates)
+        scored = self.reranker.score(trace.query, [chunks[c].embed_text for c in candidates])
+        # Stable: equal scores keep the fused order.
+        order = np.argsort(-scored.scores, kind="stable")
+        trace.rerank = [
+            (candidates[i], StageScore(rank, float(scored.scores[i])))
+            for rank, i in enumerate(order, start=1)
+        ]
+        trace.rerank_truncated = scored.truncated
+        if cfg.rerank_fusion == "rrf":
+            final = rrf(
+                [[cid for cid, _ in trace.rerank], candidates],
+                k=cfg.rrf_k,
+                weights=cfg.rerank_fusion_weights,
+            )
+            trace.rerank_fused = [
+                (cid, StageScore(rank, score)) for rank, (cid, score) in enumerate(final, start=1)
+            ]
+        trace.timings_ms["rerank"] = (time.perf_counter() - t0) * 1000
+
+    def _hits(self, name: str, stages: Trace, mode: Mode, k: int) -> list[Hit]:
         dense = dict(stages.dense or [])
-        bm25 = {h.row: h for h in stages.bm25 or []}
+        bm25 = dict(stages.bm25 or [])
         fused = dict(stages.fused or [])
         rerank = dict(stages.rerank or [])
+        final = stages.final(mode)[:k]
+        chunks = self.chunks(name, [cid for cid, _ in final])
+        query_terms = self.tokenizer.analyze(stages.query) if bm25 else []
         hits = []
-        for rank, (row, stage) in enumerate(stages.final(mode)[:k], start=1):
-            chunk = index.chunks[row]
-            lexical = bm25.get(row)
+        for rank, (cid, stage) in enumerate(final, start=1):
+            chunk = chunks[cid]
+            lexical = bm25.get(cid)
             hits.append(
                 Hit(
                     chunk_id=chunk.id,
@@ -455,12 +521,21 @@ class Retriever:
                     chunk_index=chunk.chunk_index,
                     rank=rank,
                     score=stage.score,
-                    dense=dense.get(row),
-                    bm25=None if lexical is None else StageScore(lexical.rank, lexical.score),
-                    fused=fused.get(row),
-                    rerank=rerank.get(row),
-                    matched_terms=() if lexical is None else lexical.matched_terms,
+                    dense=dense.get(cid),
+                    bm25=lexical,
+                    fused=fused.get(cid),
+                    rerank=rerank.get(cid),
+                    matched_terms=() if lexical is None else self._matched(query_terms, chunk),
                     metadata=chunk.metadata,
                 )
             )
         return hits
+
+    def _matched(self, query_terms: Sequence[tuple[str, str]], chunk: Chunk) -> tuple[str, ...]:
+        """The query's words whose index term occurs in the chunk, in query order, once each."""
+        present = set(self.tokenizer.tokenize(chunk.embed_text))
+        seen: dict[str, str] = {}
+        for word, term in query_terms:
+            if term in present and term not in seen:
+                seen[term] = word
+        return tuple(seen.values())

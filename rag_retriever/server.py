@@ -17,9 +17,10 @@ With `RAG_API_KEY` set, everything except the two probes needs `Authorization: B
 or `X-API-Key: <key>`.
 
 Models are loaded once by the caller and shared by all requests: FastAPI runs the sync
-endpoints on a thread pool, the encoder and BM25 are read-only at query time, and QdrantStore
-serialises access to embedded Qdrant. Embedded Qdrant is single-process, so run one worker
-(`serve` does); scale out with a Qdrant server (RAG_QDRANT_URL) and several replicas. This
+endpoints on a thread pool, and the encoder and the collection versions are read-only at query
+time. Embedded Qdrant (Edge) versions are opened read-only by any number of processes, so other
+servers, `search`, the eval and `ingest` can use the same data dir at once; with a Qdrant server
+(RAG_QDRANT_URL) a replica keeps nothing on its local disk. This
 module does not do TLS, rate limiting or multi-tenant keys: put a reverse proxy in front.
 """
 
@@ -173,7 +174,7 @@ def create_app(retriever: Retriever, settings: Settings) -> FastAPI:
 def check_ready(retriever: Retriever) -> tuple[bool, dict[str, Any]]:
     """Open the default collection (alias, fingerprint, BM25 sidecar) and say whether it worked.
 
-    The first successful check also loads the BM25 sidecar, so later searches do not pay for it.
+    The first successful check also opens the served version, so later searches do not pay for it.
     """
     alias = retriever.default_collection
     base: dict[str, Any] = {
@@ -182,7 +183,7 @@ def check_ready(retriever: Retriever) -> tuple[bool, dict[str, Any]]:
         "reranker": retriever.reranker is not None,
     }
     try:
-        name, index = retriever.open_collection(alias, retriever.default_mode)
+        opened = retriever.open_collection(alias, retriever.default_mode)
     except RagError as exc:
         return False, {"status": "not_ready", "error": exc.code, "detail": str(exc), **base}
     except (ResponseHandlingException, UnexpectedResponse) as exc:
@@ -197,7 +198,8 @@ def check_ready(retriever: Retriever) -> tuple[bool, dict[str, Any]]:
             "detail": "the readiness check failed unexpectedly; see the server log",
             **base,
         }
-    return True, {"status": "ready", "serving": name, "chunks": len(index), **base}
+    chunks = opened.meta.get("chunks")
+    return True, {"status": "ready", "serving": opened.name, "chunks": chunks, **base}
 
 
 def _check_options(body: _Options, settings: Settings) -> None:

@@ -30,11 +30,16 @@ RERANK_FUSIONS: tuple[RerankFusion, ...] = get_args(RerankFusion)
 
 @dataclass(frozen=True)
 class Settings:
-    # Where embedded Qdrant, the BM25 indexes and the ingest locks live.
+    # Where embedded Qdrant (Qdrant Edge shards, aliases) and the ingest locks live.
     data_dir: Path = Path("rag-data")
-    # A Qdrant server (`http://host:6333`); None = embedded Qdrant under data_dir.
+    # A Qdrant server (`http://host:6333`); None = Qdrant Edge, embedded, under data_dir.
     qdrant_url: str | None = None
     qdrant_api_key: str | None = None
+    # New collections on a server or cluster: shards, copies of each shard, and how many copies
+    # must acknowledge a write. None = the server's default (1 each).
+    qdrant_shards: int | None = None
+    qdrant_replicas: int | None = None
+    qdrant_write_consistency: int | None = None
     # The alias queries go through when none is given.
     collection: str = "docs"
 
@@ -78,6 +83,9 @@ class Settings:
 
     # Versions of a collection kept after a promotion (the live one included).
     keep_versions: int = 2
+    # A version that stopped serving is deleted by retention only this many seconds later, so a
+    # process that resolved the alias just before the swap finishes its queries on it.
+    retention_grace_s: int = 60
 
     # HTTP service.
     api_key: str | None = None
@@ -112,6 +120,14 @@ class Settings:
             "max_body_bytes",
         ):
             positive(name)
+        for name in ("qdrant_shards", "qdrant_replicas", "qdrant_write_consistency"):
+            if getattr(self, name) is not None:
+                positive(name)
+        if not isinstance(self.retention_grace_s, int) or self.retention_grace_s < 0:
+            raise ConfigError(
+                f"RAG_RETENTION_GRACE_S must be a non-negative integer, "
+                f"got {self.retention_grace_s!r}"
+            )
         if self.chunk_overlap_tokens < 0 or self.chunk_overlap_tokens >= self.chunk_tokens:
             raise ConfigError(
                 f"RAG_CHUNK_OVERLAP_TOKENS must be in [0, RAG_CHUNK_TOKENS={self.chunk_tokens}), "
@@ -171,12 +187,9 @@ class Settings:
         return dataclasses.replace(self, **changes)
 
     @property
-    def qdrant_path(self) -> Path:
-        return self.data_dir / "qdrant"
-
-    @property
-    def index_dir(self) -> Path:
-        return self.data_dir / "indexes"
+    def edge_dir(self) -> Path:
+        """Qdrant Edge shards and aliases of the embedded store."""
+        return self.data_dir / "edge"
 
 
 def _env_name(field_name: str) -> str:
@@ -211,6 +224,9 @@ _CONVERTERS: dict[str, Callable[[str], Any]] = {
     "data_dir": Path,
     "qdrant_url": _optional_str,
     "qdrant_api_key": _optional_str,
+    "qdrant_shards": _int,
+    "qdrant_replicas": _int,
+    "qdrant_write_consistency": _int,
     "collection": str,
     "embed_model": str,
     "query_prefix": str,
@@ -234,6 +250,7 @@ _CONVERTERS: dict[str, Callable[[str], Any]] = {
     "max_k": _int,
     "max_query_chars": _int,
     "keep_versions": _int,
+    "retention_grace_s": _int,
     "api_key": _optional_str,
     "max_batch_size": _int,
     "max_body_bytes": _int,

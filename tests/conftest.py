@@ -24,7 +24,7 @@ from rag_retriever.encoder import Encoder
 from rag_retriever.profiles import ModelProfile, write_profile_file
 from rag_retriever.records import Document
 from rag_retriever.retriever import Retriever
-from rag_retriever.store import QdrantStore
+from rag_retriever.store import EdgeStore, ServerStore, Store
 
 # Property tests check correctness, not speed: no per-example deadline, which a busy CI machine
 # can miss on a slow first example.
@@ -176,17 +176,25 @@ def minilm() -> Encoder:
 
 
 @pytest.fixture
-def store() -> Iterator[QdrantStore]:
-    client = QdrantClient(":memory:")
-    yield QdrantStore(client)
-    client.close()
+def store(tmp_path: Path) -> Iterator[Store]:
+    """The embedded default: Qdrant Edge shards under tmp_path."""
+    edge = EdgeStore(tmp_path / "edge")
+    yield edge
+    edge.close()
+
+
+@pytest.fixture
+def server_store() -> Iterator[Store]:
+    """The server code path, on qdrant-client's in-process implementation of the server API."""
+    server = ServerStore(QdrantClient(":memory:"))
+    yield server
+    server.close()
 
 
 def collection_retriever(
     docs: Sequence[Document],
-    store: QdrantStore,
+    store: Store,
     encoder: Encoder,
-    index_root: Path,
     *,
     alias: str = "kb",
 ) -> Retriever:
@@ -196,9 +204,8 @@ def collection_retriever(
         alias=alias,
         encoder=encoder,
         store=store,
-        index_root=index_root,
     )
-    return Retriever(encoder=encoder, store=store, index_root=index_root, collection=alias)
+    return Retriever(encoder=encoder, store=store, collection=alias)
 
 
 def shared_data(*parts: str) -> Path:

@@ -6,21 +6,20 @@ import json
 from pathlib import Path
 
 import pytest
-from qdrant_client import QdrantClient
 
 from rag_retriever.cli import main
-from rag_retriever.store import QdrantStore
+from rag_retriever.store import EdgeStore
 from tests.conftest import write_jsonl
 
 
 def collections(data: Path) -> list[str]:
-    if not (data / "qdrant").exists():
+    if not (data / "edge").exists():
         return []
-    client = QdrantClient(path=str(data / "qdrant"))
+    store = EdgeStore(data / "edge")
     try:
-        return QdrantStore(client).collection_names()
+        return store.collection_names()
     finally:
-        client.close()
+        store.close()
 
 
 def test_invalid_input_writes_nothing(

@@ -12,7 +12,7 @@ from eval.recall_at_k import build_parser, run
 from rag_retriever.encoder import Encoder
 from rag_retriever.records import Document
 from rag_retriever.retriever import Retriever
-from rag_retriever.store import QdrantStore
+from rag_retriever.store import Store
 from tests.conftest import collection_retriever, write_jsonl
 
 LONG = " ".join(f"The king of city {i} held a war." for i in range(40))  # several chunks
@@ -25,8 +25,8 @@ DOCS = (
 
 
 @pytest.fixture
-def retriever(store: QdrantStore, tiny_encoder: Encoder, tmp_path: Path) -> Retriever:
-    return collection_retriever(DOCS, store, tiny_encoder, tmp_path / "idx")
+def retriever(store: Store, tiny_encoder: Encoder, tmp_path: Path) -> Retriever:
+    return collection_retriever(DOCS, store, tiny_encoder)
 
 
 def questions_file(tmp_path: Path) -> Path:

@@ -9,14 +9,13 @@ from pathlib import Path
 from types import ModuleType
 
 import pytest
-from qdrant_client import QdrantClient
 
 from ingest.loaders import LoadedCorpus
 from ingest.writer import ingest_documents
 from rag_retriever.encoder import Encoder
 from rag_retriever.records import Hit, StageScore
 from rag_retriever.settings import Settings
-from rag_retriever.store import QdrantStore
+from rag_retriever.store import EdgeStore
 from tests.test_retriever import DOCS
 from tests.test_server import build_retriever, live_server
 
@@ -86,16 +85,9 @@ def test_script_in_process(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     settings = Settings(data_dir=tmp_path, embed_model=str(tiny_encoder_dir))
-    settings.qdrant_path.mkdir(parents=True)
-    client = QdrantClient(path=str(settings.qdrant_path))
-    ingest_documents(
-        LoadedCorpus(DOCS, 0, "t"),
-        alias="kb",
-        encoder=tiny_encoder,
-        store=QdrantStore(client),
-        index_root=settings.index_dir,
-    )
-    client.close()  # embedded Qdrant is single-process: release it for the script
+    store = EdgeStore(settings.edge_dir)
+    ingest_documents(LoadedCorpus(DOCS, 0, "t"), alias="kb", encoder=tiny_encoder, store=store)
+    store.close()
     monkeypatch.setenv("RAG_DATA_DIR", str(tmp_path))
     monkeypatch.setenv("RAG_EMBED_MODEL", str(tiny_encoder_dir))
     monkeypatch.setenv("RAG_DEVICE", "cpu")

@@ -16,12 +16,12 @@ from ingest.loaders import LoadedCorpus
 from ingest.lock import IngestLock
 from ingest.versions import promote_version, rollback
 from ingest.writer import ingest_documents
-from rag_retriever.chunk_index import ChunkIndex
+from rag_retriever.chunk_table import ChunkTable
 from rag_retriever.encoder import Encoded, Encoder
 from rag_retriever.errors import CollectionNotFound, IngestLocked, InvalidRequest
 from rag_retriever.profiles import ModelProfile, write_profile_file
 from rag_retriever.records import Document, chunk_point_id
-from rag_retriever.store import STATUS_BUILDING, QdrantStore
+from rag_retriever.store import STATUS_BUILDING, Store
 
 DOCS = (
     Document("a", "Apples", "Red apples grow on trees.\n\nGreen apples are sour.", {"lang": "en"}),
@@ -34,16 +34,12 @@ def corpus(docs: Sequence[Document] = DOCS) -> LoadedCorpus:
     return LoadedCorpus(tuple(docs), 0, "test")
 
 
-def run(
-    store: QdrantStore, encoder: Encoder, tmp_path: Path, docs: Sequence[Document] = DOCS, **kw
-):
-    return ingest_documents(
-        corpus(docs), alias="kb", encoder=encoder, store=store, index_root=tmp_path / "idx", **kw
-    )
+def run(store: Store, encoder: Encoder, tmp_path: Path, docs: Sequence[Document] = DOCS, **kw):
+    return ingest_documents(corpus(docs), alias="kb", encoder=encoder, store=store, **kw)
 
 
 def test_first_ingest_writes_a_complete_version_behind_the_alias(
-    store: QdrantStore, tiny_encoder: Encoder, tmp_path: Path
+    store: Store, tiny_encoder: Encoder, tmp_path: Path
 ) -> None:
     report = run(store, tiny_encoder, tmp_path)
     assert report.collection == "kb__tiny-bert-32__v1"
@@ -51,18 +47,18 @@ def test_first_ingest_writes_a_complete_version_behind_the_alias(
     meta = store.metadata(report.collection)
     assert meta["status"] == "complete" and meta["fingerprint"]["id"] == tiny_encoder.fingerprint.id
     assert store.count(report.collection) == report.chunks == report.encoded
-    index = ChunkIndex.load(tmp_path / "idx", report.collection)
+    index = ChunkTable.load(store, report.collection)
     assert index is not None and len(index) == report.chunks
     first = index.chunks[0]
     assert first.id == chunk_point_id(first.doc_id, first.chunk_index)
-    payloads = {p["chunk_id"]: p for p in store.payloads(report.collection)}
+    payloads = {p["chunk_id"]: p for p in (r.payload for r in store.scroll(report.collection))}
     assert payloads[first.id]["text"] == DOCS[0].text[first.start : first.end]
     assert payloads[first.id]["metadata"] == {"lang": "en"}
     assert (report.documents, report.reused, report.removed, report.truncated) == (3, 0, 0, 0)
 
 
 def test_reingest_reuses_vectors_and_counts_changes(
-    store: QdrantStore, tiny_encoder: Encoder, tmp_path: Path
+    store: Store, tiny_encoder: Encoder, tmp_path: Path
 ) -> None:
     first = run(store, tiny_encoder, tmp_path)
     changed = [
@@ -77,10 +73,13 @@ def test_reingest_reuses_vectors_and_counts_changes(
     assert second.removed == 2  # old b and old c
     assert store.aliases()["kb"] == second.collection
     # A reused vector is the vector the encoder gives for that text.
-    index = ChunkIndex.load(tmp_path / "idx", second.collection)
+    index = ChunkTable.load(store, second.collection)
     assert index is not None
     chunk = next(c for c in index.chunks if c.doc_id == "a")
-    stored = store.vectors(second.collection, [chunk.id])[chunk.id]
+    stored = {
+        r.id: r.dense for r in store.retrieve(second.collection, [chunk.id], with_dense=True)
+    }[chunk.id]
+    assert stored is not None
     np.testing.assert_allclose(
         stored, tiny_encoder.encode_passages([chunk.embed_text]).vectors[0], atol=1e-5
     )
@@ -88,13 +87,26 @@ def test_reingest_reuses_vectors_and_counts_changes(
 
 
 def test_retention_keeps_the_newest_versions(
-    store: QdrantStore, tiny_encoder: Encoder, tmp_path: Path
+    store: Store, tiny_encoder: Encoder, tmp_path: Path
 ) -> None:
-    reports = [run(store, tiny_encoder, tmp_path, keep_versions=2) for _ in range(3)]
+    reports = [
+        run(store, tiny_encoder, tmp_path, keep_versions=2, retention_grace_s=0) for _ in range(3)
+    ]
     names = [i.name for i in store.versions("kb")]
     assert names == [reports[1].collection, reports[2].collection]
     assert reports[2].deleted_versions == (reports[0].collection,)
-    assert not (tmp_path / "idx" / reports[0].collection).exists()
+
+
+def test_retention_spares_a_version_retired_within_the_grace_period(
+    store: Store, tiny_encoder: Encoder, tmp_path: Path
+) -> None:
+    """A reader that resolved v1 just before the swap to v2 can finish; v1 goes later."""
+    reports = [run(store, tiny_encoder, tmp_path, keep_versions=1) for _ in range(2)]
+    assert reports[1].deleted_versions == ()
+    assert store.metadata(reports[0].collection)["retired_at"] > 0
+    later = run(store, tiny_encoder, tmp_path, keep_versions=1, retention_grace_s=0)
+    assert set(later.deleted_versions) == {reports[0].collection, reports[1].collection}
+    assert [i.name for i in store.versions("kb")] == [later.collection]
 
 
 class FailingEncoder:
@@ -119,7 +131,7 @@ class FailingEncoder:
 
 
 def test_failure_mid_ingest_leaves_the_alias_and_no_partial_collection(
-    store: QdrantStore, tiny_encoder: Encoder, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    store: Store, tiny_encoder: Encoder, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     good = run(store, tiny_encoder, tmp_path)
     monkeypatch.setattr(
@@ -132,11 +144,14 @@ def test_failure_mid_ingest_leaves_the_alias_and_no_partial_collection(
     assert failing.calls == 3
     assert store.aliases() == {"kb": good.collection}
     assert [i.name for i in store.versions("kb")] == [good.collection]
-    assert sorted(p.name for p in (tmp_path / "idx").iterdir()) == [good.collection]
+    # nothing of the failed version is left on disk either
+    assert sorted(p.name for p in (tmp_path / "edge" / "collections").iterdir()) == [
+        good.collection
+    ]
 
 
 def test_orphans_of_a_killed_ingest_are_removed_next_time(
-    store: QdrantStore, tiny_encoder: Encoder, tmp_path: Path
+    store: Store, tiny_encoder: Encoder, tmp_path: Path
 ) -> None:
     good = run(store, tiny_encoder, tmp_path)
     orphan = "kb__tiny-bert-32__v7"
@@ -149,7 +164,7 @@ def test_orphans_of_a_killed_ingest_are_removed_next_time(
 
 
 def test_another_model_never_writes_into_the_old_collection(
-    store: QdrantStore, tiny_encoder: Encoder, tiny_encoder_dir: Path, tmp_path: Path
+    store: Store, tiny_encoder: Encoder, tiny_encoder_dir: Path, tmp_path: Path
 ) -> None:
     first = run(store, tiny_encoder, tmp_path)
     other_dir = Path(shutil.copytree(tiny_encoder_dir, tmp_path / "other"))
@@ -164,7 +179,7 @@ def test_another_model_never_writes_into_the_old_collection(
     )
 
 
-def test_promote_and_rollback(store: QdrantStore, tiny_encoder: Encoder, tmp_path: Path) -> None:
+def test_promote_and_rollback(store: Store, tiny_encoder: Encoder, tmp_path: Path) -> None:
     v1 = run(store, tiny_encoder, tmp_path)
     v2 = run(store, tiny_encoder, tmp_path, promote=False)
     assert not v2.promoted and store.aliases()["kb"] == v1.collection
@@ -179,7 +194,7 @@ def test_promote_and_rollback(store: QdrantStore, tiny_encoder: Encoder, tmp_pat
 
 
 def test_second_ingest_of_the_same_alias_is_refused(
-    store: QdrantStore, tiny_encoder: Encoder, tmp_path: Path
+    store: Store, tiny_encoder: Encoder, tmp_path: Path
 ) -> None:
     with (
         IngestLock(tmp_path, "kb"),

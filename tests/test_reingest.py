@@ -11,7 +11,6 @@ import threading
 from pathlib import Path
 
 import pytest
-from qdrant_client import QdrantClient
 
 from eval.gate import make_gate
 from ingest.loaders import LoadedCorpus
@@ -21,7 +20,7 @@ from rag_retriever.errors import GateRejected
 from rag_retriever.records import Document
 from rag_retriever.retriever import Retriever
 from rag_retriever.settings import Settings
-from rag_retriever.store import STATUS_COMPLETE, QdrantStore
+from rag_retriever.store import STATUS_COMPLETE, EdgeStore, Store
 from tests.conftest import write_jsonl
 
 GOOD = tuple(
@@ -40,19 +39,18 @@ def questions(tmp_path: Path) -> Path:
     )
 
 
-def ingest(store: QdrantStore, encoder: Encoder, root: Path, docs, **kw):
+def ingest(store: Store, encoder: Encoder, root: Path, docs, **kw):
     return ingest_documents(
         LoadedCorpus(tuple(docs), 0, "t"),
         alias="kb",
         encoder=encoder,
         store=store,
-        index_root=root / "indexes",
         **kw,
     )
 
 
 def test_gate_promotes_an_equal_version_and_refuses_a_worse_one(
-    store: QdrantStore, tiny_encoder: Encoder, tmp_path: Path
+    store: Store, tiny_encoder: Encoder, tmp_path: Path
 ) -> None:
     settings = Settings(data_dir=tmp_path)
     gate = make_gate(
@@ -81,7 +79,7 @@ def test_gate_promotes_an_equal_version_and_refuses_a_worse_one(
     assert kept.status == STATUS_COMPLETE  # built and kept, so it can be promoted by hand
 
 
-def test_gate_min_recall(store: QdrantStore, tiny_encoder: Encoder, tmp_path: Path) -> None:
+def test_gate_min_recall(store: Store, tiny_encoder: Encoder, tmp_path: Path) -> None:
     gate = make_gate(
         questions(tmp_path),
         settings=Settings(data_dir=tmp_path),
@@ -99,13 +97,11 @@ def test_gate_min_recall(store: QdrantStore, tiny_encoder: Encoder, tmp_path: Pa
 
 
 def test_queries_keep_answering_while_a_new_version_is_swapped_in(
-    store: QdrantStore, tiny_encoder: Encoder, tmp_path: Path
+    store: Store, tiny_encoder: Encoder, tmp_path: Path
 ) -> None:
     """Embedded mode, one process: searches run on threads while ingests swap the alias."""
     ingest(store, tiny_encoder, tmp_path, GOOD)
-    retriever = Retriever(
-        encoder=tiny_encoder, store=store, index_root=tmp_path / "indexes", collection="kb"
-    )
+    retriever = Retriever(encoder=tiny_encoder, store=store, collection="kb")
     errors: list[BaseException] = []
     answered = 0
     stop = threading.Event()
@@ -132,36 +128,37 @@ def test_queries_keep_answering_while_a_new_version_is_swapped_in(
     assert answered > 0
 
 
-# Run by the killed subprocess: `rag-retriever ingest` with one QdrantStore method wrapped so it
+# Run by the killed subprocess: `rag-retriever ingest` with one Store method wrapped so it
 # announces each call on stderr and then pauses, and the test can kill it right after that step
 # (deterministic, however fast the machine; a timer after the progress bar was not).
 KILLABLE_INGEST = """
 import sys, time
 from rag_retriever import cli, store
 def announce(name):
-    original = getattr(store.QdrantStore, name)
+    original = getattr(store.EdgeStore, name)
     def wrapped(self, *args, **kwargs):
         out = original(self, *args, **kwargs)
         print("kill-point " + name, file=sys.stderr, flush=True)
         time.sleep(0.3)
         return out
-    setattr(store.QdrantStore, name, wrapped)
+    setattr(store.EdgeStore, name, wrapped)
 announce(sys.argv[1])
 sys.exit(cli.main(sys.argv[2:]))
 """
 
-# (the QdrantStore call to kill after, which call of it, whether the new version is served then)
+# (the Store call to kill after, which call of it, whether the new version is served then)
 KILL_POINTS = [
     ("upsert", 1, False),  # vectors half written
-    ("update_metadata", 1, False),  # marked complete, alias not yet moved
-    ("point_alias", 1, True),  # alias moved, old versions not yet cleaned up
+    ("seal", 1, False),  # indexed, flushed and optimized, still marked building
+    ("update_metadata", 2, False),  # marked complete (call 1 wrote `building`), alias not moved
+    ("point_alias", 1, True),  # alias moved, the old version not yet stamped retired
 ]
 
 
 def test_sigkill_at_each_write_step_never_breaks_the_alias(
     tiny_encoder_dir: Path, tmp_path: Path
 ) -> None:
-    """A real `rag-retriever ingest` subprocess on embedded Qdrant, killed with SIGKILL."""
+    """A real `rag-retriever ingest` subprocess on Qdrant Edge, killed with SIGKILL."""
     corpus = tmp_path / "corpus.jsonl"
     write_jsonl(
         corpus,
@@ -186,16 +183,15 @@ def test_sigkill_at_each_write_step_never_breaks_the_alias(
     assert first.returncode == 0, first.stderr
 
     def served() -> tuple[str, list[str]]:
-        client = QdrantClient(path=str(tmp_path / "data" / "qdrant"))
+        store = EdgeStore(tmp_path / "data" / "edge")
         try:
-            store = QdrantStore(client)
             name = store.aliases()["kb"]
             meta = store.metadata(name)
             assert meta["status"] == STATUS_COMPLETE
             assert meta["chunks"] >= 300 and store.count(name) == meta["chunks"]
             return name, [i.name for i in store.versions("kb") if i.status != STATUS_COMPLETE]
         finally:
-            client.close()
+            store.close()
 
     before, _ = served()
     left_behind = 0
@@ -226,16 +222,13 @@ def test_sigkill_at_each_write_step_never_breaks_the_alias(
     final = subprocess.run([*cmd, "--json"], env=env, capture_output=True, text=True, timeout=300)
     assert final.returncode == 0, final.stderr
     report = json.loads(final.stdout)
-    client = QdrantClient(path=str(tmp_path / "data" / "qdrant"))
+    store = EdgeStore(tmp_path / "data" / "edge")
     try:
-        store = QdrantStore(client)
         statuses = [i.status for i in store.versions("kb")]
         assert all(s == STATUS_COMPLETE for s in statuses), statuses  # orphans were removed
         assert report["promoted"]
         encoder = Encoder.load(str(tiny_encoder_dir), device="cpu")
-        retriever = Retriever(
-            encoder=encoder, store=store, index_root=tmp_path / "data" / "indexes", collection="kb"
-        )
+        retriever = Retriever(encoder=encoder, store=store, collection="kb")
         assert retriever.search("river city", k=3)
     finally:
-        client.close()
+        store.close()

@@ -7,7 +7,7 @@ import argparse
 import json
 import logging
 import socket
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -29,7 +29,7 @@ from rag_retriever.records import SearchFilter
 from rag_retriever.retriever import Retriever
 from rag_retriever.server import create_app, register_cli, serve_in_thread
 from rag_retriever.settings import Settings
-from rag_retriever.store import QdrantStore
+from rag_retriever.store import ServerStore, StageQuery
 from tests.test_retriever import DOCS
 
 QUERIES = ["the king and the queen", "wine of the city", "apples", "river mountain war", "peace"]
@@ -44,13 +44,9 @@ class Served:
 
 def build_retriever(encoder: Encoder, root: Path, *, alias: str = "kb") -> tuple[Retriever, str]:
     """DOCS ingested as `alias` into a fresh in-memory Qdrant; returns the retriever and version."""
-    store = QdrantStore(QdrantClient(":memory:"))
-    report = ingest_documents(
-        LoadedCorpus(DOCS, 0, "t"), alias=alias, encoder=encoder, store=store, index_root=root
-    )
-    return Retriever(encoder=encoder, store=store, index_root=root, collection=alias), (
-        report.collection
-    )
+    store = ServerStore(QdrantClient(":memory:"))
+    report = ingest_documents(LoadedCorpus(DOCS, 0, "t"), alias=alias, encoder=encoder, store=store)
+    return Retriever(encoder=encoder, store=store, collection=alias), (report.collection)
 
 
 @contextmanager
@@ -169,9 +165,7 @@ def test_probes_and_docs(http: TestClient, served: Served) -> None:
 def test_not_ready_when_the_default_collection_is_missing(
     served: Served, tiny_encoder: Encoder, tmp_path: Path
 ) -> None:
-    retriever = Retriever(
-        encoder=tiny_encoder, store=served.retriever.store, index_root=tmp_path, collection="nope"
-    )
+    retriever = Retriever(encoder=tiny_encoder, store=served.retriever.store, collection="nope")
     with TestClient(create_app(retriever, served.settings)) as client:
         assert client.get("/healthz").status_code == 200  # alive, just not ready
         response = client.get("/readyz")
@@ -366,7 +360,6 @@ def test_fingerprint_mismatch_is_409(
     other = Retriever(
         encoder=Encoder.load(str(other_dir), device="cpu"),
         store=served.retriever.store,
-        index_root=tmp_path,
         collection="kb",
     )
     with TestClient(create_app(other, served.settings)) as client:
@@ -380,11 +373,13 @@ def test_fingerprint_mismatch_is_409(
     assert ready.status_code == 503 and ready.json()["error"] == "fingerprint_mismatch"
 
 
-class BrokenStore(QdrantStore):
+class BrokenStore(ServerStore):
     """A store whose search fails the way a bug would, with internals in the message."""
 
-    def search(self, *args: Any, **kwargs: Any) -> list[tuple[str, float]]:
-        raise RuntimeError("secret internal state at 0xdeadbeef")
+    def search(self, name: str, queries: Sequence[StageQuery]) -> list[list[tuple[str, float]]]:
+        if any(q.using == "dense" for q in queries):
+            raise RuntimeError("secret internal state at 0xdeadbeef")
+        return super().search(name, queries)
 
 
 def test_unexpected_errors_are_a_generic_500_and_logged(
@@ -392,8 +387,7 @@ def test_unexpected_errors_are_a_generic_500_and_logged(
 ) -> None:
     broken = Retriever(
         encoder=tiny_encoder,
-        store=BrokenStore(served.retriever.store.client),
-        index_root=served.retriever.index_root,
+        store=BrokenStore(served.retriever.store.client),  # type: ignore[attr-defined]
         collection="kb",
     )
     with (
@@ -524,9 +518,9 @@ def test_unreachable_qdrant_server_is_reported_not_a_stack_trace(
     client = QdrantClient(
         url=f"http://127.0.0.1:{closed_port}", timeout=5, check_compatibility=False
     )
-    store = QdrantStore(client)
+    store = ServerStore(client)
     assert store.embedded is False
-    retriever = Retriever(encoder=tiny_encoder, store=store, index_root=tmp_path, collection="kb")
+    retriever = Retriever(encoder=tiny_encoder, store=store, collection="kb")
     ready, report = server.check_ready(retriever)
     assert not ready and report["error"] == "vector_store_unavailable"
     with TestClient(create_app(retriever, served.settings), raise_server_exceptions=False) as http:

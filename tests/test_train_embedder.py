@@ -15,7 +15,7 @@ from rag_retriever.errors import ConfigError
 from rag_retriever.profiles import resolve_model
 from rag_retriever.records import Document
 from rag_retriever.retriever import Retriever
-from rag_retriever.store import QdrantStore
+from rag_retriever.store import Store
 from rag_retriever.training.embedder import EmbedderTrainingConfig, train_embedder
 from rag_retriever.training.mining import Example, batches_without_shared_gold, mine_examples
 from tests.conftest import collection_retriever, write_jsonl
@@ -72,8 +72,8 @@ def question_rows(tmp_path: Path, copies: int = 2) -> Path:
 
 
 @pytest.fixture
-def retriever(store: QdrantStore, tiny_encoder: Encoder, tmp_path: Path) -> Retriever:
-    return collection_retriever(DOCS, store, tiny_encoder, tmp_path / "idx")
+def retriever(store: Store, tiny_encoder: Encoder, tmp_path: Path) -> Retriever:
+    return collection_retriever(DOCS, store, tiny_encoder)
 
 
 def test_mined_negatives_are_never_gold(retriever: Retriever, tmp_path: Path) -> None:

@@ -19,7 +19,7 @@ from rag_retriever.errors import ConfigError
 from rag_retriever.records import Document
 from rag_retriever.reranker import CrossEncoderReranker
 from rag_retriever.retriever import Retriever
-from rag_retriever.store import QdrantStore
+from rag_retriever.store import Store
 from rag_retriever.training.mining import mine_examples
 from rag_retriever.training.reranker import (
     RerankerTrainingConfig,
@@ -50,17 +50,14 @@ DOCS = tuple(
 
 
 @pytest.fixture
-def retriever(store: QdrantStore, tiny_encoder: Encoder, tmp_path: Path) -> Retriever:
+def retriever(store: Store, tiny_encoder: Encoder, tmp_path: Path) -> Retriever:
     ingest_documents(
         LoadedCorpus(DOCS, 0, "t"),
         alias="kb",
         encoder=tiny_encoder,
         store=store,
-        index_root=tmp_path / "idx",
     )
-    return Retriever(
-        encoder=tiny_encoder, store=store, index_root=tmp_path / "idx", collection="kb"
-    )
+    return Retriever(encoder=tiny_encoder, store=store, collection="kb")
 
 
 def questions(tmp_path: Path, retriever: Retriever, copies: int = 3) -> Path:

@@ -21,7 +21,7 @@ from tqdm.auto import tqdm
 
 from eval.evaluation import gold_items
 from eval.questions import Question
-from rag_retriever.chunk_index import ChunkIndex
+from rag_retriever.chunk_table import ChunkTable
 from rag_retriever.retriever import Retriever
 
 MINE_BATCH = 64
@@ -41,7 +41,7 @@ class Example:
 @dataclass(frozen=True)
 class MinedSet:
     collection: str
-    index: ChunkIndex
+    index: ChunkTable
     examples: list[Example]
     skipped: dict[str, int]
 
@@ -56,10 +56,9 @@ def mine_examples(
     progress: bool = False,
 ) -> MinedSet:
     """Mine one example per usable question; `depth` = how far down the hybrid list to look."""
-    name, index = retriever.open_collection(collection, "hybrid")
-    rows_of_doc: dict[str, list[int]] = {}
-    for row, chunk in enumerate(index.chunks):
-        rows_of_doc.setdefault(chunk.doc_id, []).append(row)
+    name = retriever.open_collection(collection, "hybrid").name
+    index = ChunkTable.load(retriever.store, name)
+    rows_of_doc = index.rows_of_doc
     skipped = Counter[str]()
     usable: list[tuple[Question, frozenset[int]]] = []
     for q in questions:
@@ -76,11 +75,9 @@ def mine_examples(
     bar = tqdm(total=len(usable), desc="mining negatives", unit="q", disable=not progress)
     for start in range(0, len(usable), MINE_BATCH):
         batch = usable[start : start + MINE_BATCH]
-        _, _, traces = retriever.trace(
-            [q.question for q, _ in batch], mode="hybrid", collection=name
-        )
+        _, traces = retriever.trace([q.question for q, _ in batch], mode="hybrid", collection=name)
         for (q, gold), trace in zip(batch, traces, strict=True):
-            ranked = [row for row, _ in trace.fused or []][:depth]
+            ranked = index.rows([cid for cid, _ in trace.fused or []][:depth])
             retrieved_gold = [r for r in ranked if r in gold]
             positive = retrieved_gold[0] if retrieved_gold else min(gold)
             hard = [r for r in ranked if r not in gold][:negatives]
