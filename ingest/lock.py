@@ -17,11 +17,16 @@ import os
 from pathlib import Path
 from types import TracebackType
 
-from rag_retriever.errors import IngestLocked
+from rag_retriever.errors import IngestLocked, InvalidRequest
+from rag_retriever.records import check_alias
 
 
 class IngestLock:
     def __init__(self, data_dir: Path, alias: str) -> None:
+        try:
+            check_alias(alias)  # before the name becomes part of a path
+        except ValueError as exc:
+            raise InvalidRequest(str(exc)) from None
         self.path = data_dir / "locks" / f"{alias}.lock"
         self.alias = alias
         self._fh: int | None = None

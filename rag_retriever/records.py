@@ -13,6 +13,7 @@ Example:
 from __future__ import annotations
 
 import hashlib
+import re
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -24,6 +25,26 @@ CHUNK_ID_NAMESPACE = uuid.UUID("5b1c0f8e-7a52-4b8e-9d1c-2f4e6a7b8c90")
 
 Mode = Literal["dense", "bm25", "hybrid", "rerank"]
 MODES: tuple[Mode, ...] = ("dense", "bm25", "hybrid", "rerank")
+
+
+# Collection (alias) names become file names of the embedded store and Qdrant collection names:
+# a letter or digit, then letters, digits, '.', '_' or '-', at most 64 characters, and no '__'
+# (which separates a version's parts: `<alias>__<model>__v<N>`).
+ALIAS_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+
+
+def check_alias(name: object) -> str:
+    """`name` if it is a valid collection name, else ValueError saying what is allowed.
+
+    >>> check_alias("docs")
+    'docs'
+    """
+    if not isinstance(name, str) or not ALIAS_PATTERN.fullmatch(name) or "__" in name:
+        raise ValueError(
+            f"collection name {name!r} is not allowed: use 1-64 letters, digits, '.', '_' or "
+            f"'-', starting with a letter or digit, without '__' (reserved for versions)"
+        )
+    return name
 
 
 def chunk_point_id(doc_id: str, chunk_index: int) -> str:

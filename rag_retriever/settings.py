@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, Literal, get_args
 
 from rag_retriever.errors import ConfigError
+from rag_retriever.records import check_alias
 
 DEVICES = ("auto", "cpu", "cuda")
 DTYPES = ("auto", "fp32", "bf16", "fp16")
@@ -151,11 +152,10 @@ class Settings:
             )
         if self.pooling is not None:
             _choice("pooling", self.pooling, POOLINGS)
-        if not self.collection or "__" in self.collection:
-            raise ConfigError(
-                f"RAG_COLLECTION must be a non-empty name without '__' (reserved for versions), "
-                f"got {self.collection!r}"
-            )
+        try:
+            check_alias(self.collection)
+        except ValueError as exc:
+            raise ConfigError(f"RAG_COLLECTION: {exc}") from None
         if self.qdrant_url is not None and not self.qdrant_url.startswith(("http://", "https://")):
             raise ConfigError(
                 f"RAG_QDRANT_URL must start with http:// or https://, got {self.qdrant_url!r}"

@@ -43,7 +43,7 @@ import numpy as np
 
 from rag_retriever.bm25 import SparseVector
 from rag_retriever.errors import CollectionNotFound, ConfigError, InvalidRequest
-from rag_retriever.records import SearchFilter
+from rag_retriever.records import ALIAS_PATTERN, SearchFilter, check_alias
 from rag_retriever.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -53,6 +53,8 @@ STATUS_COMPLETE = "complete"
 DENSE: Final = "dense"
 SPARSE: Final = "bm25"
 _VERSIONED = re.compile(r"^(?P<alias>.+?)__(?P<slug>.+)__v(?P<version>\d+)$")
+# What a version's directory may be called: a plain file name that cannot leave the store.
+_SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,199}")
 # A metadata key that Qdrant's JSON path reads without quotes.
 _PLAIN_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_-]*$")
 
@@ -321,9 +323,17 @@ class EdgeStore(Store):
     # names and metadata
 
     def _dir(self, name: str) -> Path:
-        if "/" in name or name.startswith(".") or not name:
-            raise CollectionNotFound(f"{name!r} is not a collection name")
+        """The directory of a version. A name that is not a plain file name (no '/', no leading
+        '.', no '..') is refused before any path is built from it."""
+        if not _SAFE_NAME.fullmatch(name):
+            raise CollectionNotFound(f"{name!r} is not a collection name of this store")
         return self._collections / name
+
+    def _alias_file(self, alias: str) -> Path:
+        try:
+            return self._aliases / f"{check_alias(alias)}.json"
+        except ValueError as exc:
+            raise InvalidRequest(str(exc)) from None
 
     def collection_names(self) -> list[str]:
         return sorted(
@@ -343,10 +353,11 @@ class EdgeStore(Store):
         return out
 
     def resolve(self, alias_or_name: str) -> str:
-        path = self._aliases / f"{alias_or_name}.json"
         # One small read per query: a serving process follows a moved alias at once.
-        with contextlib.suppress(FileNotFoundError, ValueError, KeyError, OSError):
-            return str(json.loads(path.read_text(encoding="utf-8"))["collection"])
+        if ALIAS_PATTERN.fullmatch(alias_or_name):
+            path = self._aliases / f"{alias_or_name}.json"
+            with contextlib.suppress(FileNotFoundError, ValueError, KeyError, OSError):
+                return str(json.loads(path.read_text(encoding="utf-8"))["collection"])
         return super().resolve(alias_or_name)
 
     def metadata(self, name: str) -> dict[str, Any]:
@@ -432,11 +443,11 @@ class EdgeStore(Store):
     def point_alias(self, alias: str, name: str) -> None:
         if not self.exists(name):
             raise CollectionNotFound(f"collection {name!r} does not exist")
-        write_atomic(self._aliases / f"{alias}.json", json.dumps({"collection": name}).encode())
+        write_atomic(self._alias_file(alias), json.dumps({"collection": name}).encode())
 
     def remove_alias(self, alias: str) -> None:
         with contextlib.suppress(FileNotFoundError):
-            (self._aliases / f"{alias}.json").unlink()
+            self._alias_file(alias).unlink()
 
     # reading
 

@@ -82,3 +82,28 @@ def test_bad_setting_is_a_one_line_error(
     monkeypatch.setenv("RAG_DENSE_TOP_N", "lots")
     assert main(["collections"]) == 2
     assert "RAG_DENSE_TOP_N='lots' is invalid" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("name", ["../../victim", "/tmp/abs", "made/by/collection/x"])
+def test_traversing_collection_names_write_nothing(
+    env: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], name: str
+) -> None:
+    corpus = write_jsonl(tmp_path / "docs.jsonl", [{"id": "a", "text": "A river."}])
+    victim = tmp_path / "victim.lock"
+    victim.write_text("keep me", encoding="utf-8")
+    before = sorted(p.name for p in tmp_path.iterdir())
+    assert main(["ingest", str(corpus), "--collection", name, "--no-progress"]) == 2
+    assert "collection name" in capsys.readouterr().err
+    assert victim.read_text(encoding="utf-8") == "keep me"
+    assert sorted(p.name for p in tmp_path.iterdir()) == before
+    assert not (tmp_path / "made").exists()
+
+
+def test_a_data_dir_from_0_1_is_refused_with_the_fix(
+    env: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (env / "qdrant").mkdir(parents=True)
+    (env / "indexes").mkdir()
+    assert main(["collections"]) == 2
+    err = capsys.readouterr().err
+    assert "written by rag-retriever 0.1" in err and "Re-ingest" in err

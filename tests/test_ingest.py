@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -224,3 +225,17 @@ def test_a_killed_holder_does_not_leave_the_lock_stuck(tmp_path: Path) -> None:
         except IngestLocked:
             assert time.time() < deadline
             time.sleep(0.05)
+
+
+@pytest.mark.parametrize(
+    "alias", ["../victim", "/abs/path", "a/b", "my coll*", "x" * 300, "a__b", ".hidden", ""]
+)
+def test_unsafe_collection_names_are_refused_before_any_path_is_written(
+    store: Store, tiny_encoder: Encoder, tmp_path: Path, alias: str
+) -> None:
+    outside = tmp_path.parent
+    before = sorted(os.listdir(outside))
+    with pytest.raises(InvalidRequest, match="collection name"):
+        ingest_documents(corpus(DOCS), alias=alias, encoder=tiny_encoder, store=store)
+    assert sorted(os.listdir(outside)) == before  # nothing written beside this test's folder
+    assert not (tmp_path / "locks").exists() and store.collection_names() == []

@@ -37,7 +37,7 @@ def test_environment_values_are_parsed() -> None:
         ({"RAG_RRF_WEIGHTS": "1,x"}, "RAG_RRF_WEIGHTS='1,x' is invalid"),
         ({"RAG_RERANK_FUSION": "max"}, "RAG_RERANK_FUSION must be one of none, rrf"),
         ({"RAG_DEFAULT_K": "50", "RAG_MAX_K": "10"}, "must not exceed RAG_MAX_K"),
-        ({"RAG_COLLECTION": "a__b"}, "RAG_COLLECTION must be a non-empty name without '__'"),
+        ({"RAG_COLLECTION": "a__b"}, "RAG_COLLECTION: collection name 'a__b' is not allowed"),
         ({"RAG_QDRANT_URL": "localhost:6333"}, "must start with http:// or https://"),
     ],
 )
