@@ -94,7 +94,7 @@ def test_tiny_cross_encoder_learns_to_put_the_positive_first(
     config = RerankerTrainingConfig(
         negatives=5,
         batch_size=4,
-        epochs=10,
+        epochs=20,
         learning_rate=1e-3,
         max_length=48,
         val_fraction=0.0,
