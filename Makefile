@@ -26,11 +26,12 @@ demo: setup
 	RAG_DATA_DIR=$(DEMO_DATA) $(BIN)/python eval/recall_at_k.py --collection demo \
 		--questions docs/demo_questions.jsonl --k 1 3 5 --out $(DEMO_DATA)/eval
 
-## test: lint, types and the test suite (what CI runs)
+## test: lint, types, the import layers and the test suite (what CI runs)
 test: setup
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
+	$(BIN)/lint-imports
 	$(BIN)/pytest -q
 
 lint: setup

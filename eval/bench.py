@@ -2,7 +2,7 @@
 the ratio. Results go to `<out>/bench.json` and `<out>/bench.txt`.
 
 Usage:
-    python eval/bench.py [--out bench-out] [--only bm25 ingest query load] [--reranker DIR]
+    python eval/bench.py [--out bench-out] [--only bm25 engine ingest query load] [--reranker DIR]
 
 Needs ../shared/data (SQuAD and SciFact). Takes about 5 minutes on 2 CPU cores.
 """
@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-BENCHES = ("bm25", "ingest", "query", "load")
+BENCHES = ("bm25", "engine", "ingest", "query", "load")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -30,6 +30,9 @@ def main(argv: list[str] | None = None) -> int:
         "--reranker",
         type=Path,
         help="cross-encoder dir (default: an untrained one, for speed only)",
+    )
+    parser.add_argument(
+        "--engine-sizes", type=int, nargs="+", default=[100_000], help="e.g. 100000 1000000"
     )
     parser.add_argument("--load-seconds", type=float, default=20.0)
     parser.add_argument("--load-clients", type=int, default=8)
@@ -49,6 +52,12 @@ def main(argv: list[str] | None = None) -> int:
 
         results["bm25"] = bench_bm25.run()
         emit(bench_bm25.report(results["bm25"]))
+
+    if "engine" in args.only:
+        from eval import bench_engine
+
+        results["engine"] = bench_engine.run(tuple(args.engine_sizes))
+        emit(bench_engine.report(results["engine"]))
 
     data_dir = args.out / "data"
     if "ingest" in args.only:

@@ -32,6 +32,7 @@ from eval.metrics import (
 )
 from eval.questions import Question
 from rag_retriever.chunk_table import ChunkTable
+from rag_retriever.errors import InvalidRequest
 from rag_retriever.records import Mode
 from rag_retriever.retriever import Retriever, Trace
 
@@ -119,7 +120,11 @@ def evaluate(
     level: Level = "chunk",
     failure_k: int = 10,
     progress: bool = False,
+    allow_missing_gold: bool = False,
 ) -> EvalRun:
+    """Score every mode on `questions`. Gold documents missing from the collection are an error
+    (InvalidRequest, naming how many and a few) unless `allow_missing_gold`: then those
+    questions are skipped and counted in the summary."""
     if not modes:
         raise ValueError("no modes to evaluate")
     if any(k <= 0 for k in ks):
@@ -130,6 +135,16 @@ def evaluate(
     index = ChunkTable.load(retriever.store, name)
     rows_of_doc = index.rows_of_doc
 
+    missing = [q for q in questions if any(d not in rows_of_doc for d in q.gold_doc_ids)]
+    if missing and not allow_missing_gold:
+        example = ", ".join(
+            sorted({d for q in missing[:5] for d in q.gold_doc_ids if d not in rows_of_doc})
+        )
+        raise InvalidRequest(
+            f"{len(missing)} of {len(questions)} questions name gold documents that are not in "
+            f"{name} (e.g. {example}); evaluate the collection the questions were written for "
+            f"(--collection), or pass --allow-missing-gold to skip them"
+        )
     problems: list[str] = []
     runnable: list[tuple[Question, list[set[Hashable]]]] = []
     chunking_misses: list[QuestionResult] = []
@@ -172,6 +187,10 @@ def evaluate(
         level=level,
         questions_given=len(questions),
         questions_skipped=dict(skipped),
+        # questions scored on any chunk of a gold document (no gold span given)
+        questions_without_spans=sum(1 for q, _ in runnable if not q.gold_spans)
+        if level == "chunk"
+        else 0,
         problems=len(problems),
         time_s=round(time.perf_counter() - started, 2),
         rerank_candidates=candidates_m,

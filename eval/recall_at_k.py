@@ -23,7 +23,13 @@ from typing import Any, cast
 
 from eval.evaluation import DEFAULT_KS, Level, evaluate
 from eval.questions import file_sha256, load_questions
-from eval.report import check_thresholds, compare_runs, summary_table, write_outputs
+from eval.report import (
+    check_thresholds,
+    compare_runs,
+    parse_threshold,
+    summary_table,
+    write_outputs,
+)
 from rag_retriever.errors import RagError
 from rag_retriever.records import MODES, Mode
 from rag_retriever.retriever import Retriever
@@ -53,11 +59,37 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--compare", type=Path, help="an earlier --out dir: improvements/regressions")
     p.add_argument("--fail-under", action="append", default=[], metavar="[MODE:]METRIC=MIN")
     p.add_argument("--rerank-model", help="RAG_RERANK_MODEL for this run")
+    p.add_argument(
+        "--allow-missing-gold",
+        action="store_true",
+        help="skip questions whose gold documents are not in the collection (default: exit 2)",
+    )
     p.add_argument("--no-progress", action="store_true")
     return p
 
 
+def check_arguments(args: argparse.Namespace) -> None:
+    """Everything that can be wrong with the arguments, before minutes of work."""
+    if any(k <= 0 for k in args.k):
+        raise ValueError(f"--k takes positive cut-offs, got {args.k}")
+    if args.failure_k <= 0:
+        raise ValueError(f"--failure-k must be positive, got {args.failure_k}")
+    if args.sample is not None and args.sample <= 0:
+        raise ValueError(f"--sample must be positive, got {args.sample}")
+    for spec in args.fail_under:
+        _, metric, _ = parse_threshold(spec, "hybrid")
+        known = [f"recall@{k}" for k in sorted(set(args.k))] + ["mrr@10", "ndcg@10"]
+        if metric not in [*known, "candidate_recall"]:
+            raise ValueError(
+                f"--fail-under {spec!r}: unknown metric {metric!r}; this run computes "
+                f"{', '.join(known)} and candidate_recall (recall@K needs K in --k)"
+            )
+    if not args.questions.is_file():
+        raise ValueError(f"--questions {args.questions} is not a file")
+
+
 def run(args: argparse.Namespace, retriever: Retriever | None = None) -> int:
+    check_arguments(args)
     settings = Settings.from_env(collection=args.collection, rerank_model=args.rerank_model)
     questions, problems = load_questions(args.questions)
     for problem in problems:
@@ -87,6 +119,7 @@ def run(args: argparse.Namespace, retriever: Retriever | None = None) -> int:
         level=cast(Level, args.level),
         failure_k=args.failure_k,
         progress=not args.no_progress,
+        allow_missing_gold=args.allow_missing_gold,
     )
     result.problems[:0] = problems
     result.summary.update(

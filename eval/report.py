@@ -91,8 +91,15 @@ def summary_table(summary: dict[str, Any]) -> str:
     for mode, figures in modes.items():
         lines.append(f"{mode:<8}" + "".join(f"{figures[m]:>11.4f}" for m in metrics))
     classes = ", ".join(f"{c} {n}" for c, n in summary["failure_classes"].items() if n)
+    level = f"{summary['level']} level"
+    without_spans = summary.get("questions_without_spans", 0)
+    if summary["level"] == "chunk" and without_spans:
+        level += f"; {without_spans} without gold spans count any chunk of their gold document"
+    skipped = sum(summary.get("questions_skipped", {}).values())
+    if skipped:
+        level += f"; {skipped} skipped: {summary['questions_skipped']}"
     lines.append(
-        f"questions {summary['questions_evaluated']} ({summary['level']} level) in "
+        f"questions {summary['questions_evaluated']} ({level}) in "
         f"{summary['time_s']}s; candidate recall (top-{summary['rerank_candidates']} fused, the "
         f"reranker's ceiling) {summary['candidate_recall']:.4f}"
     )

@@ -41,7 +41,7 @@ from ingest.lock import IngestLock
 from ingest.versions import apply_retention, point_alias, remove_orphans
 from rag_retriever.bm25 import BM25Model, Tokenizer
 from rag_retriever.encoder import Encoded, Fingerprint
-from rag_retriever.errors import GateRejected
+from rag_retriever.errors import DocumentError, GateRejected
 from rag_retriever.records import Chunk, Document, content_hash
 from rag_retriever.store import (
     STATUS_BUILDING,
@@ -109,6 +109,8 @@ class IngestReport:
     gate: GateDecision | None = None
     # Unchanged documents whose chunks were taken from the live version without re-chunking.
     reused_documents: int = 0
+    # Files of an ingested folder that were skipped, by type.
+    skipped_files: dict[str, int] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         out = {k: v for k, v in self.__dict__.items() if k != "gate"}
@@ -161,7 +163,7 @@ def ingest_documents(
 ) -> IngestReport:
     """Ingest `corpus` as the next version of `alias`; see the module docstring for the steps."""
     if not corpus.documents:
-        raise ValueError(f"{corpus.source}: no non-empty documents to ingest")
+        raise DocumentError(f"{corpus.source}: no document with text to ingest")
     with IngestLock(lock_dir or default_lock_dir(store), alias):
         job = _Ingest(
             corpus,
@@ -287,6 +289,7 @@ class _Ingest:
             timings_s=self.timings,
             gate=decision,
             reused_documents=reused_documents,
+            skipped_files=dict(self.corpus.skipped_files),
         )
         if decision is not None and not decision.promote and promote:
             raise GateRejected(decision.summary, report)

@@ -13,12 +13,15 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import signal
 import sys
 import textwrap
-from collections.abc import Callable, Sequence
+import threading
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from rag_retriever import __version__
 from rag_retriever.errors import GateRejected, RagError
 from rag_retriever.records import MODES, SearchFilter, SearchResult
 from rag_retriever.settings import Settings
@@ -75,7 +78,10 @@ def cmd_ingest(args: argparse.Namespace) -> int:
         chunk_overlap_tokens=args.overlap_tokens,
         keep_versions=args.keep_versions,
     )
-    corpus = load_documents(args.path)  # validated fully before anything is written
+    # validated fully before anything is written
+    corpus = load_documents(
+        args.path, max_chars=settings.max_document_chars, follow_symlinks=args.follow_symlinks
+    )
     encoder = load_encoder(settings)
     store = open_store(settings)
     gate = None
@@ -128,8 +134,11 @@ def _print_ingest(report: dict[str, Any], as_json: bool) -> None:
         f"{report['truncated']} truncated)\n"
         f"vectors     {report['encoded']} encoded, {report['reused']} reused from "
         f"{report['previous'] or '-'}, {report['removed']} removed\n"
-        f"documents   {report.get('reused_documents', 0)} unchanged (chunks reused)"
+        f"unchanged   {report.get('reused_documents', 0)} documents (their chunks reused)"
     )
+    if report.get("skipped_files"):
+        kinds = ", ".join(f"{n} {k}" for k, n in sorted(report["skipped_files"].items()))
+        print(f"skipped     {kinds} (not a supported type: .jsonl, .md, .txt, .html, .pdf)")
     if report.get("gate"):
         print(f"gate        {report['gate']['summary']}")
     if report["orphans_removed"]:
@@ -362,6 +371,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="rag-retriever",
         description="Retrieval backend for RAG: ingest, search, evaluate, serve.",
     )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser(
@@ -380,6 +390,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--min-recall", type=float, default=0.0, help="refuse below this recall@k (0)")
     p.add_argument(
         "--max-regression", type=float, default=0.01, help="refuse if recall@k drops more (0.01)"
+    )
+    p.add_argument(
+        "--follow-symlinks",
+        action="store_true",
+        help="ingest files that a folder links to outside itself (refused by default)",
     )
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -472,24 +487,50 @@ def build_parser() -> argparse.ArgumentParser:
     _common(p)
     p.set_defaults(func=cmd_train_reranker)
 
-    for register in EXTRA_COMMANDS:
-        register(sub)
+    p = sub.add_parser("serve", help="serve search over HTTP (FastAPI; OpenAPI docs at /docs)")
+    p.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="interface to bind (default 127.0.0.1, this machine only; 0.0.0.0 for all)",
+    )
+    p.add_argument("--port", type=int, default=8000, help="port (default 8000)")
+    p.add_argument("--collection", help="default alias or collection (RAG_COLLECTION)")
+    _common(p)
+    p.set_defaults(func=_cmd_serve)
     return parser
 
 
-def _register_serve(sub: Any) -> None:
-    from rag_retriever.server import register_cli
+def _cmd_serve(args: argparse.Namespace) -> int:
+    from rag_retriever import server  # FastAPI and the models load only for this command
 
-    register_cli(sub)
+    server.serve(_settings(args, collection=args.collection), host=args.host, port=args.port)
+    return 0
 
 
-# Commands defined in other modules register themselves through this list.
-EXTRA_COMMANDS: list[Callable[[Any], None]] = [_register_serve]
+# What a stop keeps: an ingest removes its unfinished version before it exits (the alias is only
+# ever moved to a complete one); training writes its model only when it is done.
+_STOP_NOTE = (
+    "nothing unfinished was kept (an unpromoted partial version is removed, the alias serves what "
+    "it served before, the ingest lock is released)"
+)
+
+
+class Stopped(BaseException):
+    """SIGTERM arrived (`docker stop`, systemd): unwinds like Ctrl-C, so cleanup runs."""
+
+
+def _stop_on_sigterm(signum: int, frame: object) -> None:
+    raise Stopped()
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
+    if not (sys.argv[1:] if argv is None else argv):
+        parser.print_help()
+        return 0
     args = parser.parse_args(argv)
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _stop_on_sigterm)
     try:
         level = _settings(args).log_level
         logging.basicConfig(
@@ -501,8 +542,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
+        print(f"interrupted: {_STOP_NOTE}", file=sys.stderr)
         return 130
+    except Stopped:
+        print(f"stopped by SIGTERM: {_STOP_NOTE}", file=sys.stderr)
+        return 143
     except BrokenPipeError:  # `rag-retriever search ... | head`: the reader left, not an error
         sys.stderr.close()
         return 0

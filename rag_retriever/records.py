@@ -215,6 +215,11 @@ class SearchFilter:
     def __post_init__(self) -> None:
         if self.doc_ids is not None and not all(isinstance(d, str) for d in self.doc_ids):
             raise TypeError("SearchFilter.doc_ids must be a tuple of strings")
+        texts = [*(self.doc_ids or ()), *self.equals]
+        texts += [v for v in self.equals.values() if isinstance(v, str)]
+        for text in texts:
+            if isinstance(text, str) and not _utf8(text):
+                raise ValueError(f"filter value {text!r} is not valid Unicode (a lone surrogate)")
         for key, value in self.equals.items():
             if not isinstance(key, str) or not key:
                 raise ValueError(f"filter field names must be non-empty strings, got {key!r}")
@@ -240,13 +245,17 @@ class SearchFilter:
                 f"unknown filter keys {sorted(unknown)}; expected 'doc_ids' and/or 'equals'"
             )
         doc_ids = data.get("doc_ids")
+        if "doc_ids" in data and doc_ids is None:
+            raise ValueError("filter 'doc_ids' must be a list of strings, not null")
         if doc_ids is not None and (
             not isinstance(doc_ids, list | tuple) or not all(isinstance(d, str) for d in doc_ids)
         ):
             raise ValueError("filter 'doc_ids' must be a list of strings")
-        equals = data.get("equals") or {}
+        equals = data.get("equals", {})
         if not isinstance(equals, Mapping):
-            raise ValueError("filter 'equals' must be an object of field: value")
+            raise ValueError(
+                f"filter 'equals' must be an object of field: value, got {type(equals).__name__}"
+            )
         return cls(doc_ids=None if doc_ids is None else tuple(doc_ids), equals=dict(equals))
 
     def to_dict(self) -> dict[str, Any]:
@@ -256,6 +265,14 @@ class SearchFilter:
         if self.equals:
             out["equals"] = dict(self.equals)
         return out
+
+
+def _utf8(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 @dataclass(frozen=True)

@@ -105,6 +105,12 @@ class CrossEncoderReranker:
         max_length: int = 256,
     ) -> CrossEncoderReranker:
         source = str(source)
+        looks_like_path = source.startswith((".", "/", "~")) or source.count("/") > 1
+        if looks_like_path and not Path(source).expanduser().is_dir():
+            raise ModelLoadError(
+                f"reranker {source!r}: no such directory; set RAG_RERANK_MODEL (--rerank-model) "
+                f"to a cross-encoder directory, e.g. one written by `rag-retriever train-reranker`"
+            )
         _check_is_classifier(source)
         try:
             with quiet_transformers():

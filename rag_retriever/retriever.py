@@ -26,7 +26,7 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, get_args
 
 import numpy as np
@@ -36,7 +36,7 @@ from rag_retriever.errors import CollectionNotFound, FingerprintMismatch, Invali
 from rag_retriever.fusion import rrf
 from rag_retriever.records import Chunk, Hit, Mode, SearchFilter, SearchResult, StageScore
 from rag_retriever.reranker import Scorer
-from rag_retriever.settings import RERANK_FUSIONS, RerankFusion, Settings
+from rag_retriever.settings import RerankFusion, Settings
 from rag_retriever.store import DENSE, SPARSE, StageQuery, Store, open_store
 
 if TYPE_CHECKING:
@@ -55,41 +55,35 @@ CHUNK_CACHE_SIZE = 20_000
 # Hit.rank/score are the final order (with rrf, the RRF score).
 
 
+_SETTINGS = frozenset(f.name for f in fields(Settings))
+
+
 @dataclass(frozen=True)
 class RetrievalConfig:
-    dense_top_n: int = 100
-    bm25_top_n: int = 100
-    rrf_k: int = 60
+    """The query path's knobs. Defaults, meaning and validation are those of the settings of the
+    same name (settings.py declares each once)."""
+
+    dense_top_n: int = Settings.dense_top_n
+    bm25_top_n: int = Settings.bm25_top_n
+    rrf_k: int = Settings.rrf_k
     # Weights of the dense and the BM25 list in the fusion.
-    rrf_weights: tuple[float, float] = (1.0, 1.0)
-    rerank_candidates: int = 50
-    rerank_fusion: RerankFusion = "rrf"
+    rrf_weights: tuple[float, float] = Settings.rrf_weights
+    rerank_candidates: int = Settings.rerank_candidates
+    rerank_fusion: RerankFusion = Settings.rerank_fusion
     # Weights of the cross-encoder order and the hybrid order in the "rrf" rerank fusion.
     rerank_fusion_weights: tuple[float, float] = (1.0, 1.0)
-    default_k: int = 10
-    max_k: int = 100
-    max_query_chars: int = 2000
+    default_k: int = Settings.default_k
+    max_k: int = Settings.max_k
+    max_query_chars: int = Settings.max_query_chars
 
     def __post_init__(self) -> None:
-        if self.rerank_fusion not in RERANK_FUSIONS:
-            raise ValueError(
-                f"rerank_fusion must be one of {', '.join(RERANK_FUSIONS)}, "
-                f"got {self.rerank_fusion!r}"
-            )
+        # One set of rules: the settings these fields come from validate them.
+        Settings(**{f.name: getattr(self, f.name) for f in fields(self) if f.name in _SETTINGS})
 
     @classmethod
     def from_settings(cls, s: Settings) -> RetrievalConfig:
-        return cls(
-            dense_top_n=s.dense_top_n,
-            bm25_top_n=s.bm25_top_n,
-            rrf_k=s.rrf_k,
-            rrf_weights=s.rrf_weights,
-            rerank_candidates=s.rerank_candidates,
-            rerank_fusion=s.rerank_fusion,
-            default_k=s.default_k,
-            max_k=s.max_k,
-            max_query_chars=s.max_query_chars,
-        )
+        """The query-path fields of `s` (those that share a name with a setting)."""
+        return cls(**{f.name: getattr(s, f.name) for f in fields(cls) if f.name in _SETTINGS})
 
 
 @dataclass
@@ -310,8 +304,13 @@ class Retriever:
         stages at once, so one pass evaluates every mode.
         """
         chosen_mode = self._check_mode(mode)
-        for q in queries:
-            self._check_query(q)
+        for i, q in enumerate(queries):
+            try:
+                self._check_query(q)
+            except InvalidRequest as exc:
+                if len(queries) == 1:
+                    raise
+                raise InvalidRequest(f"query {i} of the batch: {exc}") from None
         requested = collection or self.default_collection
         try:
             return self._trace(queries, chosen_mode, filter, requested)
@@ -371,6 +370,12 @@ class Retriever:
     def _check_query(self, query: str) -> None:
         if not isinstance(query, str) or not query.strip():
             raise InvalidRequest("the query is empty; send a question with at least one word")
+        bad = _lone_surrogate(query)
+        if bad is not None:
+            raise InvalidRequest(
+                f"the query is not valid Unicode (a lone surrogate at character {bad}); "
+                f"send UTF-8 text"
+            )
         if len(query) > self.config.max_query_chars:
             raise InvalidRequest(
                 f"the query is {len(query)} characters long; the limit is "
@@ -539,3 +544,12 @@ class Retriever:
             if term in present and term not in seen:
                 seen[term] = word
         return tuple(seen.values())
+
+
+def _lone_surrogate(text: str) -> int | None:
+    """Where `text` stops being encodable as UTF-8 (a lone surrogate), or None."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        return exc.start
+    return None

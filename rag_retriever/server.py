@@ -26,7 +26,6 @@ module does not do TLS, rate limiting or multi-tenant keys: put a reverse proxy 
 
 from __future__ import annotations
 
-import argparse
 import hmac
 import importlib.metadata
 import ipaddress
@@ -49,7 +48,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ingest.versions import describe_collections
-from rag_retriever.errors import InvalidRequest, RagError
+from rag_retriever.errors import ConfigError, InvalidRequest, RagError
 from rag_retriever.records import Mode, SearchFilter
 from rag_retriever.retriever import Retriever
 from rag_retriever.settings import Settings
@@ -87,11 +86,42 @@ class _Options(BaseModel):
 
 
 class SearchBody(_Options):
-    query: str = Field(description="the question", examples=["who founded Normandy?"])
+    query: str = Field(
+        description="the question: at least one word, at most RAG_MAX_QUERY_CHARS characters "
+        "(else 422)",
+        examples=["who founded Normandy?"],
+    )
 
 
 class BatchBody(_Options):
-    queries: list[str] = Field(description="questions, answered in order")
+    queries: list[str] = Field(
+        description="questions, answered in order (each as `query`; at most RAG_MAX_BATCH_SIZE)"
+    )
+
+
+class ErrorBody(BaseModel):
+    """Every error the service sends: a stable code and a sentence that says the fix."""
+
+    error: str = Field(description="a stable code, e.g. invalid_request, collection_not_found")
+    detail: str = Field(description="what was wrong, what was expected, and the fix")
+
+
+def _errors(*statuses: int) -> dict[int | str, dict[str, Any]]:
+    """The OpenAPI description of the error answers a route can send."""
+    meaning = {
+        400: "malformed request (e.g. a body that is not JSON)",
+        401: "missing or wrong API key (when RAG_API_KEY is set)",
+        404: "unknown collection or route",
+        409: "the collection was embedded with another model",
+        413: "body over RAG_MAX_BODY_BYTES",
+        422: "invalid request: names the field, the value and the fix",
+        500: "an unexpected error (details only in the server log)",
+        503: "Qdrant is unreachable",
+    }
+    return {s: {"model": ErrorBody, "description": meaning[s]} for s in statuses}
+
+
+_SEARCH_ERRORS = _errors(400, 401, 404, 409, 413, 422, 500, 503)
 
 
 # -- the app -----------------------------------------------------------------------------------
@@ -108,7 +138,7 @@ def create_app(retriever: Retriever, settings: Settings) -> FastAPI:
     app.state.retriever = retriever
     app.state.settings = settings
 
-    @app.post("/v1/search", summary="Search one query")
+    @app.post("/v1/search", summary="Search one query", responses=_SEARCH_ERRORS)
     def search(body: SearchBody) -> JSONResponse:
         _check_options(body, settings)
         _check_query_length(body.query, settings, "query")
@@ -121,7 +151,11 @@ def create_app(retriever: Retriever, settings: Settings) -> FastAPI:
         )
         return JSONResponse(result.to_dict())
 
-    @app.post("/v1/search/batch", summary="Search many queries (encoded in one batch)")
+    @app.post(
+        "/v1/search/batch",
+        summary="Search many queries (encoded in one batch)",
+        responses=_SEARCH_ERRORS,
+    )
     def search_batch(body: BatchBody) -> JSONResponse:
         _check_options(body, settings)
         if len(body.queries) > settings.max_batch_size:
@@ -140,7 +174,11 @@ def create_app(retriever: Retriever, settings: Settings) -> FastAPI:
         )
         return JSONResponse({"results": [r.to_dict() for r in results]})
 
-    @app.get("/v1/collections", summary="Aliases, the collection each serves, all versions")
+    @app.get(
+        "/v1/collections",
+        summary="Aliases, the collection each serves, all versions",
+        responses=_errors(401, 500, 503),
+    )
     def collections() -> JSONResponse:
         return JSONResponse(
             {
@@ -153,10 +191,21 @@ def create_app(retriever: Retriever, settings: Settings) -> FastAPI:
     def healthz() -> dict[str, str]:
         return {"status": "ok"}
 
-    @app.get("/readyz", summary="Readiness: the default collection opens with this encoder")
-    def readyz() -> JSONResponse:
+    @app.get(
+        "/readyz",
+        summary="Readiness: the default collection opens with this encoder",
+        responses={503: {"description": "not ready; the reason only with the API key"}},
+    )
+    def readyz(request: Request) -> JSONResponse:
         ready, report = check_ready(retriever)
+        if settings.api_key and not _authorised(request.scope, settings.api_key.encode()):
+            # Open to orchestrators, but what it serves is for key holders only.
+            report = {"status": report["status"]}
         return JSONResponse(report, status_code=200 if ready else 503)
+
+    # HEAD on the probes (load balancers use it); kept out of the schema, which lists GET.
+    app.add_api_route("/healthz", healthz, methods=["HEAD"], include_in_schema=False)
+    app.add_api_route("/readyz", readyz, methods=["HEAD"], include_in_schema=False)
 
     app.add_exception_handler(RagError, _rag_error)
     app.add_exception_handler(RequestValidationError, _validation_error)
@@ -433,17 +482,21 @@ class _ApiKey:
         )
 
     def _authorised(self, scope: Scope) -> bool:
-        offered: list[str] = []
-        authorization = _header(scope, b"authorization")
-        if authorization is not None:
-            scheme, _, token = authorization.partition(" ")
-            if scheme.lower() == "bearer":
-                offered.append(token.strip())
-        api_key = _header(scope, b"x-api-key")
-        if api_key is not None:
-            offered.append(api_key.strip())
-        # Constant-time comparison: the time taken says nothing about how much of the key matched.
-        return any(hmac.compare_digest(o.encode(), self.key) for o in offered)
+        return _authorised(scope, self.key)
+
+
+def _authorised(scope: Scope, key: bytes) -> bool:
+    offered: list[str] = []
+    authorization = _header(scope, b"authorization")
+    if authorization is not None:
+        scheme, _, token = authorization.partition(" ")
+        if scheme.lower() == "bearer":
+            offered.append(token.strip())
+    api_key = _header(scope, b"x-api-key")
+    if api_key is not None:
+        offered.append(api_key.strip())
+    # Constant-time comparison: the time taken says nothing about how much of the key matched.
+    return any(hmac.compare_digest(o.encode("utf-8", "replace"), key) for o in offered)
 
 
 def _header(scope: Scope, name: bytes) -> str | None:
@@ -462,6 +515,7 @@ def serve(settings: Settings, *, host: str = "127.0.0.1", port: int = 8000) -> N
     The default host is the loopback interface; pass 0.0.0.0 to accept other machines (inside
     a container that is what you want; elsewhere set RAG_API_KEY first).
     """
+    sock = _bind(host, port)  # a busy port is an error before minutes of model loading
     retriever = Retriever.from_settings(settings)
     if not settings.api_key and not _is_loopback(host):
         log.warning(
@@ -470,20 +524,31 @@ def serve(settings: Settings, *, host: str = "127.0.0.1", port: int = 8000) -> N
     ready, report = check_ready(retriever)
     if ready:
         log.info(
-            "serving %s -> %s (%d chunks)",
+            "serving %s -> %s (%s chunks)",
             report["collection"],
             report["serving"],
             report["chunks"],
         )
     else:
         log.warning("not ready yet (/readyz answers 503): %s", report["detail"])
-    uvicorn.run(
-        create_app(retriever, settings),
-        host=host,
-        port=port,
-        workers=1,
-        log_level=settings.log_level.lower(),
+    config = uvicorn.Config(
+        create_app(retriever, settings), workers=1, log_level=settings.log_level.lower()
     )
+    uvicorn.Server(config).run(sockets=[sock])
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise ConfigError(
+            f"cannot listen on {host}:{port}: {exc.strerror or exc}; another process may be "
+            f"using the port: choose another with --port"
+        ) from None
+    return sock
 
 
 def _is_loopback(host: str) -> bool:
@@ -523,28 +588,3 @@ def serve_in_thread(app: FastAPI, *, host: str = "127.0.0.1", port: int = 0) -> 
         server.should_exit = True
         thread.join(timeout=STARTUP_TIMEOUT_S)
         sock.close()
-
-
-def register_cli(subparsers: Any) -> None:
-    """Add `rag-retriever serve` to the CLI (append this to `cli.EXTRA_COMMANDS`)."""
-    from rag_retriever.cli import _common
-
-    p: argparse.ArgumentParser = subparsers.add_parser(
-        "serve", help="serve search over HTTP (FastAPI; OpenAPI docs at /docs)"
-    )
-    p.add_argument(
-        "--host",
-        default="127.0.0.1",
-        help="interface to bind (default 127.0.0.1, this machine only; 0.0.0.0 for all)",
-    )
-    p.add_argument("--port", type=int, default=8000, help="port (default 8000)")
-    p.add_argument("--collection", help="default alias or collection (RAG_COLLECTION)")
-    _common(p)
-    p.set_defaults(func=_cmd_serve)
-
-
-def _cmd_serve(args: argparse.Namespace) -> int:
-    from rag_retriever.cli import _settings
-
-    serve(_settings(args, collection=args.collection), host=args.host, port=args.port)
-    return 0

@@ -22,6 +22,7 @@ from rag_retriever.errors import ConfigError
 from rag_retriever.records import check_alias
 
 DEVICES = ("auto", "cpu", "cuda")
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 DTYPES = ("auto", "fp32", "bf16", "fp16")
 POOLINGS = ("mean", "cls")
 # How `rerank` mode orders the reranked candidates (see rag_retriever/retriever.py).
@@ -82,6 +83,9 @@ class Settings:
     max_k: int = 100
     max_query_chars: int = 2000
 
+    # Ingest refuses a document longer than this many characters (a few thousand pages): such a
+    # file is usually a dump to split, and one document is held in memory while it is chunked.
+    max_document_chars: int = 10_000_000
     # Versions of a collection kept after a promotion (the live one included).
     keep_versions: int = 2
     # A version that stopped serving is deleted by retention only this many seconds later, so a
@@ -117,6 +121,7 @@ class Settings:
             "max_k",
             "max_query_chars",
             "keep_versions",
+            "max_document_chars",
             "max_batch_size",
             "max_body_bytes",
         ):
@@ -139,6 +144,7 @@ class Settings:
                 f"RAG_DEFAULT_K ({self.default_k}) must not exceed RAG_MAX_K ({self.max_k})"
             )
         _choice("device", self.device, DEVICES)
+        _choice("log_level", self.log_level.upper(), LOG_LEVELS)
         _choice("dtype", self.dtype, DTYPES)
         _choice("rerank_fusion", self.rerank_fusion, RERANK_FUSIONS)
         if (
@@ -250,6 +256,7 @@ _CONVERTERS: dict[str, Callable[[str], Any]] = {
     "max_k": _int,
     "max_query_chars": _int,
     "keep_versions": _int,
+    "max_document_chars": _int,
     "retention_grace_s": _int,
     "api_key": _optional_str,
     "max_batch_size": _int,

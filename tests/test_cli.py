@@ -107,3 +107,32 @@ def test_a_data_dir_from_0_1_is_refused_with_the_fix(
     assert main(["collections"]) == 2
     err = capsys.readouterr().err
     assert "written by rag-retriever 0.1" in err and "Re-ingest" in err
+
+
+def test_version_and_a_bare_command_answer_without_an_error(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from rag_retriever import __version__
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--version"])
+    assert exit_info.value.code == 0
+    assert capsys.readouterr().out.strip() == f"rag-retriever {__version__}"
+    assert main([]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("usage: rag-retriever") and "serve" in out and "ingest" in out
+
+
+@pytest.mark.parametrize("module", ["rag_retriever.cli", "rag_retriever.client"])
+def test_the_cli_and_the_client_import_without_torch(module: str) -> None:
+    """`--help`, `--version` and the httpx client must not pay for torch and transformers."""
+    import subprocess
+    import sys
+
+    code = (
+        f"import sys, {module}; "
+        "heavy = sorted({'torch', 'transformers', 'fastapi', 'qdrant_client', 'qdrant_edge'} "
+        "& set(sys.modules)); print(','.join(heavy))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == ""

@@ -19,7 +19,7 @@ import pytest
 import yaml
 
 from rag_retriever import cli
-from rag_retriever.server import create_app, register_cli, serve_in_thread
+from rag_retriever.server import create_app, serve_in_thread
 from rag_retriever.settings import Settings
 
 REPO = Path(__file__).resolve().parents[1]
@@ -53,12 +53,7 @@ def exec_form(args: str) -> list[str]:
 
 
 def parser() -> Any:
-    original = list(cli.EXTRA_COMMANDS)
-    cli.EXTRA_COMMANDS[:] = [register_cli]
-    try:
-        return cli.build_parser()
-    finally:
-        cli.EXTRA_COMMANDS[:] = original
+    return cli.build_parser()
 
 
 @pytest.fixture(scope="module")
@@ -273,3 +268,29 @@ def test_healthcheck_passes_on_a_live_server_and_fails_without_one(
         [sys.executable, "-c", code.replace(":8000/", ":9/")], capture_output=True, timeout=30
     )
     assert down.returncode != 0
+
+
+def test_cluster_override_is_three_nodes_joined_to_the_first(compose: dict[str, Any]) -> None:
+    cluster = yaml.safe_load((DOCKER / "docker-compose.cluster.yml").read_text())
+    services = cluster["services"]
+    nodes = {"qdrant", "qdrant-node-2", "qdrant-node-3"}
+    assert nodes <= set(services) and set(services) - nodes <= set(compose["services"])
+    for name in nodes:
+        node = services[name]
+        assert node["environment"]["QDRANT__CLUSTER__ENABLED"] == "true"
+        argv = node["command"]
+        assert argv[0] == "./qdrant" and argv[argv.index("--uri") + 1] == f"http://{name}:6335"
+        if name != "qdrant":
+            assert argv[argv.index("--bootstrap") + 1] == "http://qdrant:6335"
+            assert node["profiles"] == ["cluster"]
+            assert node["image"] == compose["services"]["qdrant"]["image"]
+            ((source, _),) = mounts(node).values()
+            assert source in cluster["volumes"]
+    for job in ("retriever", "ingest"):
+        # compose merges the override's environment into the base file's
+        base_env = {
+            k: interpolate(str(v), {}) for k, v in compose["services"][job]["environment"].items()
+        }
+        settings = Settings.from_env({**base_env, **services[job]["environment"]})
+        assert (settings.qdrant_shards, settings.qdrant_replicas) == (3, 2)
+        assert settings.qdrant_write_consistency == 1

@@ -10,6 +10,7 @@ import pytest
 from eval.questions import load_questions
 from eval.recall_at_k import build_parser, run
 from rag_retriever.encoder import Encoder
+from rag_retriever.errors import InvalidRequest
 from rag_retriever.records import Document
 from rag_retriever.retriever import Retriever
 from rag_retriever.store import Store
@@ -81,6 +82,7 @@ def test_full_run_writes_every_output(
             "--out",
             str(out),
             "--no-progress",
+            "--allow-missing-gold",
         ]
     )
     assert run(args, retriever) == 0
@@ -88,6 +90,7 @@ def test_full_run_writes_every_output(
     assert "line 3: gold doc id(s) ['ghost'] not in collection" in captured.err
     assert "line 4: no chunk of" in captured.err and "chunking miss" in captured.err
     assert ":5: malformed JSON" in captured.err
+    assert "1 skipped" in captured.out  # the summary says how many were left out
     summary = json.loads((out / "summary.json").read_text())
     assert summary["questions_evaluated"] == 3  # q1, q2 and the chunking miss q4
     assert summary["questions_skipped"] == {"unknown_gold_doc": 1}
@@ -120,6 +123,7 @@ def test_fail_under_and_compare(
         "--modes",
         "bm25",
         "dense",
+        "--allow-missing-gold",
     ]
     first, second = tmp_path / "a", tmp_path / "b"
     assert run(build_parser().parse_args([*base, "--out", str(first)]), retriever) == 0
@@ -152,8 +156,23 @@ def test_fail_under_and_compare(
     bad = build_parser().parse_args(
         [*base, "--out", str(second), "--fail-under", "bm25:recall@7=0.1"]
     )
-    assert run(bad, retriever) == 1  # an unknown metric fails loudly
+    with pytest.raises(ValueError, match="recall@K needs K in --k"):
+        run(bad, retriever)  # refused before any question is evaluated
+    unknown_mode = build_parser().parse_args(
+        [*base, "--out", str(second), "--fail-under", "rerank:recall@10=0.1"]
+    )
+    assert run(unknown_mode, retriever) == 1  # a mode that did not run fails loudly
     assert "unknown mode or metric" in capsys.readouterr().err
+
+
+def test_unknown_gold_documents_fail_the_run_unless_allowed(
+    retriever: Retriever, tmp_path: Path
+) -> None:
+    args = build_parser().parse_args(
+        ["--questions", str(questions_file(tmp_path)), "--collection", "kb", "--no-progress"]
+    )
+    with pytest.raises(InvalidRequest, match=r"1 of 4 questions .* \(e\.g\. ghost\)"):
+        run(args, retriever)
 
 
 def test_doc_level_and_sampling(retriever: Retriever, tmp_path: Path) -> None:
@@ -174,6 +193,7 @@ def test_doc_level_and_sampling(retriever: Retriever, tmp_path: Path) -> None:
             str(out),
             "--no-progress",
             "--json",
+            "--allow-missing-gold",
         ]
     )
     assert run(args, retriever) == 0

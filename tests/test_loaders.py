@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -121,3 +122,99 @@ def test_unsupported_or_missing_input(tmp_path: Path, name: str) -> None:
 def test_shared_squad_docs_load() -> None:
     corpus = load_documents(shared_data("squad_v11_dev", "docs.jsonl"))
     assert len(corpus.documents) == 48
+
+
+def minimal_pdf(pages: list[str], title: str = "Manual") -> bytes:
+    """A valid PDF with one line of Helvetica text per page, built by hand (offsets and all)."""
+    objects = [
+        "<< /Type /Catalog /Pages 2 0 R >>",
+        "<< /Type /Pages /Kids [{}] /Count {} >>".format(
+            " ".join(f"{4 + 2 * i} 0 R" for i in range(len(pages))), len(pages)
+        ),
+        "<< /Type /Font /Subtype /Type1 /BaseFont /Helvetica >>",
+    ]
+    for i, text in enumerate(pages):
+        stream = f"BT /F1 12 Tf 72 720 Td ({text}) Tj ET"
+        objects.append(
+            f"<< /Type /Page /Parent 2 0 R /MediaBox [0 0 612 792] "
+            f"/Resources << /Font << /F1 3 0 R >> >> /Contents {5 + 2 * i} 0 R >>"
+        )
+        objects.append(f"<< /Length {len(stream)} >>\nstream\n{stream}\nendstream")
+    objects.append(f"<< /Title ({title}) >>")
+    out = b"%PDF-1.4\n"
+    offsets = []
+    for n, body in enumerate(objects, start=1):
+        offsets.append(len(out))
+        out += f"{n} 0 obj\n{body}\nendobj\n".encode("latin-1")
+    xref = len(out)
+    out += f"xref\n0 {len(objects) + 1}\n0000000000 65535 f \n".encode()
+    out += b"".join(f"{o:010d} 00000 n \n".encode() for o in offsets)
+    out += (
+        f"trailer\n<< /Size {len(objects) + 1} /Root 1 0 R /Info {len(objects)} 0 R >>\n"
+        f"startxref\n{xref}\n%%EOF\n"
+    ).encode()
+    return out
+
+
+def test_html_and_pdf_files_are_loaded_with_titles_and_page_offsets(tmp_path: Path) -> None:
+    (tmp_path / "page.html").write_text(
+        "<html><head><title>Install  guide</title><style>p{x:1}</style></head><body>"
+        "<h1>Install</h1><p>Run <b>make</b> demo.</p><script>var secret=1</script>"
+        "<p>Then &amp; search.</p></body></html>",
+        encoding="utf-8",
+    )
+    (tmp_path / "manual.pdf").write_bytes(minimal_pdf(["Rivers run to the sea.", "Page two."]))
+    corpus = load_documents(tmp_path)
+    pdf, html = sorted(corpus.documents, key=lambda d: d.id)
+    assert html.title == "Install guide"
+    assert html.text == "Install\n\nRun make demo.\n\nThen & search."
+    assert "secret" not in html.text and "x:1" not in html.text
+    assert pdf.title == "Manual" and pdf.metadata["pages"] == 2
+    starts = pdf.metadata["page_starts"]
+    assert pdf.text[starts[0] :].startswith("Rivers run to the sea.")
+    assert pdf.text[starts[1] :] == "Page two."
+
+
+def test_folder_reports_skipped_types_and_refuses_symlinks_that_leave_it(tmp_path: Path) -> None:
+    root = tmp_path / "docs"
+    root.mkdir()
+    (root / "a.md").write_text("# A\n\nalpha", encoding="utf-8")
+    (root / "image.png").write_bytes(b"\x89PNG")
+    (root / "notes").write_text("no suffix", encoding="utf-8")
+    (root / "inside.md").symlink_to(root / "a.md")  # stays inside: fine
+    secret = tmp_path / "secret.md"
+    secret.write_text("password", encoding="utf-8")
+    (root / "passwd.md").symlink_to(secret)
+    with pytest.raises(DocumentError, match="outside") as refused:
+        load_documents(root)
+    assert "passwd.md" in str(refused.value) and "--follow-symlinks" in str(refused.value)
+    corpus = load_documents(root, follow_symlinks=True)
+    assert sorted(d.id for d in corpus.documents) == ["a.md", "inside.md", "passwd.md"]
+    assert corpus.skipped_files == {".png": 1, "no suffix": 1}
+
+
+@pytest.mark.parametrize(
+    ("rows", "expected"),
+    [
+        ([{"id": "a", "text": "bad \ud800 text"}], "not valid Unicode"),
+        ([{"id": "a", "text": "fine", 'page "n"': 3}], "cannot be filtered on"),
+        ([{"id": "a", "text": ""}, {"id": "b", "text": "  "}], "no document with text"),
+        ([], "no document with text"),
+    ],
+)
+def test_bad_text_and_empty_corpora_are_one_clear_error(
+    tmp_path: Path, rows: list[dict[str, object]], expected: str
+) -> None:
+    path = tmp_path / "d.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    with pytest.raises(DocumentError, match=expected):
+        load_documents(path)
+
+
+def test_folder_of_empty_files_and_oversized_documents(tmp_path: Path) -> None:
+    (tmp_path / "empty.md").write_text("   ", encoding="utf-8")
+    with pytest.raises(DocumentError, match="no document with text"):
+        load_documents(tmp_path)
+    (tmp_path / "big.md").write_text("word " * 100, encoding="utf-8")
+    with pytest.raises(DocumentError, match="over the limit of 100"):
+        load_documents(tmp_path, max_chars=100)

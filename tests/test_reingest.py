@@ -8,12 +8,14 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
 
 from eval.gate import make_gate
 from ingest.loaders import LoadedCorpus
+from ingest.lock import IngestLock
 from ingest.writer import ingest_documents
 from rag_retriever.encoder import Encoder
 from rag_retriever.errors import GateRejected
@@ -232,3 +234,56 @@ def test_sigkill_at_each_write_step_never_breaks_the_alias(
         assert retriever.search("river city", k=3)
     finally:
         store.close()
+
+
+@pytest.mark.parametrize(("sig", "code"), [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
+def test_a_signal_mid_write_stops_cleanly_within_two_seconds(
+    tiny_encoder_dir: Path, tmp_path: Path, sig: signal.Signals, code: int
+) -> None:
+    """`docker stop` / Ctrl-C during an ingest: partial version removed, lock released, alias
+    untouched, one line on stderr, exit 143 / 130."""
+    corpus = tmp_path / "corpus.jsonl"
+    write_jsonl(
+        corpus,
+        [{"id": f"d{i}", "text": f"The river {i} runs to the city. " * 6} for i in range(300)],
+    )
+    env = {
+        **os.environ,
+        "RAG_DATA_DIR": str(tmp_path / "data"),
+        "RAG_EMBED_MODEL": str(tiny_encoder_dir),
+        "RAG_DEVICE": "cpu",
+    }
+    args = ["ingest", str(corpus), "--collection", "kb", "--no-progress"]
+    first = subprocess.run(
+        [sys.executable, "-m", "rag_retriever.cli", *args],
+        env=env,
+        capture_output=True,
+        timeout=300,
+    )
+    assert first.returncode == 0, first.stderr
+    store = EdgeStore(tmp_path / "data" / "edge")
+    served = store.aliases()["kb"]
+    proc = subprocess.Popen(
+        [sys.executable, "-c", KILLABLE_INGEST, "upsert", *args],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stderr is not None
+    for line in proc.stderr:
+        if line.strip() == "kill-point upsert":
+            break
+    sent = time.monotonic()
+    proc.send_signal(sig)
+    rest = proc.stderr.read()
+    proc.wait(timeout=30)
+    elapsed = time.monotonic() - sent
+    assert proc.returncode == code, rest
+    assert elapsed < 2.0
+    assert "nothing unfinished was kept" in rest and "Traceback" not in rest
+    assert store.aliases()["kb"] == served
+    assert [i.status for i in store.versions("kb")] == [STATUS_COMPLETE]
+    with IngestLock(tmp_path / "data", "kb"):  # released
+        pass
+    store.close()

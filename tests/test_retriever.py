@@ -320,7 +320,7 @@ def test_a_plain_encoder_is_not_accepted_as_reranker(
 ) -> None:
     with pytest.raises(ModelLoadError, match="not a sequence-classification model"):
         CrossEncoderReranker.load(tiny_encoder_dir)
-    with pytest.raises(ModelLoadError, match="cannot load reranker"):
+    with pytest.raises(ModelLoadError, match="no such directory"):
         CrossEncoderReranker.load(tmp_path / "missing")
 
 
@@ -377,13 +377,26 @@ def test_rerank_fusion_none_is_the_cross_encoder_order(
 
 
 def test_rerank_fusion_is_validated() -> None:
-    with pytest.raises(ValueError, match="rerank_fusion must be one of none, rrf"):
+    with pytest.raises(ValueError, match="RAG_RERANK_FUSION must be one of none, rrf"):
         RetrievalConfig(rerank_fusion="max")  # type: ignore[arg-type]
     with pytest.raises(ConfigError, match="RAG_RERANK_FUSION must be one of none, rrf"):
         Settings.from_env({"RAG_RERANK_FUSION": "max"})
     settings = Settings.from_env({"RAG_RERANK_FUSION": "none"})
     assert RetrievalConfig.from_settings(settings).rerank_fusion == "none"
     assert RetrievalConfig.from_settings(Settings()).rerank_fusion == Settings().rerank_fusion
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"rrf_k": 0}, "RAG_RRF_K must be a positive integer"),
+        ({"default_k": 500, "max_k": 10}, "RAG_DEFAULT_K (500) must not exceed RAG_MAX_K (10)"),
+        ({"rrf_weights": (0.0, 0.0)}, "RAG_RRF_WEIGHTS"),
+    ],
+)
+def test_retrieval_config_is_validated_like_the_settings(kwargs: dict, message: str) -> None:
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        RetrievalConfig(**kwargs)
 
 
 def test_rrf_weights_from_settings_reach_the_fusion(collection, store: Store) -> None:

@@ -3,7 +3,6 @@ in-process Retriever, limits and errors against their documented status codes an
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import socket
@@ -25,9 +24,11 @@ from ingest.writer import ingest_documents
 from rag_retriever import cli, server
 from rag_retriever.client import PayloadTooLarge, RetrieverClient
 from rag_retriever.encoder import Encoder
+from rag_retriever.errors import ConfigError, ModelLoadError
 from rag_retriever.records import SearchFilter
+from rag_retriever.reranker import CrossEncoderReranker
 from rag_retriever.retriever import Retriever
-from rag_retriever.server import create_app, register_cli, serve_in_thread
+from rag_retriever.server import create_app, serve_in_thread
 from rag_retriever.settings import Settings
 from rag_retriever.store import ServerStore, StageQuery
 from tests.test_retriever import DOCS
@@ -448,9 +449,59 @@ def test_api_key_accepted(keyed: TestClient, headers: dict[str, str]) -> None:
     assert keyed.get("/v1/collections", headers=headers).status_code == 200
 
 
-def test_probes_need_no_key(keyed: TestClient) -> None:
+def test_probes_need_no_key_answer_head_and_reveal_nothing_without_it(keyed: TestClient) -> None:
     assert keyed.get("/healthz").status_code == 200
-    assert keyed.get("/readyz").status_code == 200
+    assert keyed.head("/healthz").status_code == 200 and keyed.head("/readyz").status_code == 200
+    anonymous = keyed.get("/readyz")
+    assert anonymous.status_code == 200 and anonymous.json() == {"status": "ready"}
+    full = keyed.get("/readyz", headers={"X-API-Key": "s3cret-key"}).json()
+    assert full["status"] == "ready" and full["serving"] and full["model"]
+
+
+@pytest.mark.parametrize("field", ["a b", "*", "a/b", ".", "😀", "a[0]", "$", "page number"])
+@pytest.mark.parametrize("mode", ["dense", "bm25", "hybrid"])
+def test_any_plain_metadata_field_name_can_be_filtered_on(
+    http: TestClient, field: str, mode: str
+) -> None:
+    body = {"query": "king", "mode": mode, "filter": {"equals": {field: "3"}}}
+    response = http.post("/v1/search", json=body)
+    assert response.status_code == 200, response.text
+    assert response.json()["hits"] == []  # no chunk has that field
+
+
+@pytest.mark.parametrize(
+    ("body", "fragment"),
+    [
+        ({"query": "king \ud800"}, "not valid Unicode (a lone surrogate at character 5)"),
+        ({"query": "king", "filter": {"equals": []}}, "'equals' must be an object"),
+        ({"query": "king", "filter": {"equals": {'a"b': "x"}}}, "cannot be filtered on"),
+        ({"query": "king", "filter": {"doc_ids": ["\udc80"]}}, "not valid Unicode"),
+    ],
+)
+def test_invalid_text_and_filters_are_422_not_500(
+    http: TestClient, body: dict[str, Any], fragment: str
+) -> None:
+    raw = json.dumps(body)  # lone surrogates become \uXXXX escapes, as a client sends them
+    response = http.post(
+        "/v1/search", content=raw.encode(), headers={"content-type": "application/json"}
+    )
+    assert_error(response, 422, "invalid_request", fragment)
+
+
+def test_one_bad_query_in_a_batch_is_named_by_its_index(http: TestClient) -> None:
+    raw = '{"queries": ["king", "bad \\ud800"]}'
+    response = http.post(
+        "/v1/search/batch", content=raw.encode(), headers={"content-type": "application/json"}
+    )
+    assert_error(response, 422, "invalid_request", "query 1 of the batch", "not valid Unicode")
+
+
+def test_the_schema_documents_every_error_answer(http: TestClient) -> None:
+    schema = http.get("/openapi.json").json()
+    search = schema["paths"]["/v1/search"]["post"]["responses"]
+    assert {"200", "400", "401", "404", "409", "413", "422", "500", "503"} <= set(search)
+    error = search["422"]["content"]["application/json"]["schema"]["$ref"]
+    assert error.endswith("/ErrorBody")
 
 
 def test_no_key_configured_means_open(http: TestClient) -> None:
@@ -543,7 +594,6 @@ def test_serve_command_parses_and_passes_settings(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     calls: list[tuple[Settings, str, int]] = []
-    monkeypatch.setattr(cli, "EXTRA_COMMANDS", [register_cli])
     monkeypatch.setattr(
         server, "serve", lambda settings, *, host, port: calls.append((settings, host, port))
     )
@@ -565,13 +615,6 @@ def test_loopback_detection() -> None:
     assert server._is_loopback("127.0.0.1") and server._is_loopback("::1")
     assert server._is_loopback("localhost")
     assert not server._is_loopback("0.0.0.0") and not server._is_loopback("example.com")
-
-
-def test_register_cli_on_a_bare_parser() -> None:
-    parser = argparse.ArgumentParser()
-    register_cli(parser.add_subparsers(dest="command"))
-    args = parser.parse_args(["serve", "--host", "0.0.0.0", "--port", "8000"])
-    assert (args.host, args.port) == ("0.0.0.0", 8000)
 
 
 def test_hits_survive_json_exactly(http: TestClient, served: Served) -> None:
@@ -638,3 +681,21 @@ def test_bench_questions_must_have_a_question(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match=r"bad.jsonl:2: no non-empty string field 'question'"):
         load_questions(bad)
     assert load_questions(bad, limit=1) == ["ok"]
+
+
+def test_serve_on_a_busy_port_fails_before_loading_any_model(tmp_path: Path) -> None:
+    busy = socket.socket()
+    busy.bind(("127.0.0.1", 0))
+    busy.listen()
+    try:
+        # the model does not exist: had serve loaded it first, this would be a ModelLoadError
+        settings = Settings(data_dir=tmp_path, embed_model=str(tmp_path / "no-such-model"))
+        with pytest.raises(ConfigError, match="choose another with --port"):
+            server.serve(settings, port=busy.getsockname()[1])
+    finally:
+        busy.close()
+
+
+def test_a_missing_reranker_directory_is_named() -> None:
+    with pytest.raises(ModelLoadError, match="no such directory"):
+        CrossEncoderReranker.load("./models/not-there")

@@ -1,0 +1,212 @@
+"""The engine at scale: Qdrant Edge (the embedded default) vs qdrant-client's local mode, same
+schema (dense + BM25 sparse vectors, payloads), same points, same queries, in one run.
+
+The chunks are sliding windows of 2-4 real sentences from SciFact and SQuAD, so the BM25
+statistics are those of real text; the dense vectors are random unit vectors (384-d), since the
+engine's timing does not depend on what the vectors mean. Queries are real SciFact claims and
+SQuAD questions (their BM25 terms) with random unit query vectors.
+
+Per engine: write throughput, seal time (payload indexes, flush, optimize), and, in a fresh
+process (what a serving replica pays): reopen time, p50/p95 per query for dense, bm25, hybrid
+(both lists in one batched call) and hybrid filtered on a keyword field (10% selectivity), the
+process's peak RSS, and the size on disk. Engine only: no query encoding.
+
+Usage: python eval/bench_engine.py [--sizes 100000 1000000] [--peer-max 100000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from eval.bench_bm25 import synthetic_chunks
+from eval.bench_common import percentile, read_jsonl, real_sentences, shared_path
+from rag_retriever.bm25 import BM25Model, Tokenizer
+from rag_retriever.records import SearchFilter
+from rag_retriever.store import DENSE, SPARSE, EdgeStore, ServerStore, StageQuery, Store
+
+DIM = 384
+BATCH = 512
+# qdrant-client local mode scores sparse vectors and filters in Python (seconds per query at
+# 100k points), so it gets fewer queries; percentiles of 40 are still stable to ~10%.
+N_QUERIES = {"edge": 200, "local": 40}
+NAME = "bench__random-384__v1"
+
+
+def _queries(n: int) -> list[list[str]]:
+    tok = Tokenizer()
+    rows = read_jsonl(shared_path("scifact", "questions_train.jsonl"), n // 2)
+    rows += read_jsonl(shared_path("squad_v11_dev", "questions_dev.jsonl"), n - len(rows))
+    return [tok.tokenize(r["question"]) for r in rows]
+
+
+def _open(engine: str, root: Path) -> Store:
+    if engine == "edge":
+        return EdgeStore(root)
+    from qdrant_client import QdrantClient
+
+    return ServerStore(QdrantClient(path=str(root)))
+
+
+def build(engine: str, root: Path, n: int, seed: int = 0) -> dict[str, Any]:
+    tok = Tokenizer()
+    texts = synthetic_chunks(n, real_sentences())
+    t0 = time.perf_counter()
+    model = BM25Model.build(tok.tokenize(t) for t in texts)
+    stats_s = time.perf_counter() - t0
+    rng = np.random.default_rng(seed)
+    store = _open(engine, root)
+    store.create(NAME, DIM, {"status": "building", "bm25": model.to_json(), "chunks": n})
+    t0 = time.perf_counter()
+    for start in range(0, n, BATCH):
+        part = texts[start : start + BATCH]
+        vectors = rng.standard_normal((len(part), DIM)).astype(np.float32)
+        vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
+        store.upsert(
+            NAME,
+            [f"00000000-0000-0000-0000-{start + i:012d}" for i in range(len(part))],
+            vectors,
+            [model.document_vector(tok.tokenize(t)) for t in part],
+            [
+                {
+                    "doc_id": f"d{(start + i) // 5}",
+                    "text": t,
+                    "metadata": {"group": (start + i) % 10},
+                }
+                for i, t in enumerate(part)
+            ],
+        )
+    write_s = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    store.seal(NAME, {"doc_id": "keyword", "metadata.group": "integer"})
+    seal_s = time.perf_counter() - t0
+    store.close()
+    return {
+        "points": n,
+        "bm25_stats_s": stats_s,
+        "write_s": write_s,
+        "points_per_s": n / write_s,
+        "seal_s": seal_s,
+        "disk_mb": sum(p.stat().st_size for p in root.rglob("*") if p.is_file()) / 2**20,
+    }
+
+
+def serve_probe(engine: str, root: Path) -> dict[str, Any]:
+    """Run in a fresh process: reopen, query, peak RSS."""
+    rng = np.random.default_rng(1)
+    t0 = time.perf_counter()
+    store = _open(engine, root)
+    model = BM25Model.from_json(store.metadata(NAME)["bm25"])
+    store.count(NAME)  # opens the shard (Edge) / loads the collection (local mode)
+    reopen_s = time.perf_counter() - t0
+    queries = _queries(N_QUERIES[engine])
+    flt = SearchFilter(equals={"group": 3})
+    timings: dict[str, list[float]] = {"dense": [], "bm25": [], "hybrid": [], "hybrid_filtered": []}
+    for terms in queries:
+        vector = rng.standard_normal(DIM).astype(np.float32)
+        vector /= np.linalg.norm(vector)
+        sparse = model.query_vector(terms)
+        dense_q = StageQuery(DENSE, vector, 100)
+        sparse_q = StageQuery(SPARSE, sparse, 100)
+        plans = {
+            "dense": [dense_q],
+            "bm25": [sparse_q],
+            "hybrid": [dense_q, sparse_q],
+            "hybrid_filtered": [
+                StageQuery(DENSE, vector, 100, flt),
+                StageQuery(SPARSE, sparse, 100, flt),
+            ],
+        }
+        for stage, requests in plans.items():
+            t0 = time.perf_counter()
+            store.search(NAME, requests)
+            timings[stage].append((time.perf_counter() - t0) * 1000)
+    out: dict[str, Any] = {"reopen_s": reopen_s}
+    for stage, values in timings.items():
+        values = values[5:]  # the first queries warm caches
+        out[f"{stage}_p50_ms"] = percentile(values, 50)
+        out[f"{stage}_p95_ms"] = percentile(values, 95)
+    out["rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    store.close()
+    return out
+
+
+def _probe_in_subprocess(engine: str, root: Path) -> dict[str, Any]:
+    code = (
+        "import json, sys; from pathlib import Path; from eval.bench_engine import serve_probe; "
+        "print(json.dumps(serve_probe(sys.argv[1], Path(sys.argv[2]))))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code, engine, str(root)],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=Path(__file__).resolve().parents[1],
+    )
+    return dict(json.loads(done.stdout.strip().splitlines()[-1]))
+
+
+def run(sizes: tuple[int, ...] = (100_000,), peer_max: int = 100_000) -> dict[str, Any]:
+    results: dict[str, Any] = {}
+    for n in sizes:
+        row: dict[str, Any] = {}
+        for engine in ("edge", "local") if n <= peer_max else ("edge",):
+            with tempfile.TemporaryDirectory() as tmp:
+                root = Path(tmp) / engine
+                row[engine] = build(engine, root, n)
+                row[engine].update(_probe_in_subprocess(engine, root))
+                shutil.rmtree(root, ignore_errors=True)
+        results[str(n)] = row
+    return results
+
+
+def report(results: dict[str, Any]) -> list[str]:
+    lines = []
+    for n, row in results.items():
+        edge = row["edge"]
+        peer = row.get("local")
+        lines.append(f"engine at {int(n):,} chunks (384-d random vectors + BM25 of real text):")
+        for key, label, fmt in [
+            ("points_per_s", "write points/s", "{:,.0f}"),
+            ("seal_s", "seal (index+optimize) s", "{:.1f}"),
+            ("reopen_s", "reopen s", "{:.2f}"),
+            ("dense_p50_ms", "dense p50 ms", "{:.2f}"),
+            ("bm25_p50_ms", "bm25 p50 ms", "{:.2f}"),
+            ("hybrid_p50_ms", "hybrid p50 ms", "{:.2f}"),
+            ("hybrid_p95_ms", "hybrid p95 ms", "{:.2f}"),
+            ("hybrid_filtered_p50_ms", "filtered hybrid p50 ms", "{:.2f}"),
+            ("rss_mb", "serving RSS MB", "{:,.0f}"),
+            ("disk_mb", "disk MB", "{:,.0f}"),
+        ]:
+            text = f"  {label:<26} Qdrant Edge {fmt.format(edge[key]):>10}"
+            if peer is not None:
+                ratio = peer[key] / edge[key] if edge[key] else float("nan")
+                text += (
+                    f"   qdrant-client local mode {fmt.format(peer[key]):>10}   ratio {ratio:.2f}"
+                )
+            lines.append(text)
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--sizes", type=int, nargs="+", default=[100_000])
+    parser.add_argument("--peer-max", type=int, default=100_000)
+    args = parser.parse_args(argv)
+    for text in report(run(tuple(args.sizes), args.peer_max)):
+        print(text, flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
