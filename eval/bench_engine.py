@@ -137,7 +137,21 @@ def serve_probe(engine: str, root: Path) -> dict[str, Any]:
         out[f"{stage}_p50_ms"] = percentile(values, 50)
         out[f"{stage}_p95_ms"] = percentile(values, 95)
     out["rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    out.update(_memory())
     store.close()
+    Path(tempfile.gettempdir(), f"bench_engine_probe_{engine}.json").write_text(json.dumps(out))
+    return out
+
+
+def _memory() -> dict[str, float]:
+    """Peak RSS split: private (anonymous) memory vs mapped files (the shard's pages in the page
+    cache, which the kernel can drop), from /proc/self/status."""
+    fields = {"RssAnon": "rss_anon_mb", "RssFile": "rss_file_mb"}
+    out = {}
+    for line in Path("/proc/self/status").read_text().splitlines():
+        key, _, value = line.partition(":")
+        if key in fields:
+            out[fields[key]] = int(value.split()[0]) / 1024
     return out
 
 

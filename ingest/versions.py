@@ -121,6 +121,8 @@ def describe_versions(infos: Sequence[CollectionInfo], served: str | None) -> li
             "serving": i.name == served,
             "fingerprint": (i.fingerprint or {}).get("id"),
             "model": (i.fingerprint or {}).get("model"),
+            # a fusion tuned for this version (`tune-fusion`), else null: the settings' RRF
+            "fusion": i.meta.get("fusion"),
             "created_at": i.meta.get("created_at"),
         }
         for i in infos

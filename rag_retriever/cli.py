@@ -186,12 +186,15 @@ def format_result(result: SearchResult, width: int = 100) -> str:
         lines.append("     " + textwrap.shorten(snippet, width=width, placeholder=" ..."))
         if h.matched_terms:
             lines.append(f"{'':>5}matched: {', '.join(h.matched_terms)}")
+    if result.fusion:
+        lines.append(f"fusion: {result.fusion}")
     lines.extend(f"note: {n}" for n in result.notices)
     return "\n".join(lines)
 
 
 def cmd_collections(args: argparse.Namespace) -> int:
     from ingest.versions import describe_collections
+    from rag_retriever.fusion import Fusion
     from rag_retriever.store import open_store
 
     out = describe_collections(open_store(_settings(args)))
@@ -208,6 +211,8 @@ def cmd_collections(args: argparse.Namespace) -> int:
                 f"  {mark} v{v['version']:<3} {v['status']:<9} {v['points']:>7} points  "
                 f"{v['model']}@{v['fingerprint']}  {v['created_at']}  {v['collection']}"
             )
+            if v.get("fusion"):
+                print(f"         fusion tuned: {Fusion.from_json(v['fusion']).describe()}")
     return 0
 
 
@@ -273,17 +278,45 @@ def cmd_train_embedder(args: argparse.Namespace) -> int:
         overwrite=args.overwrite,
         progress=not args.no_progress,
     )
-    _print_training(
+    return _print_training(
         meta,
         f"{args.out} ({meta['fingerprint']['model']}@{meta['fingerprint']['id']})",
         f"RAG_EMBED_MODEL={args.out} rag-retriever ingest CORPUS --collection "
         f"{settings.collection} --gate QUESTIONS.jsonl  (a new model means a full re-ingest)",
+        verdict=training_verdict(meta, new="mrr@10", old="mrr@10", what="the fine-tuned embedder"),
+        allow_worse=args.allow_worse,
     )
-    return 0
 
 
-def _print_training(meta: dict[str, Any], model: str, next_step: str) -> None:
-    """The summary both training commands print: examples, loss, validation before -> after."""
+# Exit status of a training command whose model validated worse than what it would replace.
+EXIT_WORSE = 4
+
+
+def training_verdict(meta: dict[str, Any], *, new: str, old: str, what: str) -> tuple[bool, str]:
+    """(keep?, one plain line): the new model's validation MRR@10 against what it would replace
+    (the embedder before training; for a reranker, hybrid search without it)."""
+    before, after = meta["validation_before"], meta["validation_after"]
+    baseline = after.get(old) if old != new else before.get(old)
+    n = int(after.get("questions", 0))
+    if not n or baseline is None or new not in after:
+        return True, f"unjudged: {what} was not validated (no held-out questions)"
+    diff = after[new] - baseline
+    figures = f"MRR@10 {after[new]:.4f} vs {baseline:.4f} ({diff:+.4f}) on {n} held-out questions"
+    if diff < 0:
+        return False, f"WORSE: {what} would make retrieval worse: {figures}"
+    return True, f"better: {figures}" if diff > 0 else f"no change: {figures}"
+
+
+def _print_training(
+    meta: dict[str, Any],
+    model: str,
+    next_step: str,
+    *,
+    verdict: tuple[bool, str] = (True, ""),
+    allow_worse: bool = False,
+) -> int:
+    """The summary both training commands print: examples, loss, validation before -> after,
+    the verdict; the next step only when the model helps. Returns the exit status."""
     before, after = meta["validation_before"], meta["validation_after"]
     examples = meta["examples"]
     print(f"model       {model}")
@@ -301,7 +334,13 @@ def _print_training(meta: dict[str, Any], model: str, next_step: str) -> None:
     if any("@" in k and k not in before for k in after):
         print("            (-: the head was new; a random head is not validated before training)")
     print(f"time        {meta['time_s']:.0f}s")
-    print(f"next        {next_step}")
+    keep, line = verdict
+    print(f"verdict     {line}")
+    if keep:
+        print(f"next        {next_step}")
+        return 0
+    print("next        none: keep what you serve now (the model was written, but do not use it)")
+    return 0 if allow_worse else EXIT_WORSE
 
 
 def cmd_train_reranker(args: argparse.Namespace) -> int:
@@ -338,11 +377,55 @@ def cmd_train_reranker(args: argparse.Namespace) -> int:
         overwrite=args.overwrite,
         progress=not args.no_progress,
     )
-    _print_training(
+    return _print_training(
         meta,
         f"{args.out} ({meta['name']})",
         f"RAG_RERANK_MODEL={args.out} rag-retriever search QUESTION --mode rerank",
+        verdict=training_verdict(
+            meta, new="rerank+hybrid mrr@10", old="hybrid mrr@10", what="the reranker"
+        ),
+        allow_worse=args.allow_worse,
     )
+
+
+def cmd_tune_fusion(args: argparse.Namespace) -> int:
+    from eval.questions import load_questions
+    from rag_retriever.retriever import Retriever
+    from rag_retriever.training.fusion import tune_fusion
+
+    settings = _settings(args, collection=args.collection, rerank_model=None)
+    questions, problems = load_questions(args.questions)
+    for problem in problems:
+        print(f"problem: {problem}", file=sys.stderr)
+    retriever = Retriever.from_settings(settings.replace(rerank_model=None))
+    report = tune_fusion(
+        retriever,
+        questions,
+        collection=settings.collection,
+        held_out_fraction=args.held_out,
+        seed=args.seed,
+        store=not args.dry_run,
+        progress=not args.no_progress,
+    )
+    if args.json:
+        print(json.dumps(report.to_json(), indent=2))
+        return 0
+    print(f"collection  {report.collection}: {report.candidates} fusions tried")
+    print(f"default     {report.default.describe()}")
+    print(f"best        {report.best.describe()}")
+    print(f"{'':<22}{'mrr@10':>9}{'recall@1':>10}{'recall@5':>10}{'questions':>11}")
+    for part, figures in (("train", report.train), ("held-out", report.held_out)):
+        for which, f in figures.items():
+            print(
+                f"{part + ' ' + which:<22}{f.mrr10:>9.4f}{f.recall1:>10.4f}{f.recall5:>10.4f}"
+                f"{f.questions:>11}"
+            )
+    if report.stored:
+        print(f"stored      the best fusion now serves {report.collection} (rollback restores)")
+    elif args.dry_run:
+        print("not stored  (--dry-run)")
+    else:
+        print("not stored  the best fusion did not beat the default on the held-out questions")
     return 0
 
 
@@ -360,6 +443,11 @@ def _training_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--val-fraction", type=float, default=0.1, help="held-out validation part (0.1)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--overwrite", action="store_true", help="replace an existing --out directory")
+    p.add_argument(
+        "--allow-worse",
+        action="store_true",
+        help=f"exit 0 even when the model validates worse than what it replaces ({EXIT_WORSE})",
+    )
     p.add_argument("--no-progress", action="store_true")
 
 
@@ -486,6 +574,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--name", help="reranker name recorded with it")
     _common(p)
     p.set_defaults(func=cmd_train_reranker)
+
+    p = sub.add_parser(
+        "tune-fusion",
+        help="fit the fusion of dense and BM25 (RRF k, weights, depths, or DBSF) on questions",
+    )
+    p.add_argument("--collection", required=True, help="alias or version to tune")
+    p.add_argument("--questions", type=Path, required=True, help="labelled questions (.jsonl)")
+    p.add_argument(
+        "--held-out", type=float, default=0.3, help="part checked, split by document (0.3)"
+    )
+    p.add_argument("--seed", type=int, default=0, help="seed of the split (0)")
+    p.add_argument("--dry-run", action="store_true", help="report only; store nothing")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.add_argument("--no-progress", action="store_true")
+    _common(p)
+    p.set_defaults(func=cmd_tune_fusion)
 
     p = sub.add_parser("serve", help="serve search over HTTP (FastAPI; OpenAPI docs at /docs)")
     p.add_argument(

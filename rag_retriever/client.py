@@ -160,6 +160,33 @@ def _unavailable(method: str, url: str, attempts: int, exc: Exception) -> Retrie
     )
 
 
+def _judge(
+    attempt: int,
+    retries: int,
+    request: tuple[str, str],
+    response: httpx.Response | None,
+    error: httpx.TransportError | None,
+) -> httpx.Response | None:
+    """The retry policy, shared by both clients: the response to return, or None to wait
+    `_delay(backoff, attempt)` and try again; raises when the policy says stop."""
+    if error is not None:
+        if attempt == retries:
+            raise _unavailable(request[0], request[1], attempt + 1, error) from error
+        return None
+    assert response is not None
+    if response.is_success:
+        return response
+    if response.status_code not in RETRY_STATUSES or attempt == retries:
+        raise http_error(response)
+    return None
+
+
+def _probe_answer(response: httpx.Response) -> bool:
+    if response.status_code in (200, 503):
+        return response.status_code == 200
+    raise http_error(response)  # 404 = wrong base URL: say so rather than "not ready"
+
+
 def _result(response: httpx.Response) -> SearchResult:
     return SearchResult.from_dict(response.json())
 
@@ -270,25 +297,20 @@ class RetrieverClient:
 
     def _probe(self, path: str) -> bool:
         try:
-            response = self._http.get(path)
+            return _probe_answer(self._http.get(path))
         except httpx.TransportError:
             return False
-        if response.status_code in (200, 503):
-            return response.status_code == 200
-        raise http_error(response)  # 404 = wrong base URL: say so rather than "not ready"
 
     def _request(self, method: str, path: str, json: Any = None) -> httpx.Response:
         for attempt in range(self.retries + 1):
+            response, error = None, None
             try:
                 response = self._http.request(method, path, json=json)
             except httpx.TransportError as exc:
-                if attempt == self.retries:
-                    raise _unavailable(method, self._url(path), attempt + 1, exc) from exc
-            else:
-                if response.is_success:
-                    return response
-                if response.status_code not in RETRY_STATUSES or attempt == self.retries:
-                    raise http_error(response)
+                error = exc
+            done = _judge(attempt, self.retries, (method, self._url(path)), response, error)
+            if done is not None:
+                return done
             time.sleep(_delay(self.backoff, attempt))
         raise AssertionError("unreachable: the last attempt returns or raises")
 
@@ -395,24 +417,19 @@ class AsyncRetrieverClient:
 
     async def _probe(self, path: str) -> bool:
         try:
-            response = await self._http.get(path)
+            return _probe_answer(await self._http.get(path))
         except httpx.TransportError:
             return False
-        if response.status_code in (200, 503):
-            return response.status_code == 200
-        raise http_error(response)
 
     async def _request(self, method: str, path: str, json: Any = None) -> httpx.Response:
         for attempt in range(self.retries + 1):
+            response, error = None, None
             try:
                 response = await self._http.request(method, path, json=json)
             except httpx.TransportError as exc:
-                if attempt == self.retries:
-                    raise _unavailable(method, self._url(path), attempt + 1, exc) from exc
-            else:
-                if response.is_success:
-                    return response
-                if response.status_code not in RETRY_STATUSES or attempt == self.retries:
-                    raise http_error(response)
+                error = exc
+            done = _judge(attempt, self.retries, (method, self._url(path)), response, error)
+            if done is not None:
+                return done
             await asyncio.sleep(_delay(self.backoff, attempt))
         raise AssertionError("unreachable: the last attempt returns or raises")

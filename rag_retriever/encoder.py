@@ -273,16 +273,14 @@ class Encoder:
         with inference(self.precision):
             for start in range(0, len(texts), self.batch_size):
                 idx = order[start : start + self.batch_size]
-                batch = self.tokenizer(
+                normed = embed_batch(
+                    self.model,
+                    self.tokenizer,
                     [texts[i] for i in idx],
-                    padding=True,
-                    truncation=True,
+                    pooling=self.profile.pooling,
                     max_length=self.max_seq_length,
-                    return_tensors="pt",
-                ).to(self.precision.device)
-                hidden = self.model(**batch).last_hidden_state.float()
-                pooled = pool(hidden, batch["attention_mask"], self.profile.pooling)
-                normed = torch.nn.functional.normalize(pooled, p=2, dim=-1)
+                    device=self.precision.device,
+                )
                 out[idx] = normed.cpu().numpy()
                 bar.update(len(idx))
         bar.close()
@@ -292,6 +290,27 @@ class Encoder:
                 "%d of %d inputs exceeded %d tokens", truncated, len(texts), self.max_seq_length
             )
         return Encoded(out, truncated, n_tokens)
+
+
+def embed_batch(
+    model: Any,
+    tokenizer: Any,
+    texts: Sequence[str],
+    *,
+    pooling: str,
+    max_length: int,
+    device: torch.device | str,
+) -> torch.Tensor:
+    """The one embedding forward pass, for serving and training alike: tokenise (truncated at
+    `max_length`), run the model, pool over the real tokens, L2-normalise. Gradients flow when
+    the caller has them on."""
+    batch = tokenizer(
+        list(texts), padding=True, truncation=True, max_length=max_length, return_tensors="pt"
+    ).to(device)
+    hidden = model(**batch).last_hidden_state.float()
+    return torch.nn.functional.normalize(
+        pool(hidden, batch["attention_mask"], pooling), p=2, dim=-1
+    )
 
 
 def load_encoder(settings: Settings) -> Encoder:

@@ -1,4 +1,5 @@
-"""Reciprocal rank fusion (Cormack, Clarke & Buettcher, SIGIR 2009), a pure function.
+"""Rank fusion as pure functions: reciprocal rank fusion (Cormack, Clarke & Buettcher, SIGIR
+2009), distribution-based score fusion, and `Fusion`, the choice a collection version makes.
 
 Example:
     >>> [(i, round(s, 5)) for i, s in rrf([["a", "b"], ["b", "c"]], k=60)]
@@ -13,8 +14,9 @@ deterministic.
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Sequence
-from typing import TypeVar
+from collections.abc import Hashable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal, TypeVar
 
 K_DEFAULT = 60  # the constant of the original paper; robust across collections there
 
@@ -52,3 +54,98 @@ def rrf(
             elif rank < previous[0]:
                 tiebreak[item] = (rank, previous[1], previous[2])
     return sorted(scores.items(), key=lambda kv: (-kv[1], tiebreak[kv[0]]))
+
+
+def dbsf(
+    lists: Sequence[Sequence[tuple[Id, float]]],
+    *,
+    weights: Sequence[float] | None = None,
+) -> list[tuple[Id, float]]:
+    """Distribution-based score fusion (as Qdrant's DBSF): each list's scores are mapped to [0, 1]
+    by its own mean ± 3 standard deviations (clipped), then summed with the list's weight.
+
+    >>> [(i, round(s, 3)) for i, s in dbsf([[("a", 0.9), ("b", 0.5)], [("b", 12.0), ("c", 3.0)]])]
+    [('b', 1.0), ('a', 0.667), ('c', 0.333)]
+
+    A list whose scores are all equal maps them to 0.5. Equal fused scores keep the order of
+    first appearance (lists in the order given), so the output is deterministic.
+    """
+    if weights is None:
+        weights = [1.0] * len(lists)
+    if len(weights) != len(lists):
+        raise ValueError(f"got {len(weights)} weights for {len(lists)} lists")
+    if any(w < 0 for w in weights):
+        raise ValueError(f"weights must be non-negative, got {list(weights)}")
+    scores: dict[Id, float] = {}
+    for scored, weight in zip(lists, weights, strict=True):
+        seen: set[Id] = set()
+        values = [s for _, s in scored]
+        if not values:
+            continue
+        mean = sum(values) / len(values)
+        std = (sum((v - mean) ** 2 for v in values) / len(values)) ** 0.5
+        low, span = mean - 3 * std, 6 * std
+        for item, score in scored:
+            if item in seen:
+                continue
+            seen.add(item)
+            normalised = 0.5 if span == 0 else min(1.0, max(0.0, (score - low) / span))
+            scores[item] = scores.get(item, 0.0) + weight * normalised
+    order = {item: i for i, item in enumerate(scores)}
+    return sorted(scores.items(), key=lambda kv: (-kv[1], order[kv[0]]))
+
+
+FusionMethod = Literal["rrf", "dbsf"]
+FUSION_METHODS: tuple[FusionMethod, ...] = ("rrf", "dbsf")
+
+
+@dataclass(frozen=True)
+class Fusion:
+    """How a version merges its dense and BM25 lists; stored in the version's metadata when it
+    was tuned on the user's questions (`rag-retriever tune-fusion`), else the settings' RRF."""
+
+    method: FusionMethod = "rrf"
+    k: int = K_DEFAULT  # RRF's constant; unused by dbsf
+    weights: tuple[float, float] = (1.0, 1.0)  # (dense, bm25)
+    depths: tuple[int, int] = (100, 100)  # how many of each list take part
+
+    def __post_init__(self) -> None:
+        if self.method not in FUSION_METHODS:
+            raise ValueError(f"fusion method must be one of {FUSION_METHODS}, got {self.method!r}")
+        if self.k < 1 or min(self.depths) < 1 or len(self.depths) != 2:
+            raise ValueError(f"fusion k and depths must be positive, got {self.k}, {self.depths}")
+        if len(self.weights) != 2 or min(self.weights) < 0 or not any(self.weights):
+            raise ValueError(f"fusion weights must be two non-negative numbers, {self.weights}")
+
+    def fuse(
+        self, dense: Sequence[tuple[Id, float]], bm25: Sequence[tuple[Id, float]]
+    ) -> list[tuple[Id, float]]:
+        """The fused list of (id, score), best first."""
+        lists = [dense[: self.depths[0]], bm25[: self.depths[1]]]
+        if self.method == "dbsf":
+            return dbsf(lists, weights=self.weights)
+        return rrf([[i for i, _ in ranked] for ranked in lists], k=self.k, weights=self.weights)
+
+    def describe(self) -> str:
+        weights = ",".join(f"{w:g}" for w in self.weights)
+        k = f" k={self.k}" if self.method == "rrf" else ""
+        return f"{self.method}{k} weights(dense,bm25)={weights} depths={self.depths[0]},{self.depths[1]}"
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "method": self.method,
+            "k": self.k,
+            "weights": list(self.weights),
+            "depths": list(self.depths),
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Fusion:
+        weights = tuple(float(w) for w in data["weights"])
+        depths = tuple(int(d) for d in data["depths"])
+        return cls(
+            method=data["method"],
+            k=int(data["k"]),
+            weights=(weights[0], weights[1]),
+            depths=(depths[0], depths[1]),
+        )

@@ -37,31 +37,25 @@ except ImportError as exc:  # pragma: no cover - exercised by a test that hides 
 from pydantic import ConfigDict, InstanceOf
 
 from rag_retriever.client import AsyncRetrieverClient, RetrieverClient
-from rag_retriever.records import Hit, Mode, SearchFilter, SearchResult
+from rag_retriever.records import HIT_STAGES, Hit, Mode, SearchFilter, SearchResult
 from rag_retriever.retriever import Retriever
 
-STAGES = ("dense", "bm25", "fused", "rerank")
+STAGES = HIT_STAGES
 
 
 def hit_to_document(hit: Hit, *, collection: str | None = None) -> Document:
-    """A LangChain Document for one hit (see the module docstring for the metadata keys)."""
-    metadata: dict[str, Any] = {
-        "chunk_id": hit.chunk_id,
-        "doc_id": hit.doc_id,
-        "title": hit.title,
-        "start": hit.start,
-        "end": hit.end,
-        "chunk_index": hit.chunk_index,
-        "rank": hit.rank,
-        "score": hit.score,
-    }
-    for name in STAGES:
-        stage = getattr(hit, name)
-        metadata[f"{name}_rank"] = None if stage is None else stage.rank
-        metadata[f"{name}_score"] = None if stage is None else stage.score
-    metadata["matched_terms"] = list(hit.matched_terms)
+    """A LangChain Document for one hit (see the module docstring for the metadata keys): the
+    hit's JSON form without the text, each stage flattened to `<stage>_rank` / `<stage>_score`."""
+    metadata: dict[str, Any] = {}
+    for key, value in hit.to_dict().items():
+        if key == "text":
+            continue
+        if key in HIT_STAGES:
+            metadata[f"{key}_rank"] = None if value is None else value["rank"]
+            metadata[f"{key}_score"] = None if value is None else value["score"]
+        else:
+            metadata[key] = value
     metadata["collection"] = collection
-    metadata["metadata"] = dict(hit.metadata)
     return Document(page_content=hit.text, metadata=metadata, id=hit.chunk_id)
 
 

@@ -16,7 +16,7 @@ import hashlib
 import re
 import uuid
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, Literal
 
 # A fixed namespace so that chunk ids are the same on every machine and every run:
@@ -31,6 +31,19 @@ MODES: tuple[Mode, ...] = ("dense", "bm25", "hybrid", "rerank")
 # a letter or digit, then letters, digits, '.', '_' or '-', at most 64 characters, and no '__'
 # (which separates a version's parts: `<alias>__<model>__v<N>`).
 ALIAS_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+
+
+# White space as JSON Schema's (ECMAScript's) `\s` knows it; a query made only of these is empty,
+# for the HTTP schema and the retriever alike.
+BLANK_CHARS = (
+    "\\t\\n\\v\\f\\r \\u00a0\\u1680\\u2000-\\u200a\\u2028\\u2029\\u202f\\u205f\\u3000\\ufeff"
+)
+_BLANK = re.compile(f"[{BLANK_CHARS}]*")
+
+
+def is_blank(text: str) -> bool:
+    """True when `text` holds nothing but white space (or nothing)."""
+    return _BLANK.fullmatch(text) is not None
 
 
 def check_alias(name: object) -> str:
@@ -155,50 +168,50 @@ class Hit:
     matched_terms: tuple[str, ...] = ()
     metadata: Mapping[str, Any] = field(default_factory=dict)
 
-    def to_dict(self) -> dict[str, Any]:
-        def stage(s: StageScore | None) -> dict[str, float | int] | None:
-            return None if s is None else {"rank": s.rank, "score": s.score}
+    @classmethod
+    def of_chunk(cls, chunk: Chunk, **stages: Any) -> Hit:
+        """A hit for `chunk`: its provenance fields, plus rank, score and the stages given."""
+        provenance = {n: getattr(chunk, n) for n in _CHUNK_FIELDS_OF_HIT}
+        return cls(chunk_id=chunk.id, **provenance, **stages)
 
-        return {
-            "chunk_id": self.chunk_id,
-            "doc_id": self.doc_id,
-            "title": self.title,
-            "text": self.text,
-            "start": self.start,
-            "end": self.end,
-            "chunk_index": self.chunk_index,
-            "rank": self.rank,
-            "score": self.score,
-            "dense": stage(self.dense),
-            "bm25": stage(self.bm25),
-            "fused": stage(self.fused),
-            "rerank": stage(self.rerank),
-            "matched_terms": list(self.matched_terms),
-            "metadata": dict(self.metadata),
-        }
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON form (HTTP, `--json`): every field; stages as {rank, score} or null."""
+        out: dict[str, Any] = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.name in HIT_STAGES:
+                value = None if value is None else {"rank": value.rank, "score": value.score}
+            elif isinstance(value, tuple):
+                value = list(value)
+            elif isinstance(value, Mapping):
+                value = dict(value)
+            out[f.name] = value
+        return out
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Hit:
-        def stage(value: Any) -> StageScore | None:
-            return None if value is None else StageScore(int(value["rank"]), float(value["score"]))
+        """The inverse of `to_dict` (what the HTTP clients read)."""
+        values: dict[str, Any] = {}
+        for f in fields(cls):
+            raw = data.get(f.name)
+            if f.name in HIT_STAGES:
+                values[f.name] = (
+                    None if raw is None else StageScore(int(raw["rank"]), float(raw["score"]))
+                )
+            elif f.name == "matched_terms":
+                values[f.name] = tuple(raw or ())
+            elif f.name == "metadata":
+                values[f.name] = dict(raw or {})
+            else:
+                values[f.name] = _SCALARS[str(f.type)](data[f.name])
+        return cls(**values)
 
-        return cls(
-            chunk_id=str(data["chunk_id"]),
-            doc_id=str(data["doc_id"]),
-            title=str(data["title"]),
-            text=str(data["text"]),
-            start=int(data["start"]),
-            end=int(data["end"]),
-            chunk_index=int(data["chunk_index"]),
-            rank=int(data["rank"]),
-            score=float(data["score"]),
-            dense=stage(data.get("dense")),
-            bm25=stage(data.get("bm25")),
-            fused=stage(data.get("fused")),
-            rerank=stage(data.get("rerank")),
-            matched_terms=tuple(data.get("matched_terms") or ()),
-            metadata=dict(data.get("metadata") or {}),
-        )
+
+# The stages a hit reports, in pipeline order (each a StageScore or None).
+HIT_STAGES = ("dense", "bm25", "fused", "rerank")
+# A hit's provenance fields copied from its chunk (the chunk's `id` becomes `chunk_id`).
+_CHUNK_FIELDS_OF_HIT = ("doc_id", "title", "text", "start", "end", "chunk_index", "metadata")
+_SCALARS: dict[str, Any] = {"str": str, "int": int, "float": float}
 
 
 @dataclass(frozen=True)
@@ -223,6 +236,8 @@ class SearchFilter:
         for key, value in self.equals.items():
             if not isinstance(key, str) or not key:
                 raise ValueError(f"filter field names must be non-empty strings, got {key!r}")
+            if isinstance(value, int) and not -(2**63) <= value < 2**63:
+                raise ValueError(f"filter value for {key!r} is outside 64-bit integers: {value}")
             # Qdrant's exact match takes keywords, integers and booleans (not floats).
             if not isinstance(value, str | int | bool):
                 raise TypeError(
@@ -286,6 +301,9 @@ class SearchResult:
     timings_ms: Mapping[str, float]
     query_truncated: bool = False
     notices: tuple[str, ...] = ()
+    # The fusion that merged the dense and BM25 lists (hybrid and rerank modes), e.g.
+    # "rrf k=60 weights(dense,bm25)=1,1 depths=100,100"; tuned per version by `tune-fusion`.
+    fusion: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -296,6 +314,7 @@ class SearchResult:
             "timings_ms": dict(self.timings_ms),
             "query_truncated": self.query_truncated,
             "notices": list(self.notices),
+            "fusion": self.fusion,
         }
 
     @classmethod
@@ -311,4 +330,5 @@ class SearchResult:
             timings_ms={str(k): float(v) for k, v in data["timings_ms"].items()},
             query_truncated=bool(data.get("query_truncated", False)),
             notices=tuple(data.get("notices") or ()),
+            fusion=data.get("fusion"),
         )

@@ -33,8 +33,16 @@ import numpy as np
 
 from rag_retriever.bm25 import BM25Model, Tokenizer
 from rag_retriever.errors import CollectionNotFound, FingerprintMismatch, InvalidRequest
-from rag_retriever.fusion import rrf
-from rag_retriever.records import Chunk, Hit, Mode, SearchFilter, SearchResult, StageScore
+from rag_retriever.fusion import Fusion, rrf
+from rag_retriever.records import (
+    Chunk,
+    Hit,
+    Mode,
+    SearchFilter,
+    SearchResult,
+    StageScore,
+    is_blank,
+)
 from rag_retriever.reranker import Scorer
 from rag_retriever.settings import RerankFusion, Settings
 from rag_retriever.store import DENSE, SPARSE, StageQuery, Store, open_store
@@ -103,6 +111,7 @@ class Trace:
     query_truncated: bool = False
     rerank_truncated: int = 0
     timings_ms: dict[str, float] = field(default_factory=dict)
+    fusion: str | None = None  # the fusion in force for the traced version
 
     def final(self, mode: Mode) -> list[tuple[str, StageScore]]:
         """The ranked chunk ids a mode returns."""
@@ -124,6 +133,14 @@ class OpenCollection:
     name: str
     bm25: BM25Model
     meta: Mapping[str, object]
+    # The version's own fusion when it was tuned (`tune-fusion`), else None (the settings').
+    tuned_fusion: Fusion | None = None
+    opened_at: float = 0.0
+
+
+# A version's metadata is read again after this many seconds, so a fusion tuned by another
+# process is served without a restart.
+METADATA_TTL_S = 1.0
 
 
 class ChunkCache:
@@ -286,6 +303,7 @@ class Retriever:
                     timings_ms={s: round(ms, 3) for s, ms in trace.timings_ms.items()},
                     query_truncated=trace.query_truncated,
                     notices=tuple(notices),
+                    fusion=trace.fusion if chosen_mode in ("hybrid", "rerank") else None,
                 )
             )
         return results
@@ -330,14 +348,17 @@ class Retriever:
         """Resolve the alias; check the model fingerprint (for modes that embed the query)."""
         name = self.store.resolve(alias_or_name)
         opened = self._opened.get(name)
-        if opened is None:
+        if opened is None or time.monotonic() - opened.opened_at > METADATA_TTL_S:
             meta = self.store.metadata(name)
             if "bm25" not in meta:
                 raise CollectionNotFound(
                     f"collection {name!r} has no BM25 statistics: it was not written by this "
                     f"version of rag-retriever; re-ingest it"
                 )
-            opened = OpenCollection(name, BM25Model.from_json(meta["bm25"]), meta)
+            tuned = Fusion.from_json(meta["fusion"]) if meta.get("fusion") else None
+            opened = OpenCollection(
+                name, BM25Model.from_json(meta["bm25"]), meta, tuned, time.monotonic()
+            )
             with self._open_lock:
                 self._opened[name] = opened
         if mode != "bm25":
@@ -368,7 +389,7 @@ class Retriever:
         return k
 
     def _check_query(self, query: str) -> None:
-        if not isinstance(query, str) or not query.strip():
+        if not isinstance(query, str) or is_blank(query):
             raise InvalidRequest("the query is empty; send a question with at least one word")
         bad = _lone_surrogate(query)
         if bad is not None:
@@ -412,9 +433,11 @@ class Retriever:
                 trace.query_truncated = cut
                 trace.timings_ms["encode"] = encode_ms
         self._first_stage(opened, traces, None if mode == "bm25" else vectors, mode, flt)
+        fusion = self.fusion_for(opened)
         for trace in traces:
+            trace.fusion = fusion.describe()
             if mode in ("hybrid", "rerank"):
-                self._fuse(trace)
+                self._fuse(trace, fusion)
             if mode == "rerank":
                 self._rerank(opened.name, trace)
             trace.timings_ms["total"] = sum(trace.timings_ms.values())
@@ -464,14 +487,20 @@ class Retriever:
         for trace in traces:
             trace.timings_ms["search"] = per_query_ms
 
-    def _fuse(self, trace: Trace) -> None:
+    def fusion_for(self, opened: OpenCollection) -> Fusion:
+        """The version's tuned fusion, else RRF with the settings' k, weights and depths."""
+        if opened.tuned_fusion is not None:
+            return opened.tuned_fusion
         cfg = self.config
+        return Fusion(
+            "rrf", k=cfg.rrf_k, weights=cfg.rrf_weights, depths=(cfg.dense_top_n, cfg.bm25_top_n)
+        )
+
+    def _fuse(self, trace: Trace, fusion: Fusion) -> None:
         t0 = time.perf_counter()
         assert trace.dense is not None and trace.bm25 is not None
-        fused = rrf(
-            [[cid for cid, _ in trace.dense], [cid for cid, _ in trace.bm25]],
-            k=cfg.rrf_k,
-            weights=cfg.rrf_weights,
+        fused = fusion.fuse(
+            [(cid, s.score) for cid, s in trace.dense], [(cid, s.score) for cid, s in trace.bm25]
         )
         trace.fused = [
             (cid, StageScore(rank, score)) for rank, (cid, score) in enumerate(fused, start=1)
@@ -516,14 +545,8 @@ class Retriever:
             chunk = chunks[cid]
             lexical = bm25.get(cid)
             hits.append(
-                Hit(
-                    chunk_id=chunk.id,
-                    doc_id=chunk.doc_id,
-                    title=chunk.title,
-                    text=chunk.text,
-                    start=chunk.start,
-                    end=chunk.end,
-                    chunk_index=chunk.chunk_index,
+                Hit.of_chunk(
+                    chunk,
                     rank=rank,
                     score=stage.score,
                     dense=dense.get(cid),
@@ -531,7 +554,6 @@ class Retriever:
                     fused=fused.get(cid),
                     rerank=rerank.get(cid),
                     matched_terms=() if lexical is None else self._matched(query_terms, chunk),
-                    metadata=chunk.metadata,
                 )
             )
         return hits

@@ -42,14 +42,14 @@ import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 from qdrant_client.http.exceptions import ResponseHandlingException, UnexpectedResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ingest.versions import describe_collections
 from rag_retriever.errors import ConfigError, InvalidRequest, RagError
-from rag_retriever.records import Mode, SearchFilter
+from rag_retriever.records import BLANK_CHARS, Mode, SearchFilter
 from rag_retriever.retriever import Retriever
 from rag_retriever.settings import Settings
 
@@ -84,19 +84,76 @@ class _Options(BaseModel):
         default=None, description="alias or collection (default RAG_COLLECTION)"
     )
 
+    @field_validator("k", mode="before")
+    @classmethod
+    def _integral_float(cls, value: Any) -> Any:
+        # JSON Schema's integer includes 4.0; strict parsing still refuses "4" and 4.5.
+        return int(value) if isinstance(value, float) and value.is_integer() else value
+
 
 class SearchBody(_Options):
-    query: str = Field(
-        description="the question: at least one word, at most RAG_MAX_QUERY_CHARS characters "
-        "(else 422)",
-        examples=["who founded Normandy?"],
-    )
+    query: str = Field(description="the question", examples=["who founded Normandy?"])
 
 
 class BatchBody(_Options):
-    queries: list[str] = Field(
-        description="questions, answered in order (each as `query`; at most RAG_MAX_BATCH_SIZE)"
+    queries: list[str] = Field(description="questions, answered in order")
+
+
+# JSON Schema (ECMA regex) for "at least one character that is not white space", with the
+# white space of records.BLANK, so the schema and the server agree on what an empty query is.
+_NOT_BLANK = f"[^{BLANK_CHARS}]"
+# Qdrant matches 64-bit integers.
+_INT64 = {"type": "integer", "minimum": -(2**63), "maximum": 2**63 - 1}
+
+
+def _documented(settings: Settings, modes: tuple[str, ...]) -> tuple[type, type]:
+    """The request bodies with a schema that states the limits the server enforces (k, query
+    length and content, batch size, the modes this server runs, the filter's shape); the checks
+    themselves stay in one place (`_check_*`, SearchFilter, the retriever)."""
+    query = {"type": "string", "pattern": _NOT_BLANK, "maxLength": settings.max_query_chars}
+    common = {
+        "k": {
+            "anyOf": [
+                {"type": "integer", "minimum": 1, "maximum": settings.max_k},
+                {"type": "null"},
+            ]
+        },
+        "mode": {"anyOf": [{"enum": list(modes)}, {"type": "null"}]},
+        "filter": {
+            "anyOf": [
+                {
+                    "type": "object",
+                    "properties": {
+                        "doc_ids": {"type": "array", "items": {"type": "string"}},
+                        "equals": {
+                            "type": "object",
+                            "propertyNames": {"pattern": '^[^"\\\\]+$'},
+                            "additionalProperties": {
+                                "anyOf": [{"type": "string"}, _INT64, {"type": "boolean"}]
+                            },
+                        },
+                    },
+                    "additionalProperties": False,
+                },
+                {"type": "null"},
+            ]
+        },
+    }
+
+    def schema_of(model: type[BaseModel], extra: dict[str, Any]) -> type:
+        def patch(schema: dict[str, Any]) -> None:
+            for name, sub in {**common, **extra}.items():
+                schema["properties"][name] = {**schema["properties"][name], **sub}
+                schema["properties"][name].pop("type", None) if "anyOf" in sub else None
+
+        return type(model.__name__, (model,), {"model_config": ConfigDict(json_schema_extra=patch)})
+
+    search = schema_of(SearchBody, {"query": query})
+    batch = schema_of(
+        BatchBody,
+        {"queries": {"type": "array", "items": query, "maxItems": settings.max_batch_size}},
     )
+    return search, batch
 
 
 class ErrorBody(BaseModel):
@@ -138,7 +195,8 @@ def create_app(retriever: Retriever, settings: Settings) -> FastAPI:
     app.state.retriever = retriever
     app.state.settings = settings
 
-    @app.post("/v1/search", summary="Search one query", responses=_SEARCH_ERRORS)
+    search_body, batch_body = _documented(settings, retriever.modes)
+
     def search(body: SearchBody) -> JSONResponse:
         _check_options(body, settings)
         _check_query_length(body.query, settings, "query")
@@ -151,11 +209,6 @@ def create_app(retriever: Retriever, settings: Settings) -> FastAPI:
         )
         return JSONResponse(result.to_dict())
 
-    @app.post(
-        "/v1/search/batch",
-        summary="Search many queries (encoded in one batch)",
-        responses=_SEARCH_ERRORS,
-    )
     def search_batch(body: BatchBody) -> JSONResponse:
         _check_options(body, settings)
         if len(body.queries) > settings.max_batch_size:
@@ -173,6 +226,19 @@ def create_app(retriever: Retriever, settings: Settings) -> FastAPI:
             collection=body.collection,
         )
         return JSONResponse({"results": [r.to_dict() for r in results]})
+
+    search.__annotations__["body"] = search_body
+    search_batch.__annotations__["body"] = batch_body
+    app.add_api_route(
+        "/v1/search", search, methods=["POST"], summary="Search one query", responses=_SEARCH_ERRORS
+    )
+    app.add_api_route(
+        "/v1/search/batch",
+        search_batch,
+        methods=["POST"],
+        summary="Search many queries (encoded in one batch)",
+        responses=_SEARCH_ERRORS,
+    )
 
     @app.get(
         "/v1/collections",

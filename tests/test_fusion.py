@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from rag_retriever.fusion import rrf
+from rag_retriever.fusion import Fusion, dbsf, rrf
 
 
 def brute_force(lists: list[list[str]], k: int, weights: list[float]) -> dict[str, float]:
@@ -76,3 +76,38 @@ def test_weights() -> None:
         rrf([["a"]], weights=[1.0, 1.0])
     with pytest.raises(ValueError):
         rrf([["a"]], k=0)
+
+
+def test_dbsf_hand_computed() -> None:
+    # list 1: mean .7, std .2 -> [.1, 1.3]; list 2: mean 7.5, std 4.5 -> [-6, 21]
+    fused = dict(dbsf([[("a", 0.9), ("b", 0.5)], [("b", 12.0), ("c", 3.0)]], weights=[1, 2]))
+    assert fused["a"] == pytest.approx(0.8 / 1.2)
+    assert fused["b"] == pytest.approx(0.4 / 1.2 + 2 * 18 / 27)
+    assert fused["c"] == pytest.approx(2 * 9 / 27)
+    assert dbsf([[("x", 3.0), ("y", 3.0)]]) == [("x", 0.5), ("y", 0.5)]  # no spread: 0.5
+
+
+@given(
+    st.lists(
+        st.lists(st.tuples(st.sampled_from("abcdefgh"), st.floats(-50, 50)), max_size=10),
+        min_size=1,
+        max_size=3,
+    )
+)
+def test_dbsf_scores_are_bounded_by_the_weights(lists: list[list[tuple[str, float]]]) -> None:
+    fused = dbsf(lists)
+    assert all(0.0 <= s <= len(lists) + 1e-9 for _, s in fused)
+    assert [s for _, s in fused] == sorted((s for _, s in fused), reverse=True)
+    assert {i for i, _ in fused} == {i for ranked in lists for i, _ in ranked}
+
+
+def test_fusion_cuts_each_list_at_its_depth_and_round_trips() -> None:
+    dense = [("a", 0.9), ("b", 0.8), ("c", 0.7)]
+    bm25 = [("c", 9.0), ("d", 5.0), ("e", 1.0)]
+    fusion = Fusion("rrf", k=10, weights=(1.0, 2.0), depths=(1, 2))
+    assert fusion.fuse(dense, bm25) == rrf([["a"], ["c", "d"]], k=10, weights=[1.0, 2.0])
+    assert Fusion.from_json(fusion.to_json()) == fusion
+    assert fusion.describe() == "rrf k=10 weights(dense,bm25)=1,2 depths=1,2"
+    for bad in ({"method": "max"}, {"k": 0}, {"weights": (0.0, 0.0)}, {"depths": (0, 5)}):
+        with pytest.raises(ValueError):
+            Fusion(**bad)

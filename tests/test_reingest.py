@@ -157,6 +157,7 @@ KILL_POINTS = [
 ]
 
 
+@pytest.mark.slow
 def test_sigkill_at_each_write_step_never_breaks_the_alias(
     tiny_encoder_dir: Path, tmp_path: Path
 ) -> None:
@@ -236,6 +237,7 @@ def test_sigkill_at_each_write_step_never_breaks_the_alias(
         store.close()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("sig", "code"), [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
 def test_a_signal_mid_write_stops_cleanly_within_two_seconds(
     tiny_encoder_dir: Path, tmp_path: Path, sig: signal.Signals, code: int

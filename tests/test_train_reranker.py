@@ -13,7 +13,7 @@ from transformers import BertModel
 from eval.questions import load_questions
 from ingest.loaders import LoadedCorpus
 from ingest.writer import ingest_documents
-from rag_retriever.cli import build_parser, main
+from rag_retriever.cli import EXIT_WORSE, build_parser, main, training_verdict
 from rag_retriever.encoder import Encoder
 from rag_retriever.errors import ConfigError
 from rag_retriever.records import Document
@@ -272,15 +272,37 @@ def test_train_reranker_command(
     cmd = ["train-reranker", "--collection", "kb", "--questions", str(qs), "--out", str(out)]
     small = ["--base", str(base), "--batch-size", "4", "--max-length", "48", "--depth", "8"]
     capsys.readouterr()
-    assert main([*cmd, *small, "--val-fraction", "0.25", "--no-progress"]) == 0
+    code = main([*cmd, *small, "--val-fraction", "0.25", "--no-progress"])
     printed = capsys.readouterr().out
     assert "(held out: validation_questions.jsonl)" in printed
     assert "validation  rerank recall@1:   -    -> " in printed  # a new head: not validated
     assert "validation  hybrid recall@1: " in printed
-    assert f"RAG_RERANK_MODEL={out} rag-retriever search" in printed
+    if "verdict     WORSE" in printed:  # never a next step that makes retrieval worse
+        assert code == EXIT_WORSE and "next        none" in printed
+        assert "RAG_RERANK_MODEL=" not in printed
+    else:
+        assert code == 0 and f"RAG_RERANK_MODEL={out} rag-retriever search" in printed
     assert CrossEncoderReranker.load(out, device="cpu", dtype="fp32").num_labels == 1
     # The output exists: refused without --overwrite, and left as it was.
     weights = (out / "model.safetensors").read_bytes()
     assert main([*cmd, *small, "--no-progress"]) == 2
     assert "--overwrite" in capsys.readouterr().err
     assert (out / "model.safetensors").read_bytes() == weights
+
+
+@pytest.mark.parametrize(
+    ("after", "keep", "start"),
+    [
+        ({"questions": 74, "hybrid mrr@10": 0.818, "rerank+hybrid mrr@10": 0.719}, False, "WORSE"),
+        ({"questions": 74, "hybrid mrr@10": 0.70, "rerank+hybrid mrr@10": 0.75}, True, "better"),
+        ({"questions": 0}, True, "unjudged"),
+    ],
+)
+def test_the_verdict_compares_with_what_the_model_would_replace(
+    after: dict[str, float], keep: bool, start: str
+) -> None:
+    meta = {"validation_before": {}, "validation_after": after}
+    verdict = training_verdict(meta, new="rerank+hybrid mrr@10", old="hybrid mrr@10", what="it")
+    assert verdict[0] is keep and verdict[1].startswith(start)
+    if after.get("questions"):
+        assert "on 74 held-out questions" in verdict[1]

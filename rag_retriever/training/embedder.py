@@ -31,8 +31,9 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from eval.metrics import mrr_at_k, recall_at_k
 from eval.questions import file_sha256, load_questions
-from rag_retriever.encoder import Encoder, pool, quiet_transformers
+from rag_retriever.encoder import Encoder, embed_batch, quiet_transformers
 from rag_retriever.errors import ConfigError
 from rag_retriever.profiles import ModelProfile, ResolvedModel, write_profile_file
 from rag_retriever.retriever import Retriever
@@ -82,11 +83,10 @@ def _encode(
     max_length: int,
     device: torch.device,
 ) -> torch.Tensor:
-    batch = tokenizer(
-        texts, padding=True, truncation=True, max_length=max_length, return_tensors="pt"
-    ).to(device)
-    hidden = model(**batch).last_hidden_state.float()
-    return torch.nn.functional.normalize(pool(hidden, batch["attention_mask"], pooling), dim=-1)
+    """The serving forward pass (encoder.embed_batch), so training and serving cannot drift."""
+    return embed_batch(
+        model, tokenizer, texts, pooling=pooling, max_length=max_length, device=device
+    )
 
 
 def validate(encoder: Encoder, mined: MinedSet, examples: list[Example]) -> dict[str, float]:
@@ -98,16 +98,14 @@ def validate(encoder: Encoder, mined: MinedSet, examples: list[Example]) -> dict
         [mined.index.chunks[r].embed_text for r in pool_rows]
     ).vectors
     queries = encoder.encode_queries([ex.query for ex in examples]).vectors
-    position = {r: i for i, r in enumerate(pool_rows)}
     scores = queries @ passages.T
     r1 = r5 = mrr = 0.0
     for i, ex in enumerate(examples):
-        order = np.argsort(-scores[i], kind="stable")
-        gold_pos = {position[r] for r in ex.gold if r in position}
-        rank = next(k for k, j in enumerate(order, start=1) if j in gold_pos)
-        r1 += rank <= 1
-        r5 += rank <= 5
-        mrr += 1 / rank if rank <= 10 else 0.0
+        ranking = [pool_rows[j] for j in np.argsort(-scores[i], kind="stable")]
+        # one gold item per question: any of its gold chunks answers it (eval/metrics.py)
+        r1 += recall_at_k(ranking, [ex.gold], 1)
+        r5 += recall_at_k(ranking, [ex.gold], 5)
+        mrr += mrr_at_k(ranking, [ex.gold], 10)
     n = len(examples)
     return {
         "recall@1": r1 / n,

@@ -43,6 +43,7 @@ import torch
 import transformers
 from tqdm.auto import tqdm
 
+from eval.metrics import mrr_at_k, recall_at_k
 from eval.questions import file_sha256, load_questions
 from rag_retriever.encoder import quiet_transformers
 from rag_retriever.errors import ConfigError
@@ -210,14 +211,13 @@ def validate(
         orders["rerank"].append(reranked)
         orders["rerank+hybrid"].append([r for r, _ in rrf([reranked, candidates])])
     out: dict[str, float] = {"questions": len(examples)}
+    n = len(examples)
     for name, lists in orders.items():
-        ranks = [
-            next((k for k, r in enumerate(order, 1) if r in ex.gold), None)
-            for order, ex in zip(lists, examples, strict=True)
-        ]
-        out[f"{name} recall@1"] = sum(r == 1 for r in ranks) / len(ranks)
-        out[f"{name} recall@5"] = sum(r is not None and r <= 5 for r in ranks) / len(ranks)
-        out[f"{name} mrr@10"] = sum(1 / r for r in ranks if r is not None and r <= 10) / len(ranks)
+        pairs = list(zip(lists, examples, strict=True))
+        # one gold item per question: any of its gold chunks answers it (eval/metrics.py)
+        out[f"{name} recall@1"] = sum(recall_at_k(o, [ex.gold], 1) for o, ex in pairs) / n
+        out[f"{name} recall@5"] = sum(recall_at_k(o, [ex.gold], 5) for o, ex in pairs) / n
+        out[f"{name} mrr@10"] = sum(mrr_at_k(o, [ex.gold], 10) for o, ex in pairs) / n
     return out
 
 

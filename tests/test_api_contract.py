@@ -1,0 +1,38 @@
+"""Schemathesis fuzzes the HTTP service from its own OpenAPI schema: no 5xx, and every status,
+content type and body is one the schema documents. A real app on a real collection (tiny
+encoder, qdrant-client's in-process server implementation); a few hundred cases in all."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import schemathesis
+from hypothesis import HealthCheck, given, settings
+
+from rag_retriever.encoder import Encoder
+from rag_retriever.server import create_app
+from rag_retriever.settings import Settings
+from tests.test_server import build_retriever
+
+
+@pytest.fixture(scope="module")
+def api_schema(tiny_encoder: Encoder, tmp_path_factory: pytest.TempPathFactory) -> Any:
+    retriever, _ = build_retriever(tiny_encoder, tmp_path_factory.mktemp("api"))
+    app = create_app(
+        retriever, Settings(max_k=8, default_k=5, max_query_chars=300, max_batch_size=3)
+    )
+    return schemathesis.openapi.from_asgi("/openapi.json", app)
+
+
+def test_the_api_keeps_the_word_of_its_schema(api_schema: Any) -> None:
+    operations = [result.ok() for result in api_schema.get_all_operations()]
+    assert len(operations) >= 5
+    for operation in operations:
+
+        @given(case=operation.as_strategy())
+        @settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
+        def check(case: Any) -> None:
+            case.call_and_validate()
+
+        check()
