@@ -48,28 +48,28 @@ def main(argv: list[str] | None = None) -> int:
         lines.extend(new)
 
     if "bm25" in args.only:
-        from eval import bench_bm25
+        from rag_retriever.eval import bench_bm25
 
         results["bm25"] = bench_bm25.run()
         emit(bench_bm25.report(results["bm25"]))
 
     if "engine" in args.only:
-        from eval import bench_engine
+        from rag_retriever.eval import bench_engine
 
         results["engine"] = bench_engine.run(tuple(args.engine_sizes))
         emit(bench_engine.report(results["engine"]))
 
     data_dir = args.out / "data"
     if "ingest" in args.only:
-        from eval import bench_ingest
+        from rag_retriever.eval import bench_ingest
 
         results["ingest"] = bench_ingest.run()
         emit(bench_ingest.report(results["ingest"]))
 
     if "query" in args.only or "load" in args.only:
-        from eval.bench_common import shared_path
-        from ingest.loaders import load_documents
-        from ingest.writer import ingest_documents
+        from rag_retriever.eval.bench_common import shared_path
+        from rag_retriever.ingest.loaders import load_documents
+        from rag_retriever.ingest.writer import ingest_documents
         from rag_retriever.retriever import Retriever
         from rag_retriever.settings import Settings
 
@@ -83,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
                 store=retriever.store,
             )
         if "query" in args.only:
-            from eval import bench_query
+            from rag_retriever.eval import bench_query
 
             reranker = args.reranker or bench_query.untrained_reranker(
                 args.out / "untrained-reranker"
@@ -91,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
             results["query"] = bench_query.run(retriever, collection="squad", reranker_dir=reranker)
             emit(bench_query.report(results["query"]))
         if "load" in args.only:
-            from eval import bench_load
+            from rag_retriever.eval import bench_load
 
             retriever.reranker = None
             results["load"] = bench_load.run_benchmark(

@@ -29,9 +29,9 @@ from typing import Any
 
 import numpy as np
 
-from eval.bench_bm25 import synthetic_chunks
-from eval.bench_common import percentile, read_jsonl, real_sentences, shared_path
 from rag_retriever.bm25 import BM25Model, Tokenizer
+from rag_retriever.eval.bench_bm25 import synthetic_chunks
+from rag_retriever.eval.bench_common import percentile, read_jsonl, real_sentences, shared_path
 from rag_retriever.records import SearchFilter
 from rag_retriever.store import DENSE, SPARSE, EdgeStore, ServerStore, StageQuery, Store
 
@@ -157,7 +157,7 @@ def _memory() -> dict[str, float]:
 
 def _probe_in_subprocess(engine: str, root: Path) -> dict[str, Any]:
     code = (
-        "import json, sys; from pathlib import Path; from eval.bench_engine import serve_probe; "
+        "import json, sys; from pathlib import Path; from rag_retriever.eval.bench_engine import serve_probe; "
         "print(json.dumps(serve_probe(sys.argv[1], Path(sys.argv[2]))))"
     )
     done = subprocess.run(

@@ -248,7 +248,7 @@ def run_benchmark(
 ) -> dict[str, Any]:
     """The `load` entry of eval/bench.py: SQuAD dev questions unless `questions` is given."""
     if questions is None:
-        from eval.bench_common import shared_path
+        from rag_retriever.eval.bench_common import shared_path
 
         questions = shared_path("squad_v11_dev", "questions_dev.jsonl")
     return run_load(

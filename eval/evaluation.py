@@ -22,7 +22,9 @@ from typing import Any, Literal
 
 from tqdm.auto import tqdm
 
-from eval.metrics import (
+from rag_retriever.chunk_table import ChunkTable
+from rag_retriever.errors import InvalidRequest
+from rag_retriever.eval.metrics import (
     FAILURE_CLASSES,
     classify_failure,
     item_ranks,
@@ -30,9 +32,7 @@ from eval.metrics import (
     ndcg_at_k,
     recall_from_ranks,
 )
-from eval.questions import Question
-from rag_retriever.chunk_table import ChunkTable
-from rag_retriever.errors import InvalidRequest
+from rag_retriever.eval.questions import Question
 from rag_retriever.records import Mode
 from rag_retriever.retriever import Retriever, Trace
 

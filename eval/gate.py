@@ -17,11 +17,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from eval.evaluation import EvalRun, evaluate, primary_mode
-from eval.questions import load_questions
-from ingest.writer import Gate, GateDecision
 from rag_retriever.encoder import Encoder
 from rag_retriever.errors import ConfigError
+from rag_retriever.eval.evaluation import EvalRun, evaluate, primary_mode
+from rag_retriever.eval.questions import load_questions
+from rag_retriever.ingest.writer import Gate, GateDecision
 from rag_retriever.profiles import ModelProfile, ResolvedModel
 from rag_retriever.reranker import CrossEncoderReranker, Scorer
 from rag_retriever.retriever import RetrievalConfig, Retriever

@@ -21,16 +21,16 @@ import sys
 from pathlib import Path
 from typing import Any, cast
 
-from eval.evaluation import DEFAULT_KS, Level, evaluate
-from eval.questions import file_sha256, load_questions
-from eval.report import (
+from rag_retriever.errors import RagError
+from rag_retriever.eval.evaluation import DEFAULT_KS, Level, evaluate
+from rag_retriever.eval.questions import file_sha256, load_questions
+from rag_retriever.eval.report import (
     check_thresholds,
     compare_runs,
     parse_threshold,
     summary_table,
     write_outputs,
 )
-from rag_retriever.errors import RagError
 from rag_retriever.records import MODES, Mode
 from rag_retriever.retriever import Retriever
 from rag_retriever.settings import Settings

@@ -13,8 +13,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from eval.evaluation import EvalRun, QuestionResult
-from eval.metrics import recall_from_ranks
+from rag_retriever.eval.evaluation import EvalRun, QuestionResult
+from rag_retriever.eval.metrics import recall_from_ranks
 
 CURVE_MAX_K = 100
 

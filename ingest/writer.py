@@ -35,13 +35,13 @@ from typing import Any, Protocol
 import numpy as np
 from tqdm.auto import tqdm
 
-from ingest.chunking import Chunker, ChunkingConfig
-from ingest.loaders import LoadedCorpus
-from ingest.lock import IngestLock
-from ingest.versions import apply_retention, point_alias, remove_orphans
 from rag_retriever.bm25 import BM25Model, Tokenizer
 from rag_retriever.encoder import Encoded, Fingerprint
 from rag_retriever.errors import DocumentError, GateRejected
+from rag_retriever.ingest.chunking import Chunker, ChunkingConfig
+from rag_retriever.ingest.loaders import LoadedCorpus
+from rag_retriever.ingest.lock import IngestLock
+from rag_retriever.ingest.versions import apply_retention, point_alias, remove_orphans
 from rag_retriever.records import Chunk, Document, content_hash
 from rag_retriever.store import (
     STATUS_BUILDING,

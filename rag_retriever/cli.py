@@ -66,9 +66,9 @@ def _parse_where(items: Sequence[str]) -> dict[str, str | int | bool]:
 
 
 def cmd_ingest(args: argparse.Namespace) -> int:
-    from ingest.loaders import load_documents
-    from ingest.writer import ingest_documents
     from rag_retriever.encoder import load_encoder
+    from rag_retriever.ingest.loaders import load_documents
+    from rag_retriever.ingest.writer import ingest_documents
     from rag_retriever.store import open_store
 
     settings = _settings(
@@ -86,7 +86,7 @@ def cmd_ingest(args: argparse.Namespace) -> int:
     store = open_store(settings)
     gate = None
     if args.gate is not None:
-        from eval.gate import make_gate
+        from rag_retriever.eval.gate import make_gate
 
         gate = make_gate(
             args.gate,
@@ -193,8 +193,8 @@ def format_result(result: SearchResult, width: int = 100) -> str:
 
 
 def cmd_collections(args: argparse.Namespace) -> int:
-    from ingest.versions import describe_collections
     from rag_retriever.fusion import Fusion
+    from rag_retriever.ingest.versions import describe_collections
     from rag_retriever.store import open_store
 
     out = describe_collections(open_store(_settings(args)))
@@ -217,7 +217,7 @@ def cmd_collections(args: argparse.Namespace) -> int:
 
 
 def cmd_rollback(args: argparse.Namespace) -> int:
-    from ingest.versions import rollback
+    from rag_retriever.ingest.versions import rollback
     from rag_retriever.store import open_store
 
     store = open_store(_settings(args))
@@ -227,7 +227,7 @@ def cmd_rollback(args: argparse.Namespace) -> int:
 
 
 def cmd_promote(args: argparse.Namespace) -> int:
-    from ingest.versions import promote_version
+    from rag_retriever.ingest.versions import promote_version
     from rag_retriever.store import open_store
 
     store = open_store(_settings(args))
@@ -389,7 +389,7 @@ def cmd_train_reranker(args: argparse.Namespace) -> int:
 
 
 def cmd_tune_fusion(args: argparse.Namespace) -> int:
-    from eval.questions import load_questions
+    from rag_retriever.eval.questions import load_questions
     from rag_retriever.retriever import Retriever
     from rag_retriever.training.fusion import tune_fusion
 

@@ -236,8 +236,11 @@ class SearchFilter:
         for key, value in self.equals.items():
             if not isinstance(key, str) or not key:
                 raise ValueError(f"filter field names must be non-empty strings, got {key!r}")
-            if isinstance(value, int) and not -(2**63) <= value < 2**63:
-                raise ValueError(f"filter value for {key!r} is outside 64-bit integers: {value}")
+            if isinstance(value, int) and abs(value) > MAX_EXACT_INT:
+                raise ValueError(
+                    f"filter value for {key!r} is {value}; integers must lie within "
+                    f"±{MAX_EXACT_INT} (what JSON clients and Qdrant both keep exact)"
+                )
             # Qdrant's exact match takes keywords, integers and booleans (not floats).
             if not isinstance(value, str | int | bool):
                 raise TypeError(
@@ -280,6 +283,10 @@ class SearchFilter:
         if self.equals:
             out["equals"] = dict(self.equals)
         return out
+
+
+# The largest integer a JSON client (a float64) and Qdrant (int64) both hold exactly: 2**53 - 1.
+MAX_EXACT_INT = 2**53 - 1
 
 
 def _utf8(text: str) -> bool:

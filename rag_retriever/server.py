@@ -47,9 +47,9 @@ from qdrant_client.http.exceptions import ResponseHandlingException, UnexpectedR
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from ingest.versions import describe_collections
 from rag_retriever.errors import ConfigError, InvalidRequest, RagError
-from rag_retriever.records import BLANK_CHARS, Mode, SearchFilter
+from rag_retriever.ingest.versions import describe_collections
+from rag_retriever.records import BLANK_CHARS, MAX_EXACT_INT, Mode, SearchFilter
 from rag_retriever.retriever import Retriever
 from rag_retriever.settings import Settings
 
@@ -102,8 +102,8 @@ class BatchBody(_Options):
 # JSON Schema (ECMA regex) for "at least one character that is not white space", with the
 # white space of records.BLANK, so the schema and the server agree on what an empty query is.
 _NOT_BLANK = f"[^{BLANK_CHARS}]"
-# Qdrant matches 64-bit integers.
-_INT64 = {"type": "integer", "minimum": -(2**63), "maximum": 2**63 - 1}
+# Integers a filter can match (records.MAX_EXACT_INT).
+_INT64 = {"type": "integer", "minimum": -MAX_EXACT_INT, "maximum": MAX_EXACT_INT}
 
 
 def _documented(settings: Settings, modes: tuple[str, ...]) -> tuple[type, type]:
@@ -339,6 +339,11 @@ def _check_query_length(query: str, settings: Settings, where: str) -> None:
 def _filter(data: dict[str, Any] | None) -> SearchFilter | None:
     if data is None:
         return None
+    equals = data.get("equals")
+    if isinstance(equals, dict):
+        # JSON Schema's integer includes 3.0; such a value matches as the integer 3.
+        integral = {k: int(v) for k, v in equals.items() if isinstance(v, float) and v.is_integer()}
+        data = {**data, "equals": {**equals, **integral}}
     try:
         return SearchFilter.from_dict(data)
     except (ValueError, TypeError) as exc:

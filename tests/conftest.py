@@ -18,9 +18,9 @@ from hypothesis import settings
 from qdrant_client import QdrantClient
 from transformers import BertConfig, BertForSequenceClassification, BertModel, BertTokenizer
 
-from ingest.loaders import LoadedCorpus
-from ingest.writer import ingest_documents
 from rag_retriever.encoder import Encoder
+from rag_retriever.ingest.loaders import LoadedCorpus
+from rag_retriever.ingest.writer import ingest_documents
 from rag_retriever.profiles import ModelProfile, write_profile_file
 from rag_retriever.records import Document
 from rag_retriever.retriever import Retriever

@@ -31,7 +31,12 @@ def test_the_api_keeps_the_word_of_its_schema(api_schema: Any) -> None:
     for operation in operations:
 
         @given(case=operation.as_strategy())
-        @settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
+        @settings(
+            max_examples=60,
+            deadline=None,
+            derandomize=True,  # the same few hundred cases on every run: CI cannot flake
+            suppress_health_check=list(HealthCheck),
+        )
         def check(case: Any) -> None:
             case.call_and_validate()
 

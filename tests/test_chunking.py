@@ -11,9 +11,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ingest.chunking import Chunker, ChunkingConfig, paragraph_spans, sentence_spans
-from ingest.loaders import load_documents
-from ingest.writer import chunking_config_for
+from rag_retriever.ingest.chunking import Chunker, ChunkingConfig, paragraph_spans, sentence_spans
+from rag_retriever.ingest.loaders import load_documents
+from rag_retriever.ingest.writer import chunking_config_for
 from rag_retriever.records import Document, embed_text
 from tests.conftest import shared_data
 

@@ -136,3 +136,18 @@ def test_the_cli_and_the_client_import_without_torch(module: str) -> None:
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert done.stdout.strip() == ""
+
+
+def test_ingest_and_eval_install_under_the_project_namespace(tmp_path: Path) -> None:
+    """No global `ingest` or `eval` package: from any directory they are rag_retriever's."""
+    import subprocess
+    import sys
+
+    code = (
+        "import importlib.util as u, rag_retriever.ingest.writer, rag_retriever.eval.evaluation; "
+        "print(u.find_spec('ingest') is None, u.find_spec('eval') is None)"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=tmp_path
+    )
+    assert done.stdout.split() == ["True", "True"]

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from eval.recall_at_k import main as recall_main
 from rag_retriever.cli import main as cli_main
+from rag_retriever.eval.recall_at_k import main as recall_main
 
 DOCS = Path(__file__).resolve().parents[1] / "docs"
 

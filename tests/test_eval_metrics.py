@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from eval.metrics import (
+from rag_retriever.eval.metrics import (
     classify_failure,
     first_gold_rank,
     item_ranks,

@@ -8,14 +8,14 @@ from pathlib import Path
 
 import pytest
 
-from eval.questions import Question, load_questions
-from ingest.loaders import LoadedCorpus
-from ingest.versions import rollback
-from ingest.writer import ingest_documents
 from rag_retriever.cli import main
 from rag_retriever.encoder import Encoder
 from rag_retriever.errors import InvalidRequest
+from rag_retriever.eval.questions import Question, load_questions
 from rag_retriever.fusion import Fusion
+from rag_retriever.ingest.loaders import LoadedCorpus
+from rag_retriever.ingest.versions import rollback
+from rag_retriever.ingest.writer import ingest_documents
 from rag_retriever.records import Document
 from rag_retriever.retriever import Retriever
 from rag_retriever.store import Store

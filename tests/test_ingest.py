@@ -13,13 +13,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from ingest.loaders import LoadedCorpus
-from ingest.lock import IngestLock
-from ingest.versions import promote_version, rollback
-from ingest.writer import ingest_documents
 from rag_retriever.chunk_table import ChunkTable
 from rag_retriever.encoder import Encoded, Encoder
 from rag_retriever.errors import CollectionNotFound, IngestLocked, InvalidRequest
+from rag_retriever.ingest.loaders import LoadedCorpus
+from rag_retriever.ingest.lock import IngestLock
+from rag_retriever.ingest.versions import promote_version, rollback
+from rag_retriever.ingest.writer import ingest_documents
 from rag_retriever.profiles import ModelProfile, write_profile_file
 from rag_retriever.records import Document, chunk_point_id
 from rag_retriever.store import STATUS_BUILDING, Store
@@ -136,7 +136,7 @@ def test_failure_mid_ingest_leaves_the_alias_and_no_partial_collection(
 ) -> None:
     good = run(store, tiny_encoder, tmp_path)
     monkeypatch.setattr(
-        "ingest.writer.ENCODE_BLOCK", 2
+        "rag_retriever.ingest.writer.ENCODE_BLOCK", 2
     )  # several blocks, so the failure is mid-way
     many = [Document(f"d{i}", f"T{i}", f"Text number {i} about apples.") for i in range(9)]
     failing = FailingEncoder(tiny_encoder, fail_on_call=3)
@@ -207,7 +207,7 @@ def test_second_ingest_of_the_same_alias_is_refused(
 
 def test_a_killed_holder_does_not_leave_the_lock_stuck(tmp_path: Path) -> None:
     code = (
-        "import sys, time; from pathlib import Path; from ingest.lock import IngestLock\n"
+        "import sys, time; from pathlib import Path; from rag_retriever.ingest.lock import IngestLock\n"
         f"lock = IngestLock(Path({str(tmp_path)!r}), 'kb').__enter__()\n"
         "print('held', flush=True); time.sleep(60)"
     )

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from ingest.loaders import load_documents
 from rag_retriever.errors import DocumentError
+from rag_retriever.ingest.loaders import load_documents
 from tests.conftest import shared_data, write_jsonl
 
 

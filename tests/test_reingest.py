@@ -13,12 +13,12 @@ from pathlib import Path
 
 import pytest
 
-from eval.gate import make_gate
-from ingest.loaders import LoadedCorpus
-from ingest.lock import IngestLock
-from ingest.writer import ingest_documents
 from rag_retriever.encoder import Encoder
 from rag_retriever.errors import GateRejected
+from rag_retriever.eval.gate import make_gate
+from rag_retriever.ingest.loaders import LoadedCorpus
+from rag_retriever.ingest.lock import IngestLock
+from rag_retriever.ingest.writer import ingest_documents
 from rag_retriever.records import Document
 from rag_retriever.retriever import Retriever
 from rag_retriever.settings import Settings

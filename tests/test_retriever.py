@@ -13,8 +13,6 @@ import pytest
 import torch
 from rank_bm25 import BM25Okapi
 
-from ingest.loaders import LoadedCorpus
-from ingest.writer import ingest_documents
 from rag_retriever.bm25 import Tokenizer
 from rag_retriever.chunk_table import ChunkTable
 from rag_retriever.encoder import Encoder
@@ -26,6 +24,8 @@ from rag_retriever.errors import (
     ModelLoadError,
 )
 from rag_retriever.fusion import rrf
+from rag_retriever.ingest.loaders import LoadedCorpus
+from rag_retriever.ingest.writer import ingest_documents
 from rag_retriever.profiles import ModelProfile, write_profile_file
 from rag_retriever.records import Document, SearchFilter
 from rag_retriever.reranker import CrossEncoderReranker, PairScores, Scorer

@@ -9,9 +9,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from eval.questions import load_questions
 from rag_retriever.encoder import Encoder
 from rag_retriever.errors import ConfigError
+from rag_retriever.eval.questions import load_questions
 from rag_retriever.profiles import resolve_model
 from rag_retriever.records import Document
 from rag_retriever.retriever import Retriever

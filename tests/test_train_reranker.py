@@ -10,12 +10,12 @@ import pytest
 import torch
 from transformers import BertModel
 
-from eval.questions import load_questions
-from ingest.loaders import LoadedCorpus
-from ingest.writer import ingest_documents
 from rag_retriever.cli import EXIT_WORSE, build_parser, main, training_verdict
 from rag_retriever.encoder import Encoder
 from rag_retriever.errors import ConfigError
+from rag_retriever.eval.questions import load_questions
+from rag_retriever.ingest.loaders import LoadedCorpus
+from rag_retriever.ingest.writer import ingest_documents
 from rag_retriever.records import Document
 from rag_retriever.reranker import CrossEncoderReranker
 from rag_retriever.retriever import Retriever

@@ -31,10 +31,10 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from eval.metrics import mrr_at_k, recall_at_k
-from eval.questions import file_sha256, load_questions
 from rag_retriever.encoder import Encoder, embed_batch, quiet_transformers
 from rag_retriever.errors import ConfigError
+from rag_retriever.eval.metrics import mrr_at_k, recall_at_k
+from rag_retriever.eval.questions import file_sha256, load_questions
 from rag_retriever.profiles import ModelProfile, ResolvedModel, write_profile_file
 from rag_retriever.retriever import Retriever
 from rag_retriever.training.common import (

@@ -24,11 +24,11 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
-from eval.evaluation import gold_items
-from eval.metrics import mrr_at_k, recall_at_k
-from eval.questions import Question
 from rag_retriever.chunk_table import ChunkTable
 from rag_retriever.errors import InvalidRequest
+from rag_retriever.eval.evaluation import gold_items
+from rag_retriever.eval.metrics import mrr_at_k, recall_at_k
+from rag_retriever.eval.questions import Question
 from rag_retriever.fusion import Fusion
 from rag_retriever.retriever import Retriever
 

@@ -19,9 +19,9 @@ from dataclasses import dataclass
 
 from tqdm.auto import tqdm
 
-from eval.evaluation import gold_items
-from eval.questions import Question
 from rag_retriever.chunk_table import ChunkTable
+from rag_retriever.eval.evaluation import gold_items
+from rag_retriever.eval.questions import Question
 from rag_retriever.retriever import Retriever
 
 MINE_BATCH = 64

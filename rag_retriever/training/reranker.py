@@ -43,10 +43,10 @@ import torch
 import transformers
 from tqdm.auto import tqdm
 
-from eval.metrics import mrr_at_k, recall_at_k
-from eval.questions import file_sha256, load_questions
 from rag_retriever.encoder import quiet_transformers
 from rag_retriever.errors import ConfigError
+from rag_retriever.eval.metrics import mrr_at_k, recall_at_k
+from rag_retriever.eval.questions import file_sha256, load_questions
 from rag_retriever.fusion import rrf
 from rag_retriever.profiles import resolve_model
 from rag_retriever.reranker import CrossEncoderReranker
