@@ -24,20 +24,34 @@ from typing import Any
 from rag_retriever import __version__
 from rag_retriever.errors import GateRejected, RagError
 from rag_retriever.records import MODES, SearchFilter, SearchResult
-from rag_retriever.settings import Settings
+from rag_retriever.settings import DEVICES, DTYPES, LOG_LEVELS, Settings
 
 log = logging.getLogger("rag_retriever")
 
 
-def _common(parser: argparse.ArgumentParser) -> None:
+def _common(
+    parser: argparse.ArgumentParser, *, models: bool = True, reranker: bool = False
+) -> None:
+    """The settings flags a command uses (defaults and choices from settings.py)."""
+    d = Settings()
     g = parser.add_argument_group("settings (override RAG_* environment variables)")
-    g.add_argument("--data-dir", type=Path, help="RAG_DATA_DIR: embedded Qdrant (Edge) + locks")
-    g.add_argument("--qdrant-url", help="RAG_QDRANT_URL: use a Qdrant server instead")
-    g.add_argument("--model", dest="embed_model", help="RAG_EMBED_MODEL: embedding model")
-    g.add_argument("--rerank-model", help="RAG_RERANK_MODEL: cross-encoder directory or id")
-    g.add_argument("--device", choices=("auto", "cpu", "cuda"), help="RAG_DEVICE")
-    g.add_argument("--dtype", choices=("auto", "fp32", "bf16", "fp16"), help="RAG_DTYPE")
-    g.add_argument("--log-level", help="RAG_LOG_LEVEL (DEBUG, INFO, WARNING)")
+    g.add_argument(
+        "--data-dir", type=Path, help=f"RAG_DATA_DIR: embedded Qdrant + locks ({d.data_dir})"
+    )
+    g.add_argument("--qdrant-url", help="RAG_QDRANT_URL: a Qdrant server instead (unset)")
+    if models:
+        g.add_argument(
+            "--model",
+            dest="embed_model",
+            help=f"RAG_EMBED_MODEL: embedding model ({d.embed_model})",
+        )
+        g.add_argument("--device", choices=DEVICES, help=f"RAG_DEVICE ({d.device})")
+        g.add_argument("--dtype", choices=DTYPES, help=f"RAG_DTYPE ({d.dtype})")
+    if reranker:
+        g.add_argument("--rerank-model", help="RAG_RERANK_MODEL: cross-encoder dir or id (unset)")
+    g.add_argument(
+        "--log-level", choices=LOG_LEVELS, type=str.upper, help=f"RAG_LOG_LEVEL ({d.log_level})"
+    )
 
 
 def _settings(args: argparse.Namespace, **extra: Any) -> Settings:
@@ -486,7 +500,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    _common(p)
+    _common(p, reranker=True)
     p.set_defaults(func=cmd_ingest)
 
     p = sub.add_parser("search", help="search a collection")
@@ -499,23 +513,23 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--where", action="append", default=[], help="metadata FIELD=VALUE (repeatable)")
     p.add_argument("--json", action="store_true")
-    _common(p)
+    _common(p, reranker=True)
     p.set_defaults(func=cmd_search)
 
     p = sub.add_parser("collections", help="list aliases, versions, point counts, fingerprints")
     p.add_argument("--json", action="store_true")
-    _common(p)
+    _common(p, models=False)
     p.set_defaults(func=cmd_collections)
 
     p = sub.add_parser("rollback", help="point an alias at its previous complete version")
     p.add_argument("name")
-    _common(p)
+    _common(p, models=False)
     p.set_defaults(func=cmd_rollback)
 
     p = sub.add_parser("promote", help="point an alias at a given complete version")
     p.add_argument("name")
     p.add_argument("--version", type=int, required=True)
-    _common(p)
+    _common(p, models=False)
     p.set_defaults(func=cmd_promote)
 
     p = sub.add_parser("train-embedder", help="fine-tune the embedding model on labelled questions")
@@ -599,7 +613,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--port", type=int, default=8000, help="port (default 8000)")
     p.add_argument("--collection", help="default alias or collection (RAG_COLLECTION)")
-    _common(p)
+    _common(p, reranker=True)
     p.set_defaults(func=_cmd_serve)
     return parser
 
