@@ -38,7 +38,7 @@ lint: setup
 	$(BIN)/ruff check --fix .
 	$(BIN)/ruff format .
 
-## bench: every benchmark, each against its peer measured in the same run (~5 minutes on 2 cores)
+## bench: every benchmark, each against its peer measured in the same run (~15 minutes on 2 cores)
 bench: setup
 	$(BIN)/python eval/bench.py --out bench-out
 

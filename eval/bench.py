@@ -4,7 +4,8 @@ the ratio. Results go to `<out>/bench.json` and `<out>/bench.txt`.
 Usage:
     python eval/bench.py [--out bench-out] [--only bm25 engine ingest query load] [--reranker DIR]
 
-Needs ../shared/data (SQuAD and SciFact). Takes about 5 minutes on 2 CPU cores.
+Needs ../shared/data (SQuAD and SciFact). Takes about 15 minutes on 2 CPU cores (the engine at
+100k chunks, with qdrant-client's local mode as its peer, is half of it).
 """
 
 from __future__ import annotations

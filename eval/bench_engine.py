@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import resource
 import shutil
 import subprocess
 import sys
@@ -136,17 +135,17 @@ def serve_probe(engine: str, root: Path) -> dict[str, Any]:
         values = values[5:]  # the first queries warm caches
         out[f"{stage}_p50_ms"] = percentile(values, 50)
         out[f"{stage}_p95_ms"] = percentile(values, 95)
-    out["rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     out.update(_memory())
     store.close()
-    Path(tempfile.gettempdir(), f"bench_engine_probe_{engine}.json").write_text(json.dumps(out))
     return out
 
 
 def _memory() -> dict[str, float]:
-    """Peak RSS split: private (anonymous) memory vs mapped files (the shard's pages in the page
-    cache, which the kernel can drop), from /proc/self/status."""
-    fields = {"RssAnon": "rss_anon_mb", "RssFile": "rss_file_mb"}
+    """The serving process's memory from /proc/self/status: peak RSS (VmHWM; not getrusage's
+    ru_maxrss, which on Linux keeps the forking parent's peak across exec), and the RSS at the
+    end split into private memory (RssAnon) and mapped shard files (RssFile: page cache the
+    kernel can drop and re-read)."""
+    fields = {"VmHWM": "rss_mb", "RssAnon": "rss_anon_mb", "RssFile": "rss_file_mb"}
     out = {}
     for line in Path("/proc/self/status").read_text().splitlines():
         key, _, value = line.partition(":")
@@ -199,7 +198,8 @@ def report(results: dict[str, Any]) -> list[str]:
             ("hybrid_p50_ms", "hybrid p50 ms", "{:.2f}"),
             ("hybrid_p95_ms", "hybrid p95 ms", "{:.2f}"),
             ("hybrid_filtered_p50_ms", "filtered hybrid p50 ms", "{:.2f}"),
-            ("rss_mb", "serving RSS MB", "{:,.0f}"),
+            ("rss_mb", "serving peak RSS MB", "{:,.0f}"),
+            ("rss_anon_mb", "  of which private MB", "{:,.0f}"),
             ("disk_mb", "disk MB", "{:,.0f}"),
         ]:
             text = f"  {label:<26} Qdrant Edge {fmt.format(edge[key]):>10}"

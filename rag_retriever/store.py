@@ -58,6 +58,11 @@ _SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,199}")
 # A metadata key that Qdrant's JSON path reads without quotes.
 _PLAIN_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_-]*$")
 
+# HNSW search breadth: ef = this many times the number of neighbours asked for. With Qdrant's
+# default ef, 100 neighbours lost 0.0074 of SciFact's dense recall@100 (12,382 chunks) against
+# an exact search; with 4x it equals the exact search's 0.9153, for ~1.7 ms more at 100k points.
+HNSW_EF_PER_RESULT = 4
+
 # The payload index type of each kind of filterable value (Qdrant's exact match takes these).
 IndexKind = Literal["keyword", "integer", "bool"]
 
@@ -490,6 +495,9 @@ class EdgeStore(Store):
                     limit=q.limit,
                     query=edge.Query.Nearest(vector, using=q.using),
                     filter=self._filter(q.flt),
+                    params=edge.SearchParams(hnsw_ef=HNSW_EF_PER_RESULT * q.limit)
+                    if q.using == DENSE
+                    else None,
                     with_payload=False,
                     with_vector=False,
                 )
@@ -681,6 +689,10 @@ class ServerStore(Store):
                     using=q.using,
                     limit=q.limit,
                     filter=self._filter(q.flt),
+                    # local mode searches exactly (and warns about HNSW parameters)
+                    params=qm.SearchParams(hnsw_ef=HNSW_EF_PER_RESULT * q.limit)
+                    if q.using == DENSE and not self.embedded
+                    else None,
                     with_payload=False,
                     with_vector=False,
                 )
