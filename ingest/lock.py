@@ -17,7 +17,7 @@ import os
 from pathlib import Path
 from types import TracebackType
 
-from rag_retriever.errors import IngestLocked, InvalidRequest
+from rag_retriever.errors import ConfigError, IngestLocked, InvalidRequest
 from rag_retriever.records import check_alias
 
 
@@ -33,6 +33,11 @@ class IngestLock:
 
     def __enter__(self) -> IngestLock:
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        if not self.path.resolve().is_relative_to(self.path.parent.parent.resolve()):
+            raise ConfigError(
+                f"{self.path} leads outside the data dir (to {self.path.resolve()}); "
+                f"locks are written only under {self.path.parent.parent}: remove the link"
+            )
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)

@@ -322,6 +322,13 @@ class EdgeStore(Store):
         self._aliases = root / "aliases"
         self._collections.mkdir(parents=True, exist_ok=True)
         self._aliases.mkdir(parents=True, exist_ok=True)
+        for folder in (self._collections, self._aliases):
+            # Everything the store writes stays under its root: a link that leads out is refused.
+            if not folder.resolve().is_relative_to(root.resolve()):
+                raise ConfigError(
+                    f"{folder} leads outside the data dir (to {folder.resolve()}); the store "
+                    f"writes only under {root}: remove the link"
+                )
         self._shards: dict[str, Any] = {}
         self._lock = threading.Lock()
 

@@ -15,14 +15,14 @@ import pytest
 
 from rag_retriever.chunk_table import ChunkTable
 from rag_retriever.encoder import Encoded, Encoder
-from rag_retriever.errors import CollectionNotFound, IngestLocked, InvalidRequest
+from rag_retriever.errors import CollectionNotFound, ConfigError, IngestLocked, InvalidRequest
 from rag_retriever.ingest.loaders import LoadedCorpus
 from rag_retriever.ingest.lock import IngestLock
 from rag_retriever.ingest.versions import promote_version, rollback
 from rag_retriever.ingest.writer import ingest_documents
 from rag_retriever.profiles import ModelProfile, write_profile_file
 from rag_retriever.records import Document, chunk_point_id
-from rag_retriever.store import STATUS_BUILDING, Store
+from rag_retriever.store import STATUS_BUILDING, EdgeStore, Store
 
 DOCS = (
     Document("a", "Apples", "Red apples grow on trees.\n\nGreen apples are sour.", {"lang": "en"}),
@@ -239,3 +239,18 @@ def test_unsafe_collection_names_are_refused_before_any_path_is_written(
         ingest_documents(corpus(DOCS), alias=alias, encoder=tiny_encoder, store=store)
     assert sorted(os.listdir(outside)) == before  # nothing written beside this test's folder
     assert not (tmp_path / "locks").exists() and store.collection_names() == []
+
+
+def test_links_inside_the_data_dir_cannot_lead_writes_outside(tmp_path: Path) -> None:
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    data = tmp_path / "data"
+    (data / "edge").mkdir(parents=True)
+    (data / "edge" / "aliases").symlink_to(outside, target_is_directory=True)
+    with pytest.raises(ConfigError, match="leads outside the data dir"):
+        EdgeStore(data / "edge")
+    (data / "locks").mkdir()
+    (data / "locks" / "kb.lock").symlink_to(outside / "victim.lock")
+    with pytest.raises(ConfigError, match="leads outside the data dir"), IngestLock(data, "kb"):
+        pass
+    assert list(outside.iterdir()) == []  # nothing was written there
