@@ -152,7 +152,10 @@ def _print_ingest(report: dict[str, Any], as_json: bool) -> None:
     )
     if report.get("skipped_files"):
         kinds = ", ".join(f"{n} {k}" for k, n in sorted(report["skipped_files"].items()))
-        print(f"skipped     {kinds} (not a supported type: .jsonl, .md, .txt, .html, .pdf)")
+        print(
+            f"skipped     {kinds} (a folder's files are read when .md, .txt, .html or .pdf; "
+            f"ingest a .jsonl on its own)"
+        )
     if report.get("gate"):
         print(f"gate        {report['gate']['summary']}")
     if report["orphans_removed"]:

@@ -148,9 +148,14 @@ def tune_fusion(
         and gold_items(q, table, table.rows_of_doc, "chunk")
     ]
     if len(usable) < MIN_QUESTIONS:
+        hint = (
+            "label more questions"
+            if len(usable) == len(questions)
+            else "are they written for this collection?"
+        )
         raise InvalidRequest(
             f"{len(usable)} of {len(questions)} questions have a gold chunk in {opened.name}; "
-            f"tuning needs at least {MIN_QUESTIONS} (are they written for this collection?)"
+            f"tuning needs at least {MIN_QUESTIONS} ({hint})"
         )
     train_q, held_q = split_by_document(usable, held_out_fraction, seed)
     cached = _first_stage_lists(retriever, opened.name, table, usable, progress)
