@@ -60,6 +60,9 @@ log = logging.getLogger(__name__)
 # smaller batches so that memory stays flat on any corpus size.
 ENCODE_BLOCK = 1024
 UPSERT_BATCH = 256
+# Up to this many chunks, each chunk's BM25 terms are kept from the statistics pass for the
+# write pass (~1 KB a chunk); above it they are computed again rather than held in memory.
+KEEP_TERMS_UP_TO = 200_000
 
 
 class PassageEncoder(Protocol):
@@ -220,7 +223,12 @@ class _Ingest:
         self.lap("load_live")
         chunks, reused_documents = self._chunk(live)
         self.lap("chunk")
-        bm25 = BM25Model.build(self.tokenizer.tokenize(c.embed_text) for c in chunks)
+        terms: list[list[str]] | None = None
+        if len(chunks) <= KEEP_TERMS_UP_TO:
+            terms = [self.tokenizer.tokenize(c.embed_text) for c in chunks]
+        bm25 = BM25Model.build(
+            terms if terms is not None else (self.tokenizer.tokenize(c.embed_text) for c in chunks)
+        )
         self.lap("bm25_stats")
 
         version = store.next_version(alias)
@@ -238,7 +246,7 @@ class _Ingest:
         }
         store.create(name, fingerprint.dim, meta)
         try:
-            reused, encoded, truncated = self._write(name, chunks, bm25, live)
+            reused, encoded, truncated = self._write(name, chunks, bm25, live, terms)
             self.lap("embed_upsert")
             store.seal(name, _payload_indexes(chunks))
             self.lap("seal")
@@ -310,7 +318,12 @@ class _Ingest:
         return chunks, reused
 
     def _write(
-        self, name: str, chunks: list[Chunk], bm25: BM25Model, live: _LiveVersion
+        self,
+        name: str,
+        chunks: list[Chunk],
+        bm25: BM25Model,
+        live: _LiveVersion,
+        terms: list[list[str]] | None,
     ) -> tuple[int, int, int]:
         reused = encoded = truncated = 0
         dim = self.encoder.fingerprint.dim
@@ -337,11 +350,17 @@ class _Ingest:
                     truncated += result.truncated
                 for at in range(0, len(block), UPSERT_BATCH):
                     part = block[at : at + UPSERT_BATCH]
+                    first = start + at
+                    part_terms = (
+                        terms[first : first + len(part)]
+                        if terms is not None
+                        else [self.tokenizer.tokenize(c.embed_text) for c in part]
+                    )
                     self.store.upsert(
                         name,
                         [c.id for c in part],
                         vectors[at : at + len(part)],
-                        [bm25.document_vector(self.tokenizer.tokenize(c.embed_text)) for c in part],
+                        [bm25.document_vector(t) for t in part_terms],
                         [{**c.to_payload(), "doc_hash": hashes[c.doc_id]} for c in part],
                     )
                     bar.update(len(part))

@@ -22,6 +22,7 @@ from rag_retriever.ingest.versions import promote_version, rollback
 from rag_retriever.ingest.writer import ingest_documents
 from rag_retriever.profiles import ModelProfile, write_profile_file
 from rag_retriever.records import Document, chunk_point_id
+from rag_retriever.retriever import Retriever
 from rag_retriever.store import STATUS_BUILDING, EdgeStore, Store
 
 DOCS = (
@@ -254,3 +255,24 @@ def test_links_inside_the_data_dir_cannot_lead_writes_outside(tmp_path: Path) ->
     with pytest.raises(ConfigError, match="leads outside the data dir"), IngestLock(data, "kb"):
         pass
     assert list(outside.iterdir()) == []  # nothing was written there
+
+
+def test_bm25_weights_are_the_same_whether_terms_are_kept_or_recomputed(
+    tmp_path: Path, tiny_encoder: Encoder, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    kept = EdgeStore(tmp_path / "kept")
+    ingest_documents(corpus(DOCS), alias="kb", encoder=tiny_encoder, store=kept)
+    monkeypatch.setattr("rag_retriever.ingest.writer.KEEP_TERMS_UP_TO", 0)
+    again = EdgeStore(tmp_path / "again")
+    ingest_documents(corpus(DOCS), alias="kb", encoder=tiny_encoder, store=again)
+    for query in ("river", "city of kings", "the mountain"):
+        hits = [
+            [
+                (h.chunk_id, h.score)
+                for h in Retriever(encoder=tiny_encoder, store=s, collection="kb").search(
+                    query, mode="bm25"
+                )
+            ]
+            for s in (kept, again)
+        ]
+        assert hits[0] == hits[1]
