@@ -23,6 +23,17 @@ K_DEFAULT = 60  # the constant of the original paper; robust across collections 
 Id = TypeVar("Id", bound=Hashable)
 
 
+def _checked_weights(weights: Sequence[float] | None, n_lists: int) -> Sequence[float]:
+    """One weight per list (1.0 each by default), none negative."""
+    if weights is None:
+        return [1.0] * n_lists
+    if len(weights) != n_lists:
+        raise ValueError(f"got {len(weights)} weights for {n_lists} lists")
+    if any(w < 0 for w in weights):
+        raise ValueError(f"weights must be non-negative, got {list(weights)}")
+    return weights
+
+
 def rrf(
     lists: Sequence[Sequence[Id]],
     *,
@@ -32,12 +43,7 @@ def rrf(
     """Fuse ranked lists of ids into one list of (id, RRF score), best first."""
     if k < 1:
         raise ValueError(f"k must be at least 1, got {k}")
-    if weights is None:
-        weights = [1.0] * len(lists)
-    if len(weights) != len(lists):
-        raise ValueError(f"got {len(weights)} weights for {len(lists)} lists")
-    if any(w < 0 for w in weights):
-        raise ValueError(f"weights must be non-negative, got {list(weights)}")
+    weights = _checked_weights(weights, len(lists))
     scores: dict[Id, float] = {}
     # (best rank, index of the list it was seen in first, order of first appearance)
     tiebreak: dict[Id, tuple[int, int, int]] = {}
@@ -70,12 +76,7 @@ def dbsf(
     A list whose scores are all equal maps them to 0.5. Equal fused scores keep the order of
     first appearance (lists in the order given), so the output is deterministic.
     """
-    if weights is None:
-        weights = [1.0] * len(lists)
-    if len(weights) != len(lists):
-        raise ValueError(f"got {len(weights)} weights for {len(lists)} lists")
-    if any(w < 0 for w in weights):
-        raise ValueError(f"weights must be non-negative, got {list(weights)}")
+    weights = _checked_weights(weights, len(lists))
     scores: dict[Id, float] = {}
     for scored, weight in zip(lists, weights, strict=True):
         seen: set[Id] = set()
