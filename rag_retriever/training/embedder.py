@@ -31,6 +31,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from rag_retriever.device import Precision
 from rag_retriever.encoder import Encoder, embed_batch, quiet_transformers
 from rag_retriever.errors import ConfigError
 from rag_retriever.eval.metrics import mrr_at_k, recall_at_k
@@ -87,6 +88,48 @@ def _encode(
     return embed_batch(
         model, tokenizer, texts, pooling=pooling, max_length=max_length, device=device
     )
+
+
+def _infonce_loss(
+    model: Any,
+    tokenizer: Any,
+    batch: list[Example],
+    mined: MinedSet,
+    config: EmbedderTrainingConfig,
+    profile: ModelProfile,
+    precision: Precision,
+) -> torch.Tensor:
+    """InfoNCE over the batch: each question against every positive and hard negative in it;
+    a passage that is gold for question i is no negative for it (except its own column)."""
+    chunks = mined.index.chunks
+    max_len = profile.max_seq_length or 256
+    rows = [ex.positive for ex in batch] + [
+        r for ex in batch for r in ex.negatives[: config.hard_negatives]
+    ]
+    with precision.autocast():
+        q = _encode(
+            model,
+            tokenizer,
+            [config.query_prefix + ex.query for ex in batch],
+            profile.pooling,
+            max_len,
+            precision.device,
+        )
+        p = _encode(
+            model,
+            tokenizer,
+            [config.passage_prefix + chunks[r].embed_text for r in rows],
+            profile.pooling,
+            max_len,
+            precision.device,
+        )
+    logits = (q @ p.T) / config.temperature
+    mask = torch.tensor(
+        [[r in ex.gold and j != i for j, r in enumerate(rows)] for i, ex in enumerate(batch)],
+        device=logits.device,
+    )
+    logits = logits.masked_fill(mask, float("-inf"))
+    return torch.nn.functional.cross_entropy(logits, torch.arange(len(batch), device=logits.device))
 
 
 def validate(encoder: Encoder, mined: MinedSet, examples: list[Example]) -> dict[str, float]:
@@ -162,7 +205,6 @@ def train_embedder(
     before = validate(base_with_new_prefixes, mined, val)
     model = base_with_new_prefixes.model
     tokenizer = base_with_new_prefixes.tokenizer
-    max_len = profile.max_seq_length or 256
 
     steps_per_epoch = sum(
         1 for _ in batches_without_shared_gold(train, config.batch_size, config.seed)
@@ -175,43 +217,9 @@ def train_embedder(
     model.train()
     losses: list[float] = []
     bar = tqdm(total=total, desc="train-embedder", unit="step", disable=not progress)
-    chunks = mined.index.chunks
     for epoch in range(config.epochs):
         for batch in batches_without_shared_gold(train, config.batch_size, config.seed + epoch):
-            passages_rows = [ex.positive for ex in batch] + [
-                r for ex in batch for r in ex.negatives[: config.hard_negatives]
-            ]
-            with precision.autocast():
-                q = _encode(
-                    model,
-                    tokenizer,
-                    [config.query_prefix + ex.query for ex in batch],
-                    profile.pooling,
-                    max_len,
-                    precision.device,
-                )
-                p = _encode(
-                    model,
-                    tokenizer,
-                    [config.passage_prefix + chunks[r].embed_text for r in passages_rows],
-                    profile.pooling,
-                    max_len,
-                    precision.device,
-                )
-            logits = (q @ p.T) / config.temperature
-            # A passage that is gold for question i is not a negative for it (except its own
-            # positive column): mask it out.
-            mask = torch.tensor(
-                [
-                    [r in ex.gold and j != i for j, r in enumerate(passages_rows)]
-                    for i, ex in enumerate(batch)
-                ],
-                device=logits.device,
-            )
-            logits = logits.masked_fill(mask, float("-inf"))
-            loss = torch.nn.functional.cross_entropy(
-                logits, torch.arange(len(batch), device=logits.device)
-            )
+            loss = _infonce_loss(model, tokenizer, batch, mined, config, profile, precision)
             step(loss)
             losses.append(loss.item())
             bar.update(1)

@@ -43,6 +43,7 @@ import torch
 import transformers
 from tqdm.auto import tqdm
 
+from rag_retriever.device import Precision
 from rag_retriever.encoder import quiet_transformers
 from rag_retriever.errors import ConfigError
 from rag_retriever.eval.metrics import mrr_at_k, recall_at_k
@@ -221,6 +222,75 @@ def validate(
     return out
 
 
+def _fit(
+    model: Any,
+    tokenizer: Any,
+    reranker: CrossEncoderReranker,
+    train: list[Example],
+    mined: MinedSet,
+    config: RerankerTrainingConfig,
+    precision: Precision,
+    progress: bool,
+) -> tuple[list[float], int]:
+    """The training loop: shuffled batches of (question, positive + negatives) groups. Returns
+    the per-step losses and the number of steps."""
+    steps_per_epoch = -(-len(train) // config.batch_size)
+    total = steps_per_epoch * config.epochs
+    optimizer = torch.optim.AdamW(
+        _param_groups(model, config.learning_rate, config.head_learning_rate), weight_decay=0.01
+    )
+    step = OptimizerStep(
+        model, optimizer, warmup_linear(optimizer, total, config.warmup_fraction), precision
+    )
+    model.train()
+    losses: list[float] = []
+    rng = np.random.default_rng(config.seed)
+    bar = tqdm(total=total, desc="train-reranker", unit="step", disable=not progress)
+    for _ in range(config.epochs):
+        order = rng.permutation(len(train))
+        for start in range(0, len(train), config.batch_size):
+            batch = [train[i] for i in order[start : start + config.batch_size]]
+            loss = _batch_loss(tokenizer, reranker, batch, mined, config, precision)
+            step(loss)
+            losses.append(loss.item())
+            bar.update(1)
+            bar.set_postfix(loss=f"{np.mean(losses[-20:]):.3f}")
+    bar.close()
+    model.eval()
+    return losses, total
+
+
+def _batch_loss(
+    tokenizer: Any,
+    reranker: CrossEncoderReranker,
+    batch: list[Example],
+    mined: MinedSet,
+    config: RerankerTrainingConfig,
+    precision: Precision,
+) -> torch.Tensor:
+    """Listwise: softmax cross-entropy with the positive first in each group; pointwise: BCE."""
+    group = 1 + config.negatives
+    chunks = mined.index.chunks
+    queries = [ex.query for ex in batch for _ in range(group)]
+    passages = [chunks[r].embed_text for ex in batch for r in (ex.positive, *ex.negatives)]
+    encoded = tokenizer(
+        queries,
+        passages,
+        padding=True,
+        truncation="only_second",
+        max_length=config.max_length,
+        return_tensors="pt",
+    ).to(precision.device)
+    with precision.autocast():
+        logits = reranker.logits(dict(encoded)).view(len(batch), group)
+    if config.loss == "listwise":
+        target = torch.zeros(len(batch), dtype=torch.long, device=logits.device)
+        return torch.nn.functional.cross_entropy(logits, target)
+    labels = torch.zeros_like(logits)
+    labels[:, 0] = 1.0
+    return torch.nn.functional.binary_cross_entropy_with_logits(logits, labels)
+
+
 def train_reranker(
     retriever: Retriever,
     questions_path: Path,
@@ -268,48 +338,8 @@ def train_reranker(
     # A fresh head scores at random: validating it would only cost time (minutes on a CPU).
     before = validate(None if fresh_head else reranker, mined, val)
     _freeze(model, config.freeze_layers)
-    steps_per_epoch = -(-len(train) // config.batch_size)
-    total = steps_per_epoch * config.epochs
-    optimizer = torch.optim.AdamW(
-        _param_groups(model, config.learning_rate, config.head_learning_rate), weight_decay=0.01
-    )
-    step = OptimizerStep(
-        model, optimizer, warmup_linear(optimizer, total, config.warmup_fraction), precision
-    )
-    model.train()
+    losses, total = _fit(model, tokenizer, reranker, train, mined, config, precision, progress)
     group = 1 + config.negatives
-    losses: list[float] = []
-    rng = np.random.default_rng(config.seed)
-    chunks = mined.index.chunks
-    bar = tqdm(total=total, desc="train-reranker", unit="step", disable=not progress)
-    for _ in range(config.epochs):
-        order = rng.permutation(len(train))
-        for start in range(0, len(train), config.batch_size):
-            batch = [train[i] for i in order[start : start + config.batch_size]]
-            queries = [ex.query for ex in batch for _ in range(group)]
-            passages = [chunks[r].embed_text for ex in batch for r in (ex.positive, *ex.negatives)]
-            encoded = tokenizer(
-                queries,
-                passages,
-                padding=True,
-                truncation="only_second",
-                max_length=config.max_length,
-                return_tensors="pt",
-            ).to(precision.device)
-            with precision.autocast():
-                logits = reranker.logits(dict(encoded)).view(len(batch), group)
-            if config.loss == "listwise":
-                target = torch.zeros(len(batch), dtype=torch.long, device=logits.device)
-                loss = torch.nn.functional.cross_entropy(logits, target)
-            else:
-                labels = torch.zeros_like(logits)
-                labels[:, 0] = 1.0
-                loss = torch.nn.functional.binary_cross_entropy_with_logits(logits, labels)
-            step(loss)
-            losses.append(loss.item())
-            bar.update(1)
-            bar.set_postfix(loss=f"{np.mean(losses[-20:]):.3f}")
-    bar.close()
     model.eval()
     for p in model.parameters():
         p.requires_grad = True
