@@ -159,3 +159,22 @@ def classify_failure(
         return "bm25_miss"
     # Both lists found it, but not within the fused candidates the final stage looked at.
     return "rerank_miss" if reranked else "fusion_miss"
+
+
+def paired_bootstrap_ci(
+    new: Sequence[float], old: Sequence[float], *, iterations: int = 2000, seed: int = 0
+) -> tuple[float, float]:
+    """95% interval of mean(new - old) over the same questions (paired bootstrap, seeded).
+
+    >>> paired_bootstrap_ci([1.0, 1.0, 1.0], [0.0, 0.0, 0.0])
+    (1.0, 1.0)
+    """
+    import numpy as np
+
+    if len(new) != len(old) or not new:
+        raise ValueError("paired_bootstrap_ci needs two equally long, non-empty lists")
+    diff = np.asarray(new, dtype=np.float64) - np.asarray(old, dtype=np.float64)
+    rng = np.random.default_rng(seed)
+    means = diff[rng.integers(0, len(diff), size=(iterations, len(diff)))].mean(axis=1)
+    low, high = np.percentile(means, [2.5, 97.5])
+    return float(low), float(high)

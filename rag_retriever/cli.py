@@ -318,7 +318,11 @@ def training_verdict(meta: dict[str, Any], *, new: str, old: str, what: str) -> 
     if not n or baseline is None or new not in after:
         return True, f"unjudged: {what} was not validated (no held-out questions)"
     diff = after[new] - baseline
-    figures = f"MRR@10 {after[new]:.4f} vs {baseline:.4f} ({diff:+.4f}) on {n} held-out questions"
+    interval = meta.get("mrr10_gain_ci95")
+    ci = f", 95% CI {interval[0]:+.4f}..{interval[1]:+.4f}" if interval else ""
+    figures = (
+        f"MRR@10 {after[new]:.4f} vs {baseline:.4f} ({diff:+.4f}{ci}) on {n} held-out questions"
+    )
     if diff < 0:
         return False, f"WORSE: {what} would make retrieval worse: {figures}"
     return True, f"better: {figures}" if diff > 0 else f"no change: {figures}"

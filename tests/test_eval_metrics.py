@@ -12,6 +12,7 @@ from rag_retriever.eval.metrics import (
     item_ranks,
     mrr_at_k,
     ndcg_at_k,
+    paired_bootstrap_ci,
     recall_at_k,
 )
 
@@ -97,3 +98,15 @@ def test_failure_classes(kwargs: dict, expected: str) -> None:
         "reranked": False,
     }
     assert classify_failure(**{**base, **kwargs}) == expected
+
+
+def test_paired_bootstrap_interval_brackets_the_mean_gain() -> None:
+    new = [1.0, 0.5, 1.0, 0.0, 1.0, 0.25, 1.0, 1.0]
+    old = [0.5, 0.5, 1.0, 0.0, 0.0, 0.25, 1.0, 0.5]
+    low, high = paired_bootstrap_ci(new, old)
+    mean = sum(n - o for n, o in zip(new, old, strict=True)) / len(new)
+    assert low <= mean <= high and low < high
+    assert paired_bootstrap_ci(new, old) == (low, high)  # seeded
+    assert paired_bootstrap_ci([0.5] * 4, [0.5] * 4) == (0.0, 0.0)
+    with pytest.raises(ValueError):
+        paired_bootstrap_ci([1.0], [])

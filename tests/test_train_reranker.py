@@ -301,8 +301,8 @@ def test_train_reranker_command(
 def test_the_verdict_compares_with_what_the_model_would_replace(
     after: dict[str, float], keep: bool, start: str
 ) -> None:
-    meta = {"validation_before": {}, "validation_after": after}
+    meta = {"validation_before": {}, "validation_after": after, "mrr10_gain_ci95": [-0.1, 0.2]}
     verdict = training_verdict(meta, new="rerank+hybrid mrr@10", old="hybrid mrr@10", what="it")
     assert verdict[0] is keep and verdict[1].startswith(start)
     if after.get("questions"):
-        assert "on 74 held-out questions" in verdict[1]
+        assert "95% CI -0.1000..+0.2000) on 74 held-out questions" in verdict[1]

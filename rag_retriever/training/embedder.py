@@ -34,7 +34,7 @@ from tqdm.auto import tqdm
 from rag_retriever.device import Precision
 from rag_retriever.encoder import Encoder, embed_batch, quiet_transformers
 from rag_retriever.errors import ConfigError
-from rag_retriever.eval.metrics import mrr_at_k, recall_at_k
+from rag_retriever.eval.metrics import mrr_at_k, paired_bootstrap_ci, recall_at_k
 from rag_retriever.eval.questions import file_sha256, load_questions
 from rag_retriever.profiles import ModelProfile, ResolvedModel, write_profile_file
 from rag_retriever.retriever import Retriever
@@ -132,7 +132,7 @@ def _infonce_loss(
     return torch.nn.functional.cross_entropy(logits, torch.arange(len(batch), device=logits.device))
 
 
-def validate(encoder: Encoder, mined: MinedSet, examples: list[Example]) -> dict[str, float]:
+def validate(encoder: Encoder, mined: MinedSet, examples: list[Example]) -> dict[str, Any]:
     """Dense recall@1/@5 and MRR@10 of `examples` over the pool of their gold + mined chunks."""
     if not examples:
         return {}
@@ -142,20 +142,22 @@ def validate(encoder: Encoder, mined: MinedSet, examples: list[Example]) -> dict
     ).vectors
     queries = encoder.encode_queries([ex.query for ex in examples]).vectors
     scores = queries @ passages.T
-    r1 = r5 = mrr = 0.0
+    r1 = r5 = 0.0
+    rr = []
     for i, ex in enumerate(examples):
         ranking = [pool_rows[j] for j in np.argsort(-scores[i], kind="stable")]
         # one gold item per question: any of its gold chunks answers it (eval/metrics.py)
         r1 += recall_at_k(ranking, [ex.gold], 1)
         r5 += recall_at_k(ranking, [ex.gold], 5)
-        mrr += mrr_at_k(ranking, [ex.gold], 10)
+        rr.append(mrr_at_k(ranking, [ex.gold], 10))
     n = len(examples)
     return {
         "recall@1": r1 / n,
         "recall@5": r5 / n,
-        "mrr@10": mrr / n,
+        "mrr@10": sum(rr) / n,
         "questions": n,
         "pool": len(pool_rows),
+        "rr@10": rr,  # per question, for the verdict's interval; not saved
     }
 
 
@@ -233,6 +235,11 @@ def train_embedder(
     write_question_subset(questions_path, {ex.question_id for ex in val}, out / VALIDATION_FILE)
     trained = Encoder.load(str(out), device=device, dtype=dtype)
     after = validate(trained, mined, val)
+    interval = None
+    if after.get("rr@10") and before.get("rr@10"):
+        interval = paired_bootstrap_ci(after["rr@10"], before["rr@10"])
+    before = {k: v for k, v in before.items() if not isinstance(v, list)}
+    after = {k: v for k, v in after.items() if not isinstance(v, list)}
     metadata = {
         "kind": "embedder",
         "base_model": base.source,
@@ -256,6 +263,9 @@ def train_embedder(
         "validation_questions": VALIDATION_FILE,
         "validation_before": before,
         "validation_after": after,
+        # 95% paired-bootstrap interval of the MRR@10 gain over the base model (None: no
+        # held-out questions)
+        "mrr10_gain_ci95": None if interval is None else [round(v, 4) for v in interval],
         "time_s": round(time.perf_counter() - started, 1),
     }
     write_metadata(out, METADATA_FILE, metadata)
