@@ -233,9 +233,16 @@ class Store(ABC):
             alias=str(meta.get("alias") or (parsed[0] if parsed else name)),
             version=int(meta.get("version") or (parsed[2] if parsed else 0)),
             status=str(meta.get("status", "unknown")),
-            points=int(meta["chunks"]) if "chunks" in meta else self.count(name),
+            points=self._points(name, meta),
             meta=meta,
         )
+
+    def _points(self, name: str, meta: Mapping[str, Any]) -> int:
+        if "chunks" in meta:
+            return int(meta["chunks"])
+        if self.embedded and meta.get("status") != STATUS_COMPLETE:
+            return 0  # an embedded shard another process is still writing is not opened
+        return self.count(name)
 
     def versions(self, alias: str) -> list[CollectionInfo]:
         """Every collection written for `alias`, oldest version first."""
