@@ -482,11 +482,23 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
+    _add_ingest(sub)
+    _add_search(sub)
+    _add_versions(sub)
+    _add_training(sub)
+    _add_tune_fusion(sub)
+    _add_serve(sub)
+    return parser
 
+
+def _add_ingest(sub: Any) -> None:
+    """`ingest PATH`: a new version of a collection."""
     p = sub.add_parser(
         "ingest", help="ingest a .jsonl file or a folder as a new collection version"
     )
-    p.add_argument("path", type=Path, help=".jsonl of {id, title, text} or a folder of .md/.txt")
+    p.add_argument(
+        "path", type=Path, help=".jsonl of {id, title, text} or a folder of .md/.txt/.html/.pdf"
+    )
     p.add_argument("--collection", help="alias to serve it under (RAG_COLLECTION, default docs)")
     p.add_argument("--chunk-tokens", type=int, help="chunk body budget in tokens (default 200)")
     p.add_argument("--overlap-tokens", type=int, help="overlap between chunks (default 48)")
@@ -510,6 +522,9 @@ def build_parser() -> argparse.ArgumentParser:
     _common(p, reranker=True)
     p.set_defaults(func=cmd_ingest)
 
+
+def _add_search(sub: Any) -> None:
+    """`search QUERY`."""
     p = sub.add_parser("search", help="search a collection")
     p.add_argument("query")
     p.add_argument("--collection", help="alias or collection (default RAG_COLLECTION)")
@@ -523,6 +538,9 @@ def build_parser() -> argparse.ArgumentParser:
     _common(p, reranker=True)
     p.set_defaults(func=cmd_search)
 
+
+def _add_versions(sub: Any) -> None:
+    """`collections`, `rollback`, `promote`: the versions behind an alias."""
     p = sub.add_parser("collections", help="list aliases, versions, point counts, fingerprints")
     p.add_argument("--json", action="store_true")
     _common(p, models=False)
@@ -539,6 +557,9 @@ def build_parser() -> argparse.ArgumentParser:
     _common(p, models=False)
     p.set_defaults(func=cmd_promote)
 
+
+def _add_training(sub: Any) -> None:
+    """`train-embedder` and `train-reranker`."""
     p = sub.add_parser("train-embedder", help="fine-tune the embedding model on labelled questions")
     _training_args(p)
     p.add_argument(
@@ -596,6 +617,9 @@ def build_parser() -> argparse.ArgumentParser:
     _common(p)
     p.set_defaults(func=cmd_train_reranker)
 
+
+def _add_tune_fusion(sub: Any) -> None:
+    """`tune-fusion`: fit a version's fusion on labelled questions."""
     p = sub.add_parser(
         "tune-fusion",
         help="fit the fusion of dense and BM25 (RRF k, weights, depths, or DBSF) on questions",
@@ -612,6 +636,9 @@ def build_parser() -> argparse.ArgumentParser:
     _common(p)
     p.set_defaults(func=cmd_tune_fusion)
 
+
+def _add_serve(sub: Any) -> None:
+    """`serve`: the HTTP service."""
     p = sub.add_parser("serve", help="serve search over HTTP (FastAPI; OpenAPI docs at /docs)")
     p.add_argument(
         "--host",
@@ -622,7 +649,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--collection", help="default alias or collection (RAG_COLLECTION)")
     _common(p, reranker=True)
     p.set_defaults(func=_cmd_serve)
-    return parser
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
