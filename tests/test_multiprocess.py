@@ -48,13 +48,12 @@ def test_ingest_in_another_process_while_serving(tiny_encoder_dir: Path, tmp_pat
     }
     cli = [sys.executable, "-m", "rag_retriever.cli"]
     flags = ["--collection", "kb", "--no-progress", "--json"]
-    first = subprocess.run(
-        [*cli, "ingest", str(corpus(tmp_path / "v1.jsonl", "river", 40)), *flags],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+
+    def ingest(path: Path) -> subprocess.CompletedProcess[str]:
+        command = [*cli, "ingest", str(path), *flags]
+        return subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+
+    first = ingest(corpus(tmp_path / "v1.jsonl", "river", 40))
     assert first.returncode == 0, first.stderr
     port = free_port()
     server = subprocess.Popen(
@@ -89,13 +88,7 @@ def test_ingest_in_another_process_while_serving(tiny_encoder_dir: Path, tmp_pat
             pytest.fail("serve did not become ready")
         reader = threading.Thread(target=query_continuously)
         reader.start()
-        second = subprocess.run(
-            [*cli, "ingest", str(corpus(tmp_path / "v2.jsonl", "mountain", 60)), *flags],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=300,
-        )
+        second = ingest(corpus(tmp_path / "v2.jsonl", "mountain", 60))
         swapped = time.monotonic()  # the alias moved before the ingest process ended
         time.sleep(1.5)
         stop.set()

@@ -207,3 +207,8 @@ def test_held_out_questions_are_written_for_evaluation(
     held_out, problems = load_questions(out / "validation_questions.jsonl")
     assert not problems and len(held_out) == meta["examples"]["validation"] == 6
     assert meta["validation_before"]["questions"] == 6
+    # the verdict's interval compares the trained model with the base, question by question
+    low, high = meta["mrr10_gain_ci95"]
+    gain = meta["validation_after"]["mrr@10"] - meta["validation_before"]["mrr@10"]
+    assert low <= gain + 1e-9 and gain <= high + 1e-9
+    assert not any(isinstance(v, list) for v in meta["validation_after"].values())

@@ -248,6 +248,9 @@ def test_training_from_a_plain_encoder_skips_the_random_head_validation(
     assert not any(k.startswith("rerank") for k in before)  # a random head is not validated
     assert {"hybrid recall@1", "rerank recall@1", "rerank+hybrid recall@1"} <= set(after)
     assert before["hybrid recall@1"] == after["hybrid recall@1"]
+    low, high = meta["mrr10_gain_ci95"]
+    gain = after["rerank+hybrid mrr@10"] - after["hybrid mrr@10"]
+    assert low <= gain + 1e-9 and gain <= high + 1e-9
     held_out, _ = load_questions(tmp_path / "out" / "validation_questions.jsonl")
     assert len(held_out) == meta["examples"]["validation"]
     loaded = CrossEncoderReranker.load(tmp_path / "out", device="cpu", dtype="fp32")

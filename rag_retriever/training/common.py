@@ -11,6 +11,7 @@ import torch
 
 from rag_retriever.device import Precision, choose_precision
 from rag_retriever.errors import ConfigError
+from rag_retriever.eval.metrics import paired_bootstrap_ci
 
 
 def prepare_output(out: Path, overwrite: bool) -> None:
@@ -96,3 +97,24 @@ def write_question_subset(questions_path: Path, ids: set[str], out: Path) -> int
 
 def write_metadata(out: Path, filename: str, data: dict[str, Any]) -> None:
     (out / filename).write_text(json.dumps(data, indent=2, default=str) + "\n", encoding="utf-8")
+
+
+def judged_validation(
+    before: dict[str, Any],
+    after: dict[str, Any],
+    *,
+    new: list[float] | None,
+    old: list[float] | None,
+) -> tuple[dict[str, float], dict[str, float], list[float] | None]:
+    """Validation figures to save (per-question lists dropped), and the 95% paired-bootstrap
+    interval of the per-question MRR@10 gain of `new` over `old` (None without held-out
+    questions)."""
+    interval = None
+    if new and old:
+        low, high = paired_bootstrap_ci(new, old)
+        interval = [round(low, 4), round(high, 4)]
+
+    def figures(validation: dict[str, Any]) -> dict[str, float]:
+        return {k: v for k, v in validation.items() if not isinstance(v, list)}
+
+    return figures(before), figures(after), interval

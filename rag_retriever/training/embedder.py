@@ -34,13 +34,14 @@ from tqdm.auto import tqdm
 from rag_retriever.device import Precision
 from rag_retriever.encoder import Encoder, embed_batch, quiet_transformers
 from rag_retriever.errors import ConfigError
-from rag_retriever.eval.metrics import mrr_at_k, paired_bootstrap_ci, recall_at_k
+from rag_retriever.eval.metrics import mrr_at_k, recall_at_k
 from rag_retriever.eval.questions import file_sha256, load_questions
 from rag_retriever.profiles import ModelProfile, ResolvedModel, write_profile_file
 from rag_retriever.retriever import Retriever
 from rag_retriever.training.common import (
     VALIDATION_FILE,
     OptimizerStep,
+    judged_validation,
     prepare_output,
     training_precision,
     warmup_linear,
@@ -235,11 +236,9 @@ def train_embedder(
     write_question_subset(questions_path, {ex.question_id for ex in val}, out / VALIDATION_FILE)
     trained = Encoder.load(str(out), device=device, dtype=dtype)
     after = validate(trained, mined, val)
-    interval = None
-    if after.get("rr@10") and before.get("rr@10"):
-        interval = paired_bootstrap_ci(after["rr@10"], before["rr@10"])
-    before = {k: v for k, v in before.items() if not isinstance(v, list)}
-    after = {k: v for k, v in after.items() if not isinstance(v, list)}
+    before, after, interval = judged_validation(
+        before, after, new=after.get("rr@10"), old=before.get("rr@10")
+    )
     metadata = {
         "kind": "embedder",
         "base_model": base.source,
@@ -265,7 +264,7 @@ def train_embedder(
         "validation_after": after,
         # 95% paired-bootstrap interval of the MRR@10 gain over the base model (None: no
         # held-out questions)
-        "mrr10_gain_ci95": None if interval is None else [round(v, 4) for v in interval],
+        "mrr10_gain_ci95": interval,
         "time_s": round(time.perf_counter() - started, 1),
     }
     write_metadata(out, METADATA_FILE, metadata)

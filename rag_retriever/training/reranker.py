@@ -46,7 +46,7 @@ from tqdm.auto import tqdm
 from rag_retriever.device import Precision
 from rag_retriever.encoder import quiet_transformers
 from rag_retriever.errors import ConfigError
-from rag_retriever.eval.metrics import mrr_at_k, paired_bootstrap_ci, recall_at_k
+from rag_retriever.eval.metrics import mrr_at_k, recall_at_k
 from rag_retriever.eval.questions import file_sha256, load_questions
 from rag_retriever.fusion import rrf
 from rag_retriever.profiles import resolve_model
@@ -55,6 +55,7 @@ from rag_retriever.retriever import Retriever
 from rag_retriever.training.common import (
     VALIDATION_FILE,
     OptimizerStep,
+    judged_validation,
     prepare_output,
     training_precision,
     warmup_linear,
@@ -224,11 +225,6 @@ def validate(
     return out
 
 
-def _figures(validation: dict[str, Any]) -> dict[str, float]:
-    """The validation's figures without its per-question lists."""
-    return {k: v for k, v in validation.items() if not isinstance(v, list)}
-
-
 def _fit(
     model: Any,
     tokenizer: Any,
@@ -359,10 +355,9 @@ def train_reranker(
         out, device=device, dtype=dtype, max_length=config.max_length
     )
     after = validate(trained, mined, val)
-    interval = None
-    if "rerank+hybrid rr@10" in after:
-        interval = paired_bootstrap_ci(after["rerank+hybrid rr@10"], after["hybrid rr@10"])
-    before, after = _figures(before), _figures(after)
+    before, after, interval = judged_validation(
+        before, after, new=after.get("rerank+hybrid rr@10"), old=after.get("hybrid rr@10")
+    )
     write_question_subset(questions_path, {ex.question_id for ex in val}, out / VALIDATION_FILE)
     fingerprint = retriever.store.metadata(mined.collection).get("fingerprint") or {}
     metadata = {
@@ -394,7 +389,7 @@ def train_reranker(
         "validation_before": before,
         "validation_after": after,
         # 95% paired-bootstrap interval of the MRR@10 gain over hybrid (None: not validated)
-        "mrr10_gain_ci95": None if interval is None else [round(v, 4) for v in interval],
+        "mrr10_gain_ci95": interval,
         "time_s": round(time.perf_counter() - started, 1),
     }
     write_metadata(out, METADATA_FILE, metadata)
