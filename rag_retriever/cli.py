@@ -24,39 +24,58 @@ from typing import Any
 from rag_retriever import __version__
 from rag_retriever.errors import GateRejected, RagError
 from rag_retriever.records import MODES, SearchFilter, SearchResult
-from rag_retriever.settings import DEVICES, DTYPES, LOG_LEVELS, Settings
+from rag_retriever.settings import Settings, choices_of, env_name, flag_of, shown_default
 
 log = logging.getLogger("rag_retriever")
 
 
-def _common(
-    parser: argparse.ArgumentParser, *, models: bool = True, reranker: bool = False
-) -> None:
-    """The settings flags a command uses (defaults and choices from settings.py)."""
-    d = Settings()
-    g = parser.add_argument_group("settings (override RAG_* environment variables)")
-    g.add_argument(
-        "--data-dir", type=Path, help=f"RAG_DATA_DIR: embedded Qdrant + locks ({d.data_dir})"
-    )
-    g.add_argument("--qdrant-url", help="RAG_QDRANT_URL: a Qdrant server instead (unset)")
-    if models:
-        g.add_argument(
-            "--model",
-            dest="embed_model",
-            help=f"RAG_EMBED_MODEL: embedding model ({d.embed_model})",
+# The settings each kind of command reads. Their flags, types, choices, help and defaults derive
+# from the one declaration in settings.py; settings.ENV_ONLY have no flag.
+STORE = ("data_dir", "qdrant_url", "log_level")
+MODEL = ("embed_model", "device", "dtype", "embed_batch_size")
+QUERY = (
+    "dense_top_n",
+    "bm25_top_n",
+    "rrf_k",
+    "rrf_weights",
+    "rerank_model",
+    "rerank_candidates",
+    "rerank_fusion",
+    "rerank_batch_size",
+    "rerank_max_length",
+)
+WRITE = (
+    "chunk_tokens",
+    "chunk_overlap_tokens",
+    "keep_versions",
+    "retention_grace_s",
+    "max_document_chars",
+    "qdrant_shards",
+    "qdrant_replicas",
+    "qdrant_write_consistency",
+)
+LIMITS = ("default_k", "max_k", "max_query_chars", "max_batch_size", "max_body_bytes")
+
+
+def _setting_flags(parser: argparse.ArgumentParser, *names: str) -> None:
+    """One flag per setting in `names`, overriding its RAG_* variable."""
+    group = parser.add_argument_group("settings (each flag overrides its RAG_* variable)")
+    parser.set_defaults(setting_flags=names)
+    for name in names:
+        group.add_argument(
+            flag_of(name),
+            dest=name,
+            choices=choices_of(name),
+            type=str.upper if name == "log_level" else str,
+            metavar=None if choices_of(name) else name.upper(),
+            help=f"{env_name(name)}: {Settings.model_fields[name].description} (default {shown_default(name)})",
         )
-        g.add_argument("--device", choices=DEVICES, help=f"RAG_DEVICE ({d.device})")
-        g.add_argument("--dtype", choices=DTYPES, help=f"RAG_DTYPE ({d.dtype})")
-    if reranker:
-        g.add_argument("--rerank-model", help="RAG_RERANK_MODEL: cross-encoder dir or id (unset)")
-    g.add_argument(
-        "--log-level", choices=LOG_LEVELS, type=str.upper, help=f"RAG_LOG_LEVEL ({d.log_level})"
-    )
 
 
 def _settings(args: argparse.Namespace, **extra: Any) -> Settings:
-    keys = ("data_dir", "qdrant_url", "embed_model", "rerank_model", "device", "dtype", "log_level")
-    overrides = {k: getattr(args, k, None) for k in keys}
+    """The environment's settings with the flags given on the command line (values are checked
+    by Settings, as environment values are)."""
+    overrides = {name: getattr(args, name) for name in getattr(args, "setting_flags", ())}
     overrides.update(extra)
     return Settings.from_env(**overrides)
 
@@ -85,13 +104,7 @@ def cmd_ingest(args: argparse.Namespace) -> int:
     from rag_retriever.ingest.writer import ingest_documents
     from rag_retriever.store import open_store
 
-    settings = _settings(
-        args,
-        collection=args.collection,
-        chunk_tokens=args.chunk_tokens,
-        chunk_overlap_tokens=args.overlap_tokens,
-        keep_versions=args.keep_versions,
-    )
+    settings = _settings(args)
     # validated fully before anything is written
     corpus = load_documents(
         args.path, max_chars=settings.max_document_chars, follow_symlinks=args.follow_symlinks
@@ -169,7 +182,7 @@ def _print_ingest(report: dict[str, Any], as_json: bool) -> None:
 def cmd_search(args: argparse.Namespace) -> int:
     from rag_retriever.retriever import Retriever
 
-    settings = _settings(args, collection=args.collection)
+    settings = _settings(args)
     retriever = Retriever.from_settings(settings)
     flt = SearchFilter(
         doc_ids=tuple(args.doc) if args.doc else None, equals=_parse_where(args.where)
@@ -458,18 +471,17 @@ def _training_args(p: argparse.ArgumentParser) -> None:
         "--questions", type=Path, required=True, help="labelled training questions (.jsonl)"
     )
     p.add_argument("--out", type=Path, required=True, help="output model directory")
-    p.add_argument("--base", help="model to start from")
-    p.add_argument("--epochs", type=int, default=1)
+    p.add_argument("--epochs", type=int, default=1, help="passes over the questions (1)")
     p.add_argument("--max-questions", type=int, help="use only the first N questions")
     p.add_argument("--val-fraction", type=float, default=0.1, help="held-out validation part (0.1)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="seed of the split and shuffling (0)")
     p.add_argument("--overwrite", action="store_true", help="replace an existing --out directory")
     p.add_argument(
         "--allow-worse",
         action="store_true",
         help=f"exit 0 even when the model validates worse than what it replaces ({EXIT_WORSE})",
     )
-    p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
 # -- parser -----------------------------------------------------------------------------------
@@ -499,10 +511,6 @@ def _add_ingest(sub: Any) -> None:
     p.add_argument(
         "path", type=Path, help=".jsonl of {id, title, text} or a folder of .md/.txt/.html/.pdf"
     )
-    p.add_argument("--collection", help="alias to serve it under (RAG_COLLECTION, default docs)")
-    p.add_argument("--chunk-tokens", type=int, help="chunk body budget in tokens (default 200)")
-    p.add_argument("--overlap-tokens", type=int, help="overlap between chunks (default 48)")
-    p.add_argument("--keep-versions", type=int, help="versions kept after promotion (default 2)")
     p.add_argument(
         "--no-promote", action="store_true", help="build the version, do not move the alias"
     )
@@ -519,42 +527,42 @@ def _add_ingest(sub: Any) -> None:
     )
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    _common(p, reranker=True)
+    # The gate evaluates in the query path's primary mode, so the query settings apply.
+    _setting_flags(p, "collection", *WRITE, *MODEL, *QUERY, *STORE)
     p.set_defaults(func=cmd_ingest)
 
 
 def _add_search(sub: Any) -> None:
     """`search QUERY`."""
     p = sub.add_parser("search", help="search a collection")
-    p.add_argument("query")
-    p.add_argument("--collection", help="alias or collection (default RAG_COLLECTION)")
-    p.add_argument("-k", type=int, default=None, help="number of hits (default RAG_DEFAULT_K=10)")
-    p.add_argument("--mode", choices=MODES, help="dense, bm25, hybrid or rerank")
+    p.add_argument("query", help="the question")
+    p.add_argument("-k", type=int, default=None, help="number of hits (default RAG_DEFAULT_K)")
+    p.add_argument("--mode", choices=MODES, help="default: rerank with a reranker, else hybrid")
     p.add_argument(
         "--doc", action="append", default=[], help="only chunks of this doc id (repeatable)"
     )
     p.add_argument("--where", action="append", default=[], help="metadata FIELD=VALUE (repeatable)")
-    p.add_argument("--json", action="store_true")
-    _common(p, reranker=True)
+    p.add_argument("--json", action="store_true", help="print the result as JSON")
+    _setting_flags(p, "collection", *QUERY, "default_k", "max_k", "max_query_chars", *MODEL, *STORE)
     p.set_defaults(func=cmd_search)
 
 
 def _add_versions(sub: Any) -> None:
     """`collections`, `rollback`, `promote`: the versions behind an alias."""
     p = sub.add_parser("collections", help="list aliases, versions, point counts, fingerprints")
-    p.add_argument("--json", action="store_true")
-    _common(p, models=False)
+    p.add_argument("--json", action="store_true", help="print the listing as JSON")
+    _setting_flags(p, *STORE)
     p.set_defaults(func=cmd_collections)
 
     p = sub.add_parser("rollback", help="point an alias at its previous complete version")
-    p.add_argument("name")
-    _common(p, models=False)
+    p.add_argument("name", help="the alias")
+    _setting_flags(p, *STORE)
     p.set_defaults(func=cmd_rollback)
 
     p = sub.add_parser("promote", help="point an alias at a given complete version")
-    p.add_argument("name")
-    p.add_argument("--version", type=int, required=True)
-    _common(p, models=False)
+    p.add_argument("name", help="the alias")
+    p.add_argument("--version", type=int, required=True, help="the version number to serve")
+    _setting_flags(p, *STORE)
     p.set_defaults(func=cmd_promote)
 
 
@@ -562,6 +570,7 @@ def _add_training(sub: Any) -> None:
     """`train-embedder` and `train-reranker`."""
     p = sub.add_parser("train-embedder", help="fine-tune the embedding model on labelled questions")
     _training_args(p)
+    p.add_argument("--base", help="model to start from (default RAG_EMBED_MODEL)")
     p.add_argument(
         "--query-prefix", default="query: ", help='prefix learned for questions ("query: ")'
     )
@@ -571,27 +580,30 @@ def _add_training(sub: Any) -> None:
     p.add_argument(
         "--hard-negatives", type=int, default=1, help="mined hard negatives per question (1)"
     )
-    p.add_argument("--batch-size", type=int, default=32)
-    p.add_argument("--lr", type=float, default=3e-5)
-    p.add_argument("--temperature", type=float, default=0.05)
+    p.add_argument("--batch-size", type=int, default=32, help="questions per step (32)")
+    p.add_argument("--lr", type=float, default=3e-5, help="learning rate (3e-05)")
+    p.add_argument(
+        "--temperature", type=float, default=0.05, help="contrastive loss temperature (0.05)"
+    )
     p.add_argument(
         "--name", help="model name recorded in its profile (default <base>-ft-<collection>)"
     )
-    _common(p)
+    _setting_flags(p, *MODEL, *STORE)
     p.set_defaults(func=cmd_train_embedder)
 
     p = sub.add_parser(
         "train-reranker", help="train a cross-encoder reranker on labelled questions"
     )
     _training_args(p)
+    p.add_argument("--base", help="model to start from (default all-MiniLM-L6-v2)")
     # The same defaults as RerankerTrainingConfig (a test checks), without importing torch here.
     p.add_argument(
         "--negatives", type=int, default=3, help="hybrid-mined negatives per question (3)"
     )
     p.add_argument("--batch-size", type=int, default=8, help="questions per step (8)")
-    p.add_argument("--lr", type=float, default=1e-4, help="body learning rate (1e-4)")
+    p.add_argument("--lr", type=float, default=1e-4, help="body learning rate (0.0001)")
     p.add_argument(
-        "--head-lr", type=float, default=1e-3, help="pooler + classifier learning rate (1e-3)"
+        "--head-lr", type=float, default=1e-3, help="pooler + classifier learning rate (0.001)"
     )
     p.add_argument(
         "--max-length",
@@ -609,12 +621,17 @@ def _add_training(sub: Any) -> None:
     p.add_argument(
         "--depth", type=int, default=30, help="hybrid candidates mined per question (30)"
     )
-    p.add_argument("--loss", choices=("listwise", "pointwise"), default="listwise")
+    p.add_argument(
+        "--loss",
+        choices=("listwise", "pointwise"),
+        default="listwise",
+        help="listwise: softmax over each question's candidates (default); pointwise: BCE",
+    )
     p.add_argument(
         "--freeze-layers", type=int, default=0, help="freeze embeddings + first N layers"
     )
     p.add_argument("--name", help="reranker name recorded with it")
-    _common(p)
+    _setting_flags(p, *MODEL, *STORE)
     p.set_defaults(func=cmd_train_reranker)
 
 
@@ -632,8 +649,8 @@ def _add_tune_fusion(sub: Any) -> None:
     p.add_argument("--seed", type=int, default=0, help="seed of the split (0)")
     p.add_argument("--dry-run", action="store_true", help="report only; store nothing")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
-    p.add_argument("--no-progress", action="store_true")
-    _common(p)
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    _setting_flags(p, *MODEL, *STORE)
     p.set_defaults(func=cmd_tune_fusion)
 
 
@@ -646,15 +663,14 @@ def _add_serve(sub: Any) -> None:
         help="interface to bind (default 127.0.0.1, this machine only; 0.0.0.0 for all)",
     )
     p.add_argument("--port", type=int, default=8000, help="port (default 8000)")
-    p.add_argument("--collection", help="default alias or collection (RAG_COLLECTION)")
-    _common(p, reranker=True)
+    _setting_flags(p, "collection", *QUERY, *LIMITS, *MODEL, *STORE)
     p.set_defaults(func=_cmd_serve)
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
     from rag_retriever import server  # FastAPI and the models load only for this command
 
-    server.serve(_settings(args, collection=args.collection), host=args.host, port=args.port)
+    server.serve(_settings(args), host=args.host, port=args.port)
     return 0
 
 

@@ -63,7 +63,8 @@ CHUNK_CACHE_SIZE = 20_000
 # Hit.rank/score are the final order (with rrf, the RRF score).
 
 
-_SETTINGS = frozenset(f.name for f in fields(Settings))
+_SETTINGS = frozenset(Settings.model_fields)
+_DEFAULTS = Settings()
 
 
 @dataclass(frozen=True)
@@ -71,18 +72,18 @@ class RetrievalConfig:
     """The query path's knobs. Defaults, meaning and validation are those of the settings of the
     same name (settings.py declares each once)."""
 
-    dense_top_n: int = Settings.dense_top_n
-    bm25_top_n: int = Settings.bm25_top_n
-    rrf_k: int = Settings.rrf_k
+    dense_top_n: int = _DEFAULTS.dense_top_n
+    bm25_top_n: int = _DEFAULTS.bm25_top_n
+    rrf_k: int = _DEFAULTS.rrf_k
     # Weights of the dense and the BM25 list in the fusion.
-    rrf_weights: tuple[float, float] = Settings.rrf_weights
-    rerank_candidates: int = Settings.rerank_candidates
-    rerank_fusion: RerankFusion = Settings.rerank_fusion
+    rrf_weights: tuple[float, float] = _DEFAULTS.rrf_weights
+    rerank_candidates: int = _DEFAULTS.rerank_candidates
+    rerank_fusion: RerankFusion = _DEFAULTS.rerank_fusion
     # Weights of the cross-encoder order and the hybrid order in the "rrf" rerank fusion.
     rerank_fusion_weights: tuple[float, float] = (1.0, 1.0)
-    default_k: int = Settings.default_k
-    max_k: int = Settings.max_k
-    max_query_chars: int = Settings.max_query_chars
+    default_k: int = _DEFAULTS.default_k
+    max_k: int = _DEFAULTS.max_k
+    max_query_chars: int = _DEFAULTS.max_query_chars
 
     def __post_init__(self) -> None:
         # One set of rules: the settings these fields come from validate them.

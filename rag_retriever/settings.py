@@ -5,192 +5,237 @@ Example:
     >>> s.dense_top_n
     50
 
-Every field has a documented default; an invalid value raises ConfigError naming the variable
-and what it accepts. This module does not read files or load models.
+Each setting is declared once, below: name, type, default, validation and help text. The
+environment variable (`RAG_<NAME>`), the CLI flag (`--<name>`, its help and default), and the
+query path's `RetrievalConfig` all derive from that declaration. An invalid value raises
+ConfigError naming the variable and what it accepts. This module does not read files or load
+models.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import os
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, fields
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal, get_args
+from typing import Annotated, Any, Literal, get_args
+
+from pydantic import Field, NonNegativeInt, PositiveInt, ValidationError, field_validator
+from pydantic import model_validator as _model_validator
+from pydantic_settings import BaseSettings, NoDecode, PydanticBaseSettingsSource, SettingsConfigDict
+from pydantic_settings.sources import EnvSettingsSource
 
 from rag_retriever.errors import ConfigError
 from rag_retriever.records import check_alias
 
-DEVICES = ("auto", "cpu", "cuda")
-LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
-DTYPES = ("auto", "fp32", "bf16", "fp16")
-POOLINGS = ("mean", "cls")
+Device = Literal["auto", "cpu", "cuda"]
+LogLevel = Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"]
+Dtype = Literal["auto", "fp32", "bf16", "fp16"]
+Pooling = Literal["mean", "cls"]
 # How `rerank` mode orders the reranked candidates (see rag_retriever/retriever.py).
 RerankFusion = Literal["none", "rrf"]
+DEVICES: tuple[str, ...] = get_args(Device)
+LOG_LEVELS: tuple[str, ...] = get_args(LogLevel)
+DTYPES: tuple[str, ...] = get_args(Dtype)
 RERANK_FUSIONS: tuple[RerankFusion, ...] = get_args(RerankFusion)
 
+_TWO_WEIGHTS = "must be two non-negative numbers, not both 0 (dense,bm25)"
+# Read from the environment only: secrets (a flag would show them in the process list) and the
+# overrides of a model's profile (they belong with the model, not with one command).
+ENV_ONLY = frozenset({"api_key", "qdrant_api_key", "query_prefix", "passage_prefix", "pooling"})
+# Settings whose empty value is a value ("no prefix"); elsewhere an empty variable is unset.
+_EMPTY_IS_A_VALUE = frozenset({"query_prefix", "passage_prefix"})
 
-@dataclass(frozen=True)
-class Settings:
-    # Where embedded Qdrant (Qdrant Edge shards, aliases) and the ingest locks live.
-    data_dir: Path = Path("rag-data")
-    # A Qdrant server (`http://host:6333`); None = Qdrant Edge, embedded, under data_dir.
-    qdrant_url: str | None = None
-    qdrant_api_key: str | None = None
+
+def _setting(default: Any, help: str, *, flag: str | None = None) -> Any:
+    """One setting's default and help text; `flag` renames its CLI flag (default --<name>)."""
+    return Field(default, description=help, json_schema_extra={"flag": flag} if flag else None)
+
+
+class Settings(BaseSettings):
+    """Every setting of the product. `Settings(...)` takes only what it is given (defaults for the
+    rest); `Settings.from_env()` reads the `RAG_*` variables first."""
+
+    model_config = SettingsConfigDict(env_prefix="RAG_", frozen=True, extra="forbid")
+
+    data_dir: Path = _setting(
+        Path("rag-data"), "where embedded Qdrant (Edge shards, aliases) and the ingest locks live"
+    )
+    qdrant_url: str | None = _setting(
+        None, "a Qdrant server (http://host:6333); unset = embedded Qdrant Edge"
+    )
+    qdrant_api_key: str | None = _setting(None, "API key of the Qdrant server")
     # New collections on a server or cluster: shards, copies of each shard, and how many copies
     # must acknowledge a write. None = the server's default (1 each).
-    qdrant_shards: int | None = None
-    qdrant_replicas: int | None = None
-    qdrant_write_consistency: int | None = None
-    # The alias queries go through when none is given.
-    collection: str = "docs"
+    qdrant_shards: PositiveInt | None = _setting(
+        None, "shards of each new version on a server or cluster; unset = the server's default"
+    )
+    qdrant_replicas: PositiveInt | None = _setting(
+        None, "copies of each shard on a cluster; unset = the server's default"
+    )
+    qdrant_write_consistency: PositiveInt | None = _setting(
+        None, "copies that must acknowledge a write; unset = the server's default"
+    )
+    collection: str = _setting("docs", "the alias (or version) a command uses when it names none")
 
-    # Embedding model: a name from the profile table, a hub id or a local directory.
-    embed_model: str = "all-MiniLM-L6-v2"
+    embed_model: str = _setting(
+        "all-MiniLM-L6-v2",
+        "embedding model: a known name, a local directory or a hub id",
+        flag="--model",
+    )
     # Overrides of the model profile; None = take the profile's value.
-    query_prefix: str | None = None
-    passage_prefix: str | None = None
-    pooling: str | None = None
-    device: str = "auto"
-    dtype: str = "auto"
+    query_prefix: str | None = _setting(None, "prefix of questions; unset = the model profile's")
+    passage_prefix: str | None = _setting(None, "prefix of chunks; unset = the model profile's")
+    pooling: Pooling | None = _setting(
+        None, "pooling of token vectors (mean or cls); unset = the model profile's"
+    )
+    device: Device = _setting("auto", "where models run; auto = CUDA when present")
+    dtype: Dtype = _setting(
+        "auto", "model precision; auto = fp16 on CUDA, bf16 on CPUs with native bf16, else fp32"
+    )
     # 32 measured fastest on a 2-core CPU with bf16 (64 was ~25% slower: more padding per batch).
-    embed_batch_size: int = 32
+    embed_batch_size: PositiveInt = _setting(32, "texts per forward pass of the encoder")
 
-    # Chunk bodies are packed up to this many tokens of the embedder's tokenizer. 200 leaves room
-    # for a title and the model's special tokens inside all-MiniLM-L6-v2's 256-token window, and
-    # holds one SQuAD paragraph (median ~150 tokens) whole.
-    chunk_tokens: int = 200
-    # Consecutive chunks share up to this many tokens: one or two sentences.
-    chunk_overlap_tokens: int = 48
+    # 200 leaves room for a title and the model's special tokens inside all-MiniLM-L6-v2's
+    # 256-token window, and holds one SQuAD paragraph (median ~150 tokens) whole.
+    chunk_tokens: PositiveInt = _setting(
+        200, "token budget of a chunk body (the embedder's tokenizer)"
+    )
+    chunk_overlap_tokens: NonNegativeInt = _setting(
+        48, "tokens shared by consecutive chunks (one or two sentences)", flag="--overlap-tokens"
+    )
 
-    # Query path depths.
-    dense_top_n: int = 100
-    bm25_top_n: int = 100
+    dense_top_n: PositiveInt = _setting(100, "depth of the dense list before fusion")
+    bm25_top_n: PositiveInt = _setting(100, "depth of the BM25 list before fusion")
     # Reciprocal rank fusion constant (Cormack, Clarke & Buettcher, SIGIR 2009).
-    rrf_k: int = 60
-    # Weights of the dense and the BM25 list in the hybrid fusion (RAG_RRF_WEIGHTS="1,1").
-    rrf_weights: tuple[float, float] = (1.0, 1.0)
-    rerank_model: str | None = None
-    rerank_candidates: int = 50
+    rrf_k: PositiveInt = _setting(
+        60, "the reciprocal rank fusion constant (a tuned version uses its own fusion)"
+    )
+    rrf_weights: Annotated[tuple[float, float], NoDecode] = _setting(
+        (1.0, 1.0), "DENSE,BM25 weights of the lists in the fusion (1,0 = dense order)"
+    )
+    rerank_model: str | None = _setting(
+        None, "cross-encoder directory or hub id; unset turns reranking off"
+    )
+    rerank_candidates: PositiveInt = _setting(50, "fused candidates the cross-encoder reorders")
     # "rrf": the final order of the candidates is the RRF (k = rrf_k) of the cross-encoder's order
     # and their hybrid order; "none": the cross-encoder's order alone. rrf measured better with a
     # reranker from `train-reranker` (SQuAD dev, 5,708 questions, 20 candidates: recall@1 hybrid
     # 0.720, none 0.776, rrf 0.791) and bounds the damage of a weak one.
-    rerank_fusion: RerankFusion = "rrf"
-    rerank_batch_size: int = 32
-    rerank_max_length: int = 256
-    default_k: int = 10
-    max_k: int = 100
-    max_query_chars: int = 2000
+    rerank_fusion: RerankFusion = _setting(
+        "rrf",
+        "rrf = the RRF of the cross-encoder's and the hybrid order; none = the cross-encoder's alone",
+    )
+    rerank_batch_size: PositiveInt = _setting(32, "pairs per forward pass of the cross-encoder")
+    rerank_max_length: PositiveInt = _setting(
+        256, "tokens of question plus chunk; longer chunks are cut and counted"
+    )
+    default_k: PositiveInt = _setting(10, "hits returned when a request gives no k")
+    max_k: PositiveInt = _setting(100, "the most hits a request may ask for")
+    max_query_chars: PositiveInt = _setting(2000, "longest accepted question, in characters")
 
-    # Ingest refuses a document longer than this many characters (a few thousand pages): such a
-    # file is usually a dump to split, and one document is held in memory while it is chunked.
-    max_document_chars: int = 10_000_000
-    # Versions of a collection kept after a promotion (the live one included).
-    keep_versions: int = 2
-    # A version that stopped serving is deleted by retention only this many seconds later, so a
-    # process that resolved the alias just before the swap finishes its queries on it.
-    retention_grace_s: int = 60
+    # Such a file is usually a dump to split, and one document is held in memory while chunked.
+    max_document_chars: PositiveInt = _setting(
+        10_000_000, "ingest refuses a longer document (split it)"
+    )
+    keep_versions: PositiveInt = _setting(
+        2, "collection versions kept after each promotion (the live one included)"
+    )
+    # So that a process that resolved the alias just before the swap finishes its queries on it.
+    retention_grace_s: NonNegativeInt = _setting(
+        60, "seconds a version that stopped serving is kept before retention may delete it"
+    )
 
     # HTTP service.
-    api_key: str | None = None
-    max_batch_size: int = 64
-    max_body_bytes: int = 1_000_000
+    api_key: str | None = _setting(
+        None, "when set, the HTTP service requires it on every endpoint but the health probes"
+    )
+    max_batch_size: PositiveInt = _setting(64, "most questions in one batch request")
+    max_body_bytes: PositiveInt = _setting(1_000_000, "largest accepted HTTP request body")
 
-    log_level: str = "INFO"
+    log_level: LogLevel = _setting("INFO", "logging level")
 
-    def __post_init__(self) -> None:
-        if not isinstance(self.data_dir, Path):  # a str from Python callers
-            object.__setattr__(self, "data_dir", Path(self.data_dir))
+    def __init__(self, **values: Any) -> None:
+        try:
+            super().__init__(**values)
+        except ValidationError as exc:
+            raise ConfigError(_explain(exc)) from None
 
-        def positive(name: str) -> None:
-            value = getattr(self, name)
-            if not isinstance(value, int) or value <= 0:
-                raise ConfigError(f"{_env_name(name)} must be a positive integer, got {value!r}")
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        # The environment is read by from_env only, so that Settings(...) means what it says.
+        return (init_settings,)
 
-        for name in (
-            "embed_batch_size",
-            "chunk_tokens",
-            "dense_top_n",
-            "bm25_top_n",
-            "rrf_k",
-            "rerank_candidates",
-            "rerank_batch_size",
-            "rerank_max_length",
-            "default_k",
-            "max_k",
-            "max_query_chars",
-            "keep_versions",
-            "max_document_chars",
-            "max_batch_size",
-            "max_body_bytes",
-        ):
-            positive(name)
-        for name in ("qdrant_shards", "qdrant_replicas", "qdrant_write_consistency"):
-            if getattr(self, name) is not None:
-                positive(name)
-        if not isinstance(self.retention_grace_s, int) or self.retention_grace_s < 0:
-            raise ConfigError(
-                f"RAG_RETENTION_GRACE_S must be a non-negative integer, "
-                f"got {self.retention_grace_s!r}"
-            )
-        if self.chunk_overlap_tokens < 0 or self.chunk_overlap_tokens >= self.chunk_tokens:
-            raise ConfigError(
+    @field_validator("rrf_weights", mode="before")
+    @classmethod
+    def _comma_separated(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            value = tuple(float(part) for part in value.split(","))
+        if isinstance(value, tuple | list) and len(value) != 2:
+            raise ValueError(_TWO_WEIGHTS)
+        return value
+
+    @field_validator("rrf_weights", mode="after")
+    @classmethod
+    def _some_weight(cls, value: tuple[float, float]) -> tuple[float, float]:
+        if not all(w >= 0 for w in value) or not any(value):
+            raise ValueError(_TWO_WEIGHTS)
+        return value
+
+    @field_validator("log_level", mode="before")
+    @classmethod
+    def _upper(cls, value: Any) -> Any:
+        return value.upper() if isinstance(value, str) else value
+
+    @field_validator("collection", mode="after")
+    @classmethod
+    def _valid_alias(cls, value: str) -> str:
+        check_alias(value)
+        return value
+
+    @field_validator("qdrant_url", mode="after")
+    @classmethod
+    def _http_url(cls, value: str | None) -> str | None:
+        if value is not None and not value.startswith(("http://", "https://")):
+            raise ValueError("must start with http:// or https://")
+        return value
+
+    @_model_validator(mode="after")
+    def _consistent(self) -> Settings:
+        if self.chunk_overlap_tokens >= self.chunk_tokens:
+            raise ValueError(
                 f"RAG_CHUNK_OVERLAP_TOKENS must be in [0, RAG_CHUNK_TOKENS={self.chunk_tokens}), "
                 f"got {self.chunk_overlap_tokens}"
             )
         if self.default_k > self.max_k:
-            raise ConfigError(
+            raise ValueError(
                 f"RAG_DEFAULT_K ({self.default_k}) must not exceed RAG_MAX_K ({self.max_k})"
             )
-        _choice("device", self.device, DEVICES)
-        _choice("log_level", self.log_level.upper(), LOG_LEVELS)
-        _choice("dtype", self.dtype, DTYPES)
-        _choice("rerank_fusion", self.rerank_fusion, RERANK_FUSIONS)
-        if (
-            len(self.rrf_weights) != 2
-            or not all(w >= 0 for w in self.rrf_weights)
-            or not any(self.rrf_weights)
-        ):
-            raise ConfigError(
-                f"RAG_RRF_WEIGHTS must be two non-negative numbers, not both 0 (dense,bm25), "
-                f"got {self.rrf_weights!r}"
-            )
-        if self.pooling is not None:
-            _choice("pooling", self.pooling, POOLINGS)
-        try:
-            check_alias(self.collection)
-        except ValueError as exc:
-            raise ConfigError(f"RAG_COLLECTION: {exc}") from None
-        if self.qdrant_url is not None and not self.qdrant_url.startswith(("http://", "https://")):
-            raise ConfigError(
-                f"RAG_QDRANT_URL must start with http:// or https://, got {self.qdrant_url!r}"
-            )
+        return self
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> Settings:
-        """Read `RAG_<FIELD>` variables, then apply keyword overrides (CLI flags), then validate.
+        """Read `RAG_<NAME>` variables, then apply keyword overrides (CLI flags), then validate.
 
         Overrides that are None are ignored, so CLI flags that were not given do not reset
         environment values.
         """
-        env = os.environ if environ is None else environ
-        values: dict[str, Any] = {}
-        for f in fields(cls):
-            raw = env.get(_env_name(f.name))
-            # An empty prefix is a real value ("no prefix"); elsewhere empty means unset.
-            if raw is None or (raw == "" and f.name not in ("query_prefix", "passage_prefix")):
-                continue
-            values[f.name] = _parse(f.name, raw, _CONVERTERS[f.name])
-        for key, value in overrides.items():
-            if key not in _CONVERTERS:
-                raise ConfigError(f"unknown setting {key!r}")
-            if value is not None:
-                values[key] = value
+        unknown = sorted(set(overrides) - set(cls.model_fields))
+        if unknown:
+            raise ConfigError(f"unknown setting {unknown[0]!r}")
+        values = _Environment(cls, os.environ if environ is None else environ)()
+        values.update({key: value for key, value in overrides.items() if value is not None})
         return cls(**values)
 
     def replace(self, **changes: Any) -> Settings:
-        return dataclasses.replace(self, **changes)
+        """A copy with `changes`, validated like any other."""
+        return type(self)(**{**dict(self), **changes})
 
     @property
     def edge_dir(self) -> Path:
@@ -198,68 +243,83 @@ class Settings:
         return self.data_dir / "edge"
 
 
-def _env_name(field_name: str) -> str:
-    return f"RAG_{field_name.upper()}"
+def env_name(name: str) -> str:
+    """The environment variable of setting `name`."""
+    return f"RAG_{name.upper()}"
 
 
-def _choice(name: str, value: str, allowed: tuple[str, ...]) -> None:
-    if value not in allowed:
-        raise ConfigError(f"{_env_name(name)} must be one of {', '.join(allowed)}; got {value!r}")
+def default_of(name: str) -> Any:
+    """The declared default of setting `name`."""
+    return Settings.model_fields[name].default
 
 
-def _parse(name: str, raw: str, convert: Callable[[str], Any]) -> Any:
-    try:
-        return convert(raw)
-    except ValueError as exc:
-        raise ConfigError(f"{_env_name(name)}={raw!r} is invalid: {exc}") from None
+def choices_of(name: str) -> tuple[str, ...] | None:
+    """The values a Literal-typed setting accepts; None for any other."""
+    for arg in (
+        Settings.model_fields[name].annotation,
+        *get_args(Settings.model_fields[name].annotation),
+    ):
+        if getattr(arg, "__origin__", None) is Literal:
+            return get_args(arg)
+    return None
 
 
-def _optional_str(raw: str) -> str | None:
-    return raw
+def shown_default(name: str) -> str:
+    """The default of setting `name` as a user would type it."""
+    default = default_of(name)
+    if isinstance(default, tuple):
+        return ",".join(f"{x:g}" for x in default)
+    return "unset" if default is None else str(default)
 
 
-def _int(raw: str) -> int:
-    return int(raw.strip())
+def markdown_table() -> str:
+    """The settings as docs/configuration.md lists them (`python -m rag_retriever.settings`)."""
+    rows = ["| variable | flag | default | meaning |", "|---|---|---|---|"]
+    for name, field in Settings.model_fields.items():
+        flag = "-" if name in ENV_ONLY else f"`{flag_of(name)}`"
+        default = shown_default(name)
+        default = default if default == "unset" else f"`{default}`"
+        rows.append(f"| `{env_name(name)}` | {flag} | {default} | {field.description} |")
+    return "\n".join(rows) + "\n"
 
 
-def _weights(raw: str) -> tuple[float, ...]:
-    return tuple(float(part) for part in raw.split(","))
+def flag_of(name: str) -> str:
+    """The CLI flag of setting `name`."""
+    extra = Settings.model_fields[name].json_schema_extra
+    flag = extra.get("flag") if isinstance(extra, dict) else None
+    return str(flag) if flag else "--" + name.replace("_", "-")
 
 
-_CONVERTERS: dict[str, Callable[[str], Any]] = {
-    "data_dir": Path,
-    "qdrant_url": _optional_str,
-    "qdrant_api_key": _optional_str,
-    "qdrant_shards": _int,
-    "qdrant_replicas": _int,
-    "qdrant_write_consistency": _int,
-    "collection": str,
-    "embed_model": str,
-    "query_prefix": str,
-    "passage_prefix": str,
-    "pooling": str,
-    "device": str,
-    "dtype": str,
-    "embed_batch_size": _int,
-    "chunk_tokens": _int,
-    "chunk_overlap_tokens": _int,
-    "dense_top_n": _int,
-    "bm25_top_n": _int,
-    "rrf_k": _int,
-    "rrf_weights": _weights,
-    "rerank_model": _optional_str,
-    "rerank_candidates": _int,
-    "rerank_fusion": str,
-    "rerank_batch_size": _int,
-    "rerank_max_length": _int,
-    "default_k": _int,
-    "max_k": _int,
-    "max_query_chars": _int,
-    "keep_versions": _int,
-    "max_document_chars": _int,
-    "retention_grace_s": _int,
-    "api_key": _optional_str,
-    "max_batch_size": _int,
-    "max_body_bytes": _int,
-    "log_level": str,
-}
+class _Environment(EnvSettingsSource):
+    """pydantic-settings' reading of `RAG_*` variables, from a given mapping (tests, compose
+    files) as well as from os.environ."""
+
+    def __init__(self, settings_cls: type[BaseSettings], environ: Mapping[str, str]) -> None:
+        self._environ = {
+            key.lower(): value
+            for key, value in environ.items()
+            if key.startswith("RAG_")
+            and (value != "" or key[len("RAG_") :].lower() in _EMPTY_IS_A_VALUE)
+        }
+        super().__init__(settings_cls, case_sensitive=False)
+
+    def _load_env_vars(self) -> Mapping[str, str | None]:
+        return self._environ
+
+
+def _explain(exc: ValidationError) -> str:
+    """The first problem, naming the variable and what it accepts."""
+    error = exc.errors()[0]
+    if not error["loc"]:  # a rule across settings: its message names them
+        return str(error["msg"]).removeprefix("Value error, ")
+    name = str(error["loc"][0])
+    value = error.get("input")
+    choices = choices_of(name) if name in Settings.model_fields else None
+    if choices and error["type"] == "literal_error":
+        return f"{env_name(name)} must be one of {', '.join(choices)}; got {value!r}"
+    reason = str(error["msg"]).removeprefix("Value error, ")
+    return f"{env_name(name)}={value!r} is invalid: {reason}"
+
+
+if __name__ == "__main__":
+    print(markdown_table(), end="")

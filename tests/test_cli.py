@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 from pathlib import Path
 
 import pytest
 
-from rag_retriever.cli import main
+from rag_retriever.cli import build_parser, main
+from rag_retriever.settings import ENV_ONLY, Settings
 from rag_retriever.store import EdgeStore
 from tests.conftest import write_jsonl
 
@@ -121,6 +123,45 @@ def test_version_and_a_bare_command_answer_without_an_error(
     assert main([]) == 0
     out = capsys.readouterr().out
     assert out.startswith("usage: rag-retriever") and "serve" in out and "ingest" in out
+
+
+def _subcommands() -> dict[str, argparse.ArgumentParser]:
+    parser = build_parser()
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    return dict(sub.choices)
+
+
+def test_every_flag_of_every_command_says_what_it_does() -> None:
+    """Each subcommand lists its own flags, each with help; a setting's help names its variable
+    and its default, as declared once in settings.py."""
+    with_flags = {n for p in _subcommands().values() for n in p.get_default("setting_flags")}
+    assert with_flags == set(Settings.model_fields) - ENV_ONLY  # as docs/configuration.md says
+    for command, parser in _subcommands().items():
+        for action in parser._actions:
+            if isinstance(action, argparse._HelpAction):
+                continue
+            assert action.help, (command, action.dest)
+            if action.option_strings and action.default not in (None, False, []):
+                assert str(action.default) in action.help, (command, action.dest)
+            if action.dest in parser.get_default("setting_flags"):
+                assert f"RAG_{action.dest.upper()}:" in action.help, (command, action.dest)
+                assert "(default " in action.help, (command, action.dest)
+    flags = {
+        c: {o for a in p._actions for o in a.option_strings} for c, p in _subcommands().items()
+    }
+    assert "--chunk-tokens" in flags["ingest"] and "--chunk-tokens" not in flags["search"]
+    assert "--rerank-model" in flags["serve"] and "--rerank-model" not in flags["collections"]
+    assert not any("--api-key" in f or "--qdrant-api-key" in f for f in flags.values())
+
+
+def test_a_bad_flag_value_is_refused_like_a_bad_variable(
+    env: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exit_info:  # a choice: argparse answers
+        main(["collections", "--log-level", "loud"])
+    assert exit_info.value.code == 2 and "invalid choice: 'LOUD'" in capsys.readouterr().err
+    assert main(["search", "q", "--rrf-k", "sixty"]) == 2
+    assert "RAG_RRF_K='sixty' is invalid" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("module", ["rag_retriever.cli", "rag_retriever.client"])

@@ -389,7 +389,7 @@ def test_rerank_fusion_is_validated() -> None:
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
-        ({"rrf_k": 0}, "RAG_RRF_K must be a positive integer"),
+        ({"rrf_k": 0}, "RAG_RRF_K=0 is invalid: Input should be greater than 0"),
         ({"default_k": 500, "max_k": 10}, "RAG_DEFAULT_K (500) must not exceed RAG_MAX_K (10)"),
         ({"rrf_weights": (0.0, 0.0)}, "RAG_RRF_WEIGHTS"),
     ],

@@ -31,16 +31,54 @@ def test_environment_values_are_parsed() -> None:
     [
         ({"RAG_RRF_K": "sixty"}, "RAG_RRF_K='sixty' is invalid"),
         ({"RAG_RRF_K": "0"}, "RAG_RRF_K"),
-        ({"RAG_RRF_WEIGHTS": "1"}, "RAG_RRF_WEIGHTS must be two non-negative numbers"),
-        ({"RAG_RRF_WEIGHTS": "1,-1"}, "RAG_RRF_WEIGHTS must be two non-negative numbers"),
+        ({"RAG_RRF_WEIGHTS": "1"}, "RAG_RRF_WEIGHTS='1' is invalid: must be two non-negative"),
+        ({"RAG_RRF_WEIGHTS": "1,-1"}, "RAG_RRF_WEIGHTS='1,-1' is invalid: must be two non-neg"),
         ({"RAG_RRF_WEIGHTS": "0,0"}, "not both 0"),
         ({"RAG_RRF_WEIGHTS": "1,x"}, "RAG_RRF_WEIGHTS='1,x' is invalid"),
         ({"RAG_RERANK_FUSION": "max"}, "RAG_RERANK_FUSION must be one of none, rrf"),
         ({"RAG_DEFAULT_K": "50", "RAG_MAX_K": "10"}, "must not exceed RAG_MAX_K"),
-        ({"RAG_COLLECTION": "a__b"}, "RAG_COLLECTION: collection name 'a__b' is not allowed"),
+        (
+            {"RAG_COLLECTION": "a__b"},
+            "RAG_COLLECTION='a__b' is invalid: collection name 'a__b' is not allowed",
+        ),
+        ({"RAG_LOG_LEVEL": "LOUD"}, "RAG_LOG_LEVEL must be one of DEBUG, INFO"),
+        ({"RAG_POOLING": "max"}, "RAG_POOLING must be one of mean, cls"),
+        (
+            {"RAG_CHUNK_TOKENS": "40", "RAG_CHUNK_OVERLAP_TOKENS": "40"},
+            "RAG_CHUNK_OVERLAP_TOKENS must be in",
+        ),
+        ({"RAG_RETENTION_GRACE_S": "-1"}, "RAG_RETENTION_GRACE_S='-1' is invalid"),
         ({"RAG_QDRANT_URL": "localhost:6333"}, "must start with http:// or https://"),
     ],
 )
 def test_invalid_values_name_the_variable(env: dict[str, str], message: str) -> None:
     with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
         Settings.from_env(env)
+
+
+def test_python_callers_get_the_same_validation() -> None:
+    with pytest.raises(ConfigError, match="RAG_MAX_K=0 is invalid"):
+        Settings(max_k=0)
+    with pytest.raises(ConfigError, match="unknown setting 'rrf'"):
+        Settings.from_env({}, rrf=3)
+    assert Settings(data_dir="x").data_dir == Path("x")
+    assert Settings().replace(rrf_k=5).rrf_k == 5
+    with pytest.raises(ConfigError, match="RAG_RRF_K"):
+        Settings().replace(rrf_k=-5)
+
+
+def test_settings_ignore_the_environment_unless_asked(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RAG_RRF_K", "7")
+    monkeypatch.setenv("RAG_QUERY_PREFIX", "")  # an empty prefix is a value: "no prefix"
+    monkeypatch.setenv("RAG_DEVICE", "")  # elsewhere empty means unset
+    assert Settings().rrf_k == 60
+    s = Settings.from_env()
+    assert (s.rrf_k, s.query_prefix, s.device) == (7, "", "auto")
+    assert Settings.from_env(rrf_k=9, device=None).rrf_k == 9  # None: a flag not given
+
+
+def test_the_configuration_doc_lists_the_declared_settings() -> None:
+    from rag_retriever.settings import markdown_table
+
+    doc = (Path(__file__).parents[1] / "docs" / "configuration.md").read_text(encoding="utf-8")
+    assert markdown_table() in doc, "regenerate it: python -m rag_retriever.settings"
