@@ -47,14 +47,8 @@ def make_gate(
         raise ConfigError(f"--gate {questions_path}: no valid questions ({len(problems)} problems)")
     if not 0.0 <= min_recall <= 1.0 or max_regression < 0:
         raise ConfigError("--min-recall must be in [0, 1] and --max-regression non-negative")
-    if reranker is None and settings.rerank_model:
-        reranker = CrossEncoderReranker.load(
-            settings.rerank_model,
-            device=settings.device,
-            dtype=settings.dtype,
-            batch_size=settings.rerank_batch_size,
-            max_length=settings.rerank_max_length,
-        )
+    if reranker is None:
+        reranker = CrossEncoderReranker.from_settings(settings)
     config = RetrievalConfig.from_settings(settings)
 
     def retriever_for(collection: str) -> Retriever:

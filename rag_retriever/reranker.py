@@ -30,6 +30,7 @@ import transformers
 from rag_retriever.device import Precision, choose_precision, inference
 from rag_retriever.encoder import quiet_transformers
 from rag_retriever.errors import ModelLoadError
+from rag_retriever.settings import Settings
 
 log = logging.getLogger(__name__)
 
@@ -93,6 +94,19 @@ class CrossEncoderReranker:
         self.num_labels = int(model.config.num_labels or 1)
         window = int(getattr(model.config, "max_position_embeddings", max_length))
         self.max_length = min(max_length, window)
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> CrossEncoderReranker | None:
+        """RAG_RERANK_MODEL loaded with the RAG_RERANK_* settings; None when it is unset."""
+        if not settings.rerank_model:
+            return None
+        return cls.load(
+            settings.rerank_model,
+            device=settings.device,
+            dtype=settings.dtype,
+            batch_size=settings.rerank_batch_size,
+            max_length=settings.rerank_max_length,
+        )
 
     @classmethod
     def load(

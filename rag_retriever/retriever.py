@@ -21,6 +21,8 @@ so a new version is served as soon as it is promoted. This module does not write
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import logging
 import threading
 import time
@@ -202,22 +204,20 @@ class Retriever:
         from rag_retriever.encoder import load_encoder
         from rag_retriever.reranker import CrossEncoderReranker
 
-        reranker = None
-        if settings.rerank_model:
-            reranker = CrossEncoderReranker.load(
-                settings.rerank_model,
-                device=settings.device,
-                dtype=settings.dtype,
-                batch_size=settings.rerank_batch_size,
-                max_length=settings.rerank_max_length,
-            )
         return cls(
             encoder=load_encoder(settings),
             store=open_store(settings),
-            reranker=reranker,
+            reranker=CrossEncoderReranker.from_settings(settings),
             config=RetrievalConfig.from_settings(settings),
             collection=settings.collection,
         )
+
+    def with_config(self, **changes: object) -> Retriever:
+        """This retriever (the same models, store and caches) under a changed config, e.g. the
+        limits of one HTTP app."""
+        other = copy.copy(self)
+        other.config = dataclasses.replace(self.config, **changes)  # type: ignore[arg-type]
+        return other
 
     @property
     def modes(self) -> tuple[Mode, ...]:
@@ -329,7 +329,7 @@ class Retriever:
             except InvalidRequest as exc:
                 if len(queries) == 1:
                     raise
-                raise InvalidRequest(f"query {i} of the batch: {exc}") from None
+                raise InvalidRequest(f"queries[{i}]: {exc}") from None
         requested = collection or self.default_collection
         try:
             return self._trace(queries, chosen_mode, filter, requested)
@@ -386,7 +386,9 @@ class Retriever:
         if k is None:
             return self.config.default_k
         if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= self.config.max_k:
-            raise InvalidRequest(f"k must be an integer from 1 to {self.config.max_k}, got {k!r}")
+            raise InvalidRequest(
+                f"k must be an integer from 1 to {self.config.max_k} (RAG_MAX_K), got {k!r}"
+            )
         return k
 
     def _check_query(self, query: str) -> None:

@@ -106,15 +106,18 @@ _NOT_BLANK = f"[^{BLANK_CHARS}]"
 _INT64 = {"type": "integer", "minimum": -MAX_EXACT_INT, "maximum": MAX_EXACT_INT}
 
 
-def _documented(settings: Settings, modes: tuple[str, ...]) -> tuple[type, type]:
+def _documented(settings: Settings, retriever: Retriever) -> tuple[type, type]:
     """The request bodies with a schema that states the limits the server enforces (k, query
     length and content, batch size, the modes this server runs, the filter's shape); the checks
-    themselves stay in one place (`_check_*`, SearchFilter, the retriever)."""
-    query = {"type": "string", "pattern": _NOT_BLANK, "maxLength": settings.max_query_chars}
+    themselves stay in one place (the retriever, with its config's limits; SearchFilter; the
+    batch size in search_batch)."""
+    limits = retriever.config
+    modes = retriever.modes
+    query = {"type": "string", "pattern": _NOT_BLANK, "maxLength": limits.max_query_chars}
     common = {
         "k": {
             "anyOf": [
-                {"type": "integer", "minimum": 1, "maximum": settings.max_k},
+                {"type": "integer", "minimum": 1, "maximum": limits.max_k},
                 {"type": "null"},
             ]
         },
@@ -192,17 +195,20 @@ def create_app(retriever: Retriever, settings: Settings) -> FastAPI:
         description="Hybrid dense + BM25 retrieval with per-stage ranks, over versioned "
         "Qdrant collections.",
     )
+    # The settings' query limits apply to this app; the retriever checks them, as it does for
+    # Python callers (one check of k and of the query, one message).
+    retriever = retriever.with_config(
+        default_k=settings.default_k, max_k=settings.max_k, max_query_chars=settings.max_query_chars
+    )
     app.state.retriever = retriever
     app.state.settings = settings
 
-    search_body, batch_body = _documented(settings, retriever.modes)
+    search_body, batch_body = _documented(settings, retriever)
 
     def search(body: SearchBody) -> JSONResponse:
-        _check_options(body, settings)
-        _check_query_length(body.query, settings, "query")
         result = retriever.retrieve(
             body.query,
-            k=_k(body, settings),
+            k=body.k,
             mode=body.mode,
             filter=_filter(body.filter),
             collection=body.collection,
@@ -210,17 +216,14 @@ def create_app(retriever: Retriever, settings: Settings) -> FastAPI:
         return JSONResponse(result.to_dict())
 
     def search_batch(body: BatchBody) -> JSONResponse:
-        _check_options(body, settings)
         if len(body.queries) > settings.max_batch_size:
             raise InvalidRequest(
                 f"the batch has {len(body.queries)} queries; the limit is "
                 f"{settings.max_batch_size} (RAG_MAX_BATCH_SIZE); split it"
             )
-        for i, query in enumerate(body.queries):
-            _check_query_length(query, settings, f"queries[{i}]")
         results = retriever.retrieve_batch(
             body.queries,
-            k=_k(body, settings),
+            k=body.k,
             mode=body.mode,
             filter=_filter(body.filter),
             collection=body.collection,
@@ -315,25 +318,6 @@ def check_ready(retriever: Retriever) -> tuple[bool, dict[str, Any]]:
         }
     chunks = opened.meta.get("chunks")
     return True, {"status": "ready", "serving": opened.name, "chunks": chunks, **base}
-
-
-def _check_options(body: _Options, settings: Settings) -> None:
-    if body.k is not None and not 1 <= body.k <= settings.max_k:
-        raise InvalidRequest(
-            f"k must be an integer from 1 to {settings.max_k} (RAG_MAX_K), got {body.k}"
-        )
-
-
-def _k(body: _Options, settings: Settings) -> int:
-    return settings.default_k if body.k is None else body.k
-
-
-def _check_query_length(query: str, settings: Settings, where: str) -> None:
-    if len(query) > settings.max_query_chars:
-        raise InvalidRequest(
-            f"{where} is {len(query)} characters long; the limit is "
-            f"{settings.max_query_chars} (RAG_MAX_QUERY_CHARS)"
-        )
 
 
 def _filter(data: dict[str, Any] | None) -> SearchFilter | None:

@@ -226,7 +226,7 @@ def test_limits_come_from_the_settings(http: TestClient) -> None:
         http.post("/v1/search/batch", json={"queries": ["a", "k" * 301]}),
         422,
         "invalid_request",
-        "queries[1] is 301 characters",
+        "queries[1]: the query is 301 characters",
     )
     assert http.post("/v1/search/batch", json={"queries": ["a", "b", "c"]}).status_code == 200
     assert_error(
@@ -493,7 +493,7 @@ def test_one_bad_query_in_a_batch_is_named_by_its_index(http: TestClient) -> Non
     response = http.post(
         "/v1/search/batch", content=raw.encode(), headers={"content-type": "application/json"}
     )
-    assert_error(response, 422, "invalid_request", "query 1 of the batch", "not valid Unicode")
+    assert_error(response, 422, "invalid_request", "queries[1]:", "not valid Unicode")
 
 
 def test_the_schema_documents_every_error_answer(http: TestClient) -> None:
