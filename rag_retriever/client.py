@@ -24,15 +24,17 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from types import TracebackType
-from typing import Any, Self
+from typing import Any, Generic, Self, TypedDict, TypeVar, Unpack
 
 import httpx
 
 from rag_retriever.errors import RagError
 from rag_retriever.records import Hit, Mode, SearchFilter, SearchResult
 
+T = TypeVar("T")
 # Statuses that mean "a proxy or the server could not answer just now"; a retry may succeed.
 RETRY_STATUSES = frozenset({502, 503, 504})
 # The longest single wait between two attempts, whatever `backoff` and the attempt number.
@@ -115,25 +117,58 @@ def http_error(response: httpx.Response) -> RetrieverHTTPError:
     return cls(status, error, detail)
 
 
-def search_body(
-    *,
-    k: int | None,
-    mode: Mode | None,
-    filter: SearchFilter | None,
-    collection: str | None,
-    **extra: Any,
-) -> dict[str, Any]:
-    """The JSON body of a search; options left as None are left to the server's defaults."""
-    body: dict[str, Any] = dict(extra)
-    if k is not None:
-        body["k"] = k
-    if mode is not None:
-        body["mode"] = mode
-    if filter is not None and not filter.is_empty:
-        body["filter"] = filter.to_dict()
-    if collection is not None:
-        body["collection"] = collection
+class SearchOptions(TypedDict, total=False):
+    """The options of every search method; those left out are the server's defaults."""
+
+    k: int | None
+    mode: Mode | None
+    filter: SearchFilter | None
+    collection: str | None
+
+
+def search_body(**fields: Any) -> dict[str, Any]:
+    """The JSON body of a search (`query` or `queries` plus SearchOptions); options that are None
+    are left out, so the server's defaults apply."""
+    body = {key: value for key, value in fields.items() if value is not None}
+    flt = body.pop("filter", None)
+    if flt is not None and not flt.is_empty:
+        body["filter"] = flt.to_dict()
     return body
+
+
+@dataclass(frozen=True)
+class _Call(Generic[T]):
+    """One API call, independent of sync or async: the request and how to read the answer."""
+
+    method: str
+    path: str
+    read: Callable[[httpx.Response], T]
+    json: Any = None
+
+
+# The API, written once; RetrieverClient and AsyncRetrieverClient send these calls.
+def _retrieve(query: str, options: SearchOptions) -> _Call[SearchResult]:
+    body = search_body(query=query, **options)
+    return _Call("POST", "/v1/search", lambda r: SearchResult.from_dict(r.json()), body)
+
+
+def _retrieve_batch(queries: Sequence[str], options: SearchOptions) -> _Call[list[SearchResult]]:
+    body = search_body(queries=list(queries), **options)
+    return _Call("POST", "/v1/search/batch", _results, body)
+
+
+def _search(query: str, options: SearchOptions) -> _Call[list[Hit]]:
+    call = _retrieve(query, options)
+    return _Call(call.method, call.path, lambda r: list(call.read(r).hits), call.json)
+
+
+def _search_batch(queries: Sequence[str], options: SearchOptions) -> _Call[list[list[Hit]]]:
+    call = _retrieve_batch(queries, options)
+    return _Call(call.method, call.path, lambda r: [list(x.hits) for x in call.read(r)], call.json)
+
+
+def _collections() -> _Call[dict[str, Any]]:
+    return _Call("GET", "/v1/collections", lambda r: dict(r.json()))
 
 
 def _headers(api_key: str | None) -> dict[str, str]:
@@ -187,15 +222,24 @@ def _probe_answer(response: httpx.Response) -> bool:
     raise http_error(response)  # 404 = wrong base URL: say so rather than "not ready"
 
 
-def _result(response: httpx.Response) -> SearchResult:
-    return SearchResult.from_dict(response.json())
-
-
 def _results(response: httpx.Response) -> list[SearchResult]:
     return [SearchResult.from_dict(r) for r in response.json()["results"]]
 
 
-class RetrieverClient:
+class _Client:
+    """What both clients hold: where the server is and how to retry."""
+
+    def __init__(self, base_url: str, retries: int, backoff: float) -> None:
+        _check_retry_settings(retries, backoff)
+        self.base_url = base_url
+        self.retries = retries
+        self.backoff = backoff
+
+    def _url(self, call: _Call[Any]) -> str:
+        return f"{self.base_url.rstrip('/')}{call.path}"
+
+
+class RetrieverClient(_Client):
     """A blocking client of `rag-retriever serve`. Use it as a context manager, or call close()."""
 
     def __init__(
@@ -208,67 +252,34 @@ class RetrieverClient:
         backoff: float = 0.2,
         transport: httpx.BaseTransport | None = None,
     ) -> None:
-        _check_retry_settings(retries, backoff)
-        self.base_url = base_url
-        self.retries = retries
-        self.backoff = backoff
+        super().__init__(base_url, retries, backoff)
         self._http = httpx.Client(
             base_url=base_url, headers=_headers(api_key), timeout=timeout, transport=transport
         )
 
-    def search(
-        self,
-        query: str,
-        *,
-        k: int | None = None,
-        mode: Mode | None = None,
-        filter: SearchFilter | None = None,
-        collection: str | None = None,
-    ) -> list[Hit]:
-        return list(self.retrieve(query, k=k, mode=mode, filter=filter, collection=collection).hits)
+    def search(self, query: str, **options: Unpack[SearchOptions]) -> list[Hit]:
+        """The hits of `query` (POST /v1/search)."""
+        return self._send(_search(query, options))
 
-    def retrieve(
-        self,
-        query: str,
-        *,
-        k: int | None = None,
-        mode: Mode | None = None,
-        filter: SearchFilter | None = None,
-        collection: str | None = None,
-    ) -> SearchResult:
-        body = search_body(k=k, mode=mode, filter=filter, collection=collection, query=query)
-        return _result(self._request("POST", "/v1/search", json=body))
+    def retrieve(self, query: str, **options: Unpack[SearchOptions]) -> SearchResult:
+        """The whole result of `query`: hits, timings, notices, fusion."""
+        return self._send(_retrieve(query, options))
 
     def search_batch(
-        self,
-        queries: Sequence[str],
-        *,
-        k: int | None = None,
-        mode: Mode | None = None,
-        filter: SearchFilter | None = None,
-        collection: str | None = None,
+        self, queries: Sequence[str], **options: Unpack[SearchOptions]
     ) -> list[list[Hit]]:
-        results = self.retrieve_batch(queries, k=k, mode=mode, filter=filter, collection=collection)
-        return [list(r.hits) for r in results]
+        """The hits of each query, in one request (POST /v1/search/batch)."""
+        return self._send(_search_batch(queries, options))
 
     def retrieve_batch(
-        self,
-        queries: Sequence[str],
-        *,
-        k: int | None = None,
-        mode: Mode | None = None,
-        filter: SearchFilter | None = None,
-        collection: str | None = None,
+        self, queries: Sequence[str], **options: Unpack[SearchOptions]
     ) -> list[SearchResult]:
-        body = search_body(
-            k=k, mode=mode, filter=filter, collection=collection, queries=list(queries)
-        )
-        return _results(self._request("POST", "/v1/search/batch", json=body))
+        """The whole result of each query, in one request."""
+        return self._send(_retrieve_batch(queries, options))
 
     def collections(self) -> dict[str, Any]:
         """{"default_collection": alias, "collections": {alias: {"serving", "versions"}}}."""
-        data: dict[str, Any] = self._request("GET", "/v1/collections").json()
-        return data
+        return self._send(_collections())
 
     def health(self) -> bool:
         """True when the process answers /healthz; False when nothing answers (no retries)."""
@@ -292,30 +303,27 @@ class RetrieverClient:
     ) -> None:
         self.close()
 
-    def _url(self, path: str) -> str:
-        return f"{self.base_url.rstrip('/')}{path}"
-
     def _probe(self, path: str) -> bool:
         try:
             return _probe_answer(self._http.get(path))
         except httpx.TransportError:
             return False
 
-    def _request(self, method: str, path: str, json: Any = None) -> httpx.Response:
+    def _send(self, call: _Call[T]) -> T:
         for attempt in range(self.retries + 1):
             response, error = None, None
             try:
-                response = self._http.request(method, path, json=json)
+                response = self._http.request(call.method, call.path, json=call.json)
             except httpx.TransportError as exc:
                 error = exc
-            done = _judge(attempt, self.retries, (method, self._url(path)), response, error)
+            done = _judge(attempt, self.retries, (call.method, self._url(call)), response, error)
             if done is not None:
-                return done
+                return call.read(done)
             time.sleep(_delay(self.backoff, attempt))
         raise AssertionError("unreachable: the last attempt returns or raises")
 
 
-class AsyncRetrieverClient:
+class AsyncRetrieverClient(_Client):
     """The asyncio twin of RetrieverClient: same arguments, same methods, awaited."""
 
     def __init__(
@@ -328,69 +336,29 @@ class AsyncRetrieverClient:
         backoff: float = 0.2,
         transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
-        _check_retry_settings(retries, backoff)
-        self.base_url = base_url
-        self.retries = retries
-        self.backoff = backoff
+        super().__init__(base_url, retries, backoff)
         self._http = httpx.AsyncClient(
             base_url=base_url, headers=_headers(api_key), timeout=timeout, transport=transport
         )
 
-    async def search(
-        self,
-        query: str,
-        *,
-        k: int | None = None,
-        mode: Mode | None = None,
-        filter: SearchFilter | None = None,
-        collection: str | None = None,
-    ) -> list[Hit]:
-        result = await self.retrieve(query, k=k, mode=mode, filter=filter, collection=collection)
-        return list(result.hits)
+    async def search(self, query: str, **options: Unpack[SearchOptions]) -> list[Hit]:
+        return await self._send(_search(query, options))
 
-    async def retrieve(
-        self,
-        query: str,
-        *,
-        k: int | None = None,
-        mode: Mode | None = None,
-        filter: SearchFilter | None = None,
-        collection: str | None = None,
-    ) -> SearchResult:
-        body = search_body(k=k, mode=mode, filter=filter, collection=collection, query=query)
-        return _result(await self._request("POST", "/v1/search", json=body))
+    async def retrieve(self, query: str, **options: Unpack[SearchOptions]) -> SearchResult:
+        return await self._send(_retrieve(query, options))
 
     async def search_batch(
-        self,
-        queries: Sequence[str],
-        *,
-        k: int | None = None,
-        mode: Mode | None = None,
-        filter: SearchFilter | None = None,
-        collection: str | None = None,
+        self, queries: Sequence[str], **options: Unpack[SearchOptions]
     ) -> list[list[Hit]]:
-        results = await self.retrieve_batch(
-            queries, k=k, mode=mode, filter=filter, collection=collection
-        )
-        return [list(r.hits) for r in results]
+        return await self._send(_search_batch(queries, options))
 
     async def retrieve_batch(
-        self,
-        queries: Sequence[str],
-        *,
-        k: int | None = None,
-        mode: Mode | None = None,
-        filter: SearchFilter | None = None,
-        collection: str | None = None,
+        self, queries: Sequence[str], **options: Unpack[SearchOptions]
     ) -> list[SearchResult]:
-        body = search_body(
-            k=k, mode=mode, filter=filter, collection=collection, queries=list(queries)
-        )
-        return _results(await self._request("POST", "/v1/search/batch", json=body))
+        return await self._send(_retrieve_batch(queries, options))
 
     async def collections(self) -> dict[str, Any]:
-        data: dict[str, Any] = (await self._request("GET", "/v1/collections")).json()
-        return data
+        return await self._send(_collections())
 
     async def health(self) -> bool:
         return await self._probe("/healthz")
@@ -412,24 +380,21 @@ class AsyncRetrieverClient:
     ) -> None:
         await self.aclose()
 
-    def _url(self, path: str) -> str:
-        return f"{self.base_url.rstrip('/')}{path}"
-
     async def _probe(self, path: str) -> bool:
         try:
             return _probe_answer(await self._http.get(path))
         except httpx.TransportError:
             return False
 
-    async def _request(self, method: str, path: str, json: Any = None) -> httpx.Response:
+    async def _send(self, call: _Call[T]) -> T:
         for attempt in range(self.retries + 1):
             response, error = None, None
             try:
-                response = await self._http.request(method, path, json=json)
+                response = await self._http.request(call.method, call.path, json=call.json)
             except httpx.TransportError as exc:
                 error = exc
-            done = _judge(attempt, self.retries, (method, self._url(path)), response, error)
+            done = _judge(attempt, self.retries, (call.method, self._url(call)), response, error)
             if done is not None:
-                return done
+                return call.read(done)
             await asyncio.sleep(_delay(self.backoff, attempt))
         raise AssertionError("unreachable: the last attempt returns or raises")

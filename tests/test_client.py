@@ -367,3 +367,17 @@ def test_nothing_listening_is_unavailable() -> None:
                 client.search("king")
     finally:
         sock.close()
+
+
+def test_the_two_clients_offer_the_same_methods_with_the_same_arguments() -> None:
+    import inspect
+
+    from rag_retriever.client import AsyncRetrieverClient
+
+    renamed = {"close": "aclose", "__enter__": "__aenter__", "__exit__": "__aexit__"}
+    for name, method in vars(RetrieverClient).items():
+        if (name.startswith("_") and name not in renamed) or not callable(method):
+            continue
+        twin = getattr(AsyncRetrieverClient, renamed.get(name, name))
+        assert inspect.iscoroutinefunction(twin), name
+        assert inspect.signature(twin) == inspect.signature(method), name
