@@ -3,21 +3,38 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
+from typing import cast
 
 import pytest
+import torch
+import transformers
 from hypothesis import given
 from hypothesis import strategies as st
 
+from rag_retriever.chunk_table import ChunkTable
+from rag_retriever.device import Precision
 from rag_retriever.encoder import Encoder
 from rag_retriever.errors import ConfigError
 from rag_retriever.eval.questions import load_questions
-from rag_retriever.profiles import resolve_model
-from rag_retriever.records import Document
+from rag_retriever.profiles import ModelProfile, resolve_model
+from rag_retriever.records import Chunk, Document
 from rag_retriever.retriever import Retriever
 from rag_retriever.store import Store
-from rag_retriever.training.embedder import EmbedderTrainingConfig, train_embedder
-from rag_retriever.training.mining import Example, batches_without_shared_gold, mine_examples
+from rag_retriever.training.common import OptimizerStep, micro_batches
+from rag_retriever.training.embedder import (
+    EmbedderTrainingConfig,
+    _Embed,
+    _infonce_step,
+    train_embedder,
+)
+from rag_retriever.training.mining import (
+    Example,
+    MinedSet,
+    batches_without_shared_gold,
+    mine_examples,
+)
 from tests.conftest import collection_retriever, write_jsonl
 
 WORDS = [
@@ -212,3 +229,68 @@ def test_held_out_questions_are_written_for_evaluation(
     gain = meta["validation_after"]["mrr@10"] - meta["validation_before"]["mrr@10"]
     assert low <= gain + 1e-9 and gain <= high + 1e-9
     assert not any(isinstance(v, list) for v in meta["validation_after"].values())
+
+
+class _GradientsOnly:
+    """An optimizer step that only accumulates the gradients (to compare them)."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.model = model
+
+    def run(self, backward: Callable[[Callable[[torch.Tensor], torch.Tensor]], None]) -> None:
+        self.model.zero_grad()
+        backward(lambda loss: loss)
+
+
+@pytest.mark.parametrize("dropout", [0.0, 0.1])
+def test_gradient_caching_gives_the_gradient_of_the_whole_batch(
+    tiny_encoder_dir: Path, dropout: float
+) -> None:
+    """Oracle: the loss over embeddings computed with gradients in one graph. Without dropout
+    that graph is the whole batch in one forward pass; with dropout it is the same micro-batches
+    in the same order from the same seed (the same masks), so only the caching differs."""
+    model = transformers.BertModel.from_pretrained(
+        tiny_encoder_dir, hidden_dropout_prob=dropout, attention_probs_dropout_prob=dropout
+    )
+    model.train()
+    tokenizer = transformers.AutoTokenizer.from_pretrained(tiny_encoder_dir)
+    chunks = [
+        Chunk(f"c{i}", f"d{i}", f"Note {i}", 0, 0, len(d.text), d.text, 10, "h")
+        for i, d in enumerate(DOCS[:6])
+    ]
+    examples = [
+        Example(
+            f"q{i}", f"what about {WORDS[i]} and {WORDS[i + 1]}?", i, frozenset({i}), (i + 1,), True
+        )
+        for i in range(4)
+    ]
+    mined = MinedSet("c", ChunkTable("c", chunks), examples, {})
+    config = EmbedderTrainingConfig(micro_batch=3, hard_negatives=1)
+    precision = Precision(torch.device("cpu"), "fp32")
+    embed = _Embed(model, tokenizer, ModelProfile("t", "", "", "mean", 64), precision)
+
+    torch.manual_seed(0)
+    loss = _infonce_step(embed, examples, mined, config, cast(OptimizerStep, _GradientsOnly(model)))
+    cached = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+    model.zero_grad()
+    torch.manual_seed(0)
+    rows = [ex.positive for ex in examples] + [r for ex in examples for r in ex.negatives]
+    texts = [config.query_prefix + ex.query for ex in examples] + [
+        config.passage_prefix + chunks[r].embed_text for r in rows
+    ]
+    parts = micro_batches(texts, 3 if dropout else len(texts))
+    vectors = torch.cat([embed(part) for part in parts])
+    q, p = vectors[: len(examples)], vectors[len(examples) :]
+    logits = (q @ p.T) / config.temperature
+    # question i's negative is question i+1's gold chunk: not a negative for question i+1
+    for i in (1, 2, 3):
+        logits[i, len(examples) + i - 1] = float("-inf")
+    reference = torch.nn.functional.cross_entropy(logits, torch.arange(len(examples)))
+    reference.backward()
+
+    assert loss == pytest.approx(reference.item(), rel=1e-5)
+    grads = {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
+    assert len(cached) > 30 and set(cached) == set(grads)  # all but the unused pooler
+    for name, grad in grads.items():
+        torch.testing.assert_close(cached[name], grad, rtol=1e-4, atol=1e-6, msg=name)

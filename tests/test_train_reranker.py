@@ -3,26 +3,32 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
+from typing import Literal, cast
 
 import numpy as np
 import pytest
 import torch
-from transformers import BertModel
+from transformers import AutoTokenizer, BertForSequenceClassification, BertModel
 
+from rag_retriever.chunk_table import ChunkTable
 from rag_retriever.cli import EXIT_WORSE, build_parser, main, training_verdict
+from rag_retriever.device import Precision
 from rag_retriever.encoder import Encoder
 from rag_retriever.errors import ConfigError
 from rag_retriever.eval.questions import load_questions
 from rag_retriever.ingest.loaders import LoadedCorpus
 from rag_retriever.ingest.writer import ingest_documents
-from rag_retriever.records import Document
+from rag_retriever.records import Chunk, Document
 from rag_retriever.reranker import CrossEncoderReranker
 from rag_retriever.retriever import Retriever
 from rag_retriever.store import Store
-from rag_retriever.training.mining import mine_examples
+from rag_retriever.training.common import OptimizerStep
+from rag_retriever.training.mining import Example, MinedSet, mine_examples
 from rag_retriever.training.reranker import (
     RerankerTrainingConfig,
+    _step,
     init_pooler,
     load_base,
     train_reranker,
@@ -309,3 +315,52 @@ def test_the_verdict_compares_with_what_the_model_would_replace(
     assert verdict[0] is keep and verdict[1].startswith(start)
     if after.get("questions"):
         assert "95% CI -0.1000..+0.2000) on 74 held-out questions" in verdict[1]
+
+
+class _GradientsOnly:
+    """An optimizer step that only accumulates the gradients (to compare them)."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.model = model
+
+    def run(self, backward: Callable[[Callable[[torch.Tensor], torch.Tensor]], None]) -> None:
+        self.model.zero_grad()
+        backward(lambda loss: loss)
+
+
+@pytest.mark.parametrize("loss", ["listwise", "pointwise"])
+def test_micro_batches_accumulate_the_gradient_of_the_whole_batch(
+    tmp_path: Path, loss: Literal["listwise", "pointwise"]
+) -> None:
+    """Oracle: the same step with the whole batch in one forward pass (no dropout, so the two
+    differ only in how the batch is cut)."""
+    directory = build_tiny_bert(tmp_path / "ce", classifier=True, seed=1)
+    model = BertForSequenceClassification.from_pretrained(
+        directory, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0
+    )
+    model.train()
+    tokenizer = AutoTokenizer.from_pretrained(directory)
+    precision = Precision(torch.device("cpu"), "fp32")
+    reranker = CrossEncoderReranker(model, tokenizer, name="t", precision=precision)
+    chunks = [
+        Chunk(f"c{i}", f"d{i}", w, 0, 0, 20, f"the {w} and the {WORDS[i + 1]}", 6, "h")
+        for i, w in enumerate(WORDS[:7])
+    ]
+    mined = MinedSet("c", ChunkTable("c", chunks), [], {})
+    batch = [
+        Example(f"q{i}", f"where is the {WORDS[i]}?", i, frozenset({i}), (i + 1, i + 2), True)
+        for i in range(5)
+    ]
+    grads = []
+    for micro_batch in (3, 100):  # one question (3 pairs) per pass, then all 15 pairs at once
+        config = RerankerTrainingConfig(negatives=2, micro_batch=micro_batch, loss=loss)
+        step = cast(OptimizerStep, _GradientsOnly(model))
+        value = _step(step, tokenizer, reranker, batch, mined, config, precision)
+        grads.append(
+            (value, {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None})
+        )
+    (parts_loss, parts), (whole_loss, whole) = grads
+    assert parts_loss == pytest.approx(whole_loss, rel=1e-5)
+    assert len(whole) > 30 and set(parts) == set(whole)
+    for name, grad in whole.items():
+        torch.testing.assert_close(parts[name], grad, rtol=1e-4, atol=1e-6, msg=name)

@@ -2,16 +2,23 @@
 
 from __future__ import annotations
 
+import ctypes
 import json
+import logging
 import shutil
+import sys
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
 from rag_retriever.device import Precision, choose_precision
 from rag_retriever.errors import ConfigError
 from rag_retriever.eval.metrics import paired_bootstrap_ci
+
+T = TypeVar("T")
+log = logging.getLogger(__name__)
 
 
 def prepare_output(out: Path, overwrite: bool) -> None:
@@ -48,10 +55,16 @@ def training_precision(device: str, dtype: str) -> Precision:
     return precision
 
 
+Scale = Callable[[torch.Tensor], torch.Tensor]
+
+
 class OptimizerStep:
     """One optimisation step: zero the gradients, backpropagate, clip the gradient norm to 1,
     step the optimizer and the schedule. In fp16 the loss goes through a GradScaler, so that small
-    gradients do not underflow to zero (and a step with inf/nan gradients is skipped)."""
+    gradients do not underflow to zero (and a step with inf/nan gradients is skipped).
+
+    `step(loss)` backpropagates one loss; `step.run(backward)` lets `backward(scale)` accumulate
+    the gradients itself, piece by piece (micro-batches), calling `scale(loss).backward()`."""
 
     def __init__(
         self,
@@ -66,18 +79,50 @@ class OptimizerStep:
         )
 
     def __call__(self, loss: torch.Tensor) -> None:
+        self.run(lambda scale: scale(loss).backward())
+
+    def run(self, backward: Callable[[Scale], None]) -> None:
         self.optimizer.zero_grad()
+        backward(self._scale)
+        if self.scaler is not None:
+            self.scaler.unscale_(self.optimizer)
+        torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
         if self.scaler is None:
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
             self.optimizer.step()
         else:
-            self.scaler.scale(loss).backward()
-            self.scaler.unscale_(self.optimizer)
-            torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
             self.scaler.step(self.optimizer)
             self.scaler.update()
         self.scheduler.step()
+
+    def _scale(self, loss: torch.Tensor) -> torch.Tensor:
+        return loss if self.scaler is None else self.scaler.scale(loss)
+
+
+# glibc's mallopt parameter for the size from which an allocation gets its own mapping.
+_M_MMAP_THRESHOLD = -3
+
+
+def return_freed_memory() -> None:
+    """Make glibc give freed activation buffers back to the system (Linux only; a no-op
+    elsewhere).
+
+    By default glibc raises its mmap threshold each time a large block is freed, after which the
+    activations of each step come from the heap, which fragments and never shrinks: measured on
+    train-embedder, resident memory between steps grew from 1.7 to 2.7 GB over 6 steps, and stayed
+    at 1.0-1.2 GB with the threshold fixed at 1 MiB (what MALLOC_MMAP_THRESHOLD_ does)."""
+    if sys.platform != "linux":
+        return
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        libc.mallopt(_M_MMAP_THRESHOLD, 1 << 20)
+    except (OSError, AttributeError):  # not glibc (musl, say): its allocator returns memory
+        log.debug("mallopt unavailable; the allocator keeps its own policy")
+
+
+def micro_batches(items: Sequence[T], size: int) -> list[Sequence[T]]:
+    """`items` in consecutive slices of at most `size`: the forward passes that hold gradients,
+    so that training memory follows `size`, not the batch."""
+    return [items[i : i + size] for i in range(0, len(items), size)]
 
 
 VALIDATION_FILE = "validation_questions.jsonl"

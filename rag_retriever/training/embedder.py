@@ -21,8 +21,10 @@ is `eval/recall_at_k.py` on a new collection version).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -41,8 +43,11 @@ from rag_retriever.retriever import Retriever
 from rag_retriever.training.common import (
     VALIDATION_FILE,
     OptimizerStep,
+    Scale,
     judged_validation,
+    micro_batches,
     prepare_output,
+    return_freed_memory,
     training_precision,
     warmup_linear,
     write_metadata,
@@ -67,6 +72,9 @@ class EmbedderTrainingConfig:
     passage_prefix: str = "passage: "
     hard_negatives: int = 1
     batch_size: int = 32
+    # Texts (questions and passages) per forward pass with gradients; memory follows this, not
+    # batch_size (gradient caching), and the gradient does not depend on it.
+    micro_batch: int = 8
     epochs: int = 1
     learning_rate: float = 3e-5
     warmup_fraction: float = 0.1
@@ -76,61 +84,97 @@ class EmbedderTrainingConfig:
     seed: int = 0
     name: str | None = None
 
-
-def _encode(
-    model: Any,
-    tokenizer: Any,
-    texts: list[str],
-    pooling: str,
-    max_length: int,
-    device: torch.device,
-) -> torch.Tensor:
-    """The serving forward pass (encoder.embed_batch), so training and serving cannot drift."""
-    return embed_batch(
-        model, tokenizer, texts, pooling=pooling, max_length=max_length, device=device
-    )
+    def __post_init__(self) -> None:
+        if self.micro_batch < 1:
+            raise ConfigError(f"--micro-batch must be at least 1, got {self.micro_batch}")
 
 
-def _infonce_loss(
-    model: Any,
-    tokenizer: Any,
+class _Embed:
+    """The serving forward pass (encoder.embed_batch) of one model, so training and serving
+    cannot drift."""
+
+    def __init__(self, model: Any, tokenizer: Any, profile: ModelProfile, precision: Precision):
+        self.model, self.tokenizer, self.precision = model, tokenizer, precision
+        self.pooling = profile.pooling
+        self.max_length = profile.max_seq_length or 256
+
+    def __call__(self, texts: Sequence[str]) -> torch.Tensor:
+        with self.precision.autocast():
+            return embed_batch(
+                self.model,
+                self.tokenizer,
+                texts,
+                pooling=self.pooling,
+                max_length=self.max_length,
+                device=self.precision.device,
+            )
+
+
+def _rng_state(device: torch.device) -> tuple[torch.Tensor, torch.Tensor | None]:
+    cuda = torch.cuda.get_rng_state(device) if device.type == "cuda" else None
+    return torch.get_rng_state(), cuda
+
+
+@contextlib.contextmanager
+def _replayed(state: tuple[torch.Tensor, torch.Tensor | None], device: torch.device) -> Any:
+    """Run with the random state of an earlier pass (the same dropout masks), then carry on
+    with the state as it was."""
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        torch.set_rng_state(state[0])
+        if state[1] is not None:
+            torch.cuda.set_rng_state(state[1], device)
+        yield
+
+
+def _infonce_step(
+    embed: _Embed,
     batch: list[Example],
     mined: MinedSet,
     config: EmbedderTrainingConfig,
-    profile: ModelProfile,
-    precision: Precision,
-) -> torch.Tensor:
-    """InfoNCE over the batch: each question against every positive and hard negative in it;
-    a passage that is gold for question i is no negative for it (except its own column)."""
+    step: OptimizerStep,
+) -> float:
+    """One step of InfoNCE over the batch: each question against every positive and hard negative
+    in it; a passage that is gold for question i is no negative for it (except its own column).
+
+    Gradient caching (Gao et al., 2021): the batch is embedded without gradients, micro-batch by
+    micro-batch; the loss is backpropagated to the embeddings only; then each micro-batch is
+    embedded again, with gradients and the same dropout masks, and backpropagates its slice of
+    the embeddings' gradient. The gradient is the full batch's (a test compares), while memory
+    holds the activations of one micro-batch, however large the batch."""
     chunks = mined.index.chunks
-    max_len = profile.max_seq_length or 256
     rows = [ex.positive for ex in batch] + [
         r for ex in batch for r in ex.negatives[: config.hard_negatives]
     ]
-    with precision.autocast():
-        q = _encode(
-            model,
-            tokenizer,
-            [config.query_prefix + ex.query for ex in batch],
-            profile.pooling,
-            max_len,
-            precision.device,
-        )
-        p = _encode(
-            model,
-            tokenizer,
-            [config.passage_prefix + chunks[r].embed_text for r in rows],
-            profile.pooling,
-            max_len,
-            precision.device,
-        )
+    texts = [config.query_prefix + ex.query for ex in batch] + [
+        config.passage_prefix + chunks[r].embed_text for r in rows
+    ]
+    device = embed.precision.device
+    parts = micro_batches(texts, config.micro_batch)
+    states, cached = [], []
+    with torch.no_grad():
+        for part in parts:
+            states.append(_rng_state(device))
+            cached.append(embed(part))
+    vectors = torch.cat(cached).requires_grad_()
+    q, p = vectors[: len(batch)], vectors[len(batch) :]
     logits = (q @ p.T) / config.temperature
     mask = torch.tensor(
         [[r in ex.gold and j != i for j, r in enumerate(rows)] for i, ex in enumerate(batch)],
         device=logits.device,
     )
     logits = logits.masked_fill(mask, float("-inf"))
-    return torch.nn.functional.cross_entropy(logits, torch.arange(len(batch), device=logits.device))
+    loss = torch.nn.functional.cross_entropy(logits, torch.arange(len(batch), device=logits.device))
+
+    def backward(scale: Scale) -> None:
+        scale(loss).backward()  # to the embeddings only: they are leaves here
+        assert vectors.grad is not None
+        grads = vectors.grad.split([len(part) for part in parts])
+        for part, state, grad in zip(parts, states, grads, strict=True):
+            with _replayed(state, device):
+                embed(part).backward(grad)
+
+    step.run(backward)
+    return float(loss.item())
 
 
 def validate(encoder: Encoder, mined: MinedSet, examples: list[Example]) -> dict[str, Any]:
@@ -176,6 +220,7 @@ def train_embedder(
     progress: bool = True,
 ) -> dict[str, Any]:
     started = time.perf_counter()
+    return_freed_memory()
     prepare_output(out, overwrite)
     questions, problems = load_questions(questions_path)
     if config.max_questions is not None:
@@ -208,6 +253,7 @@ def train_embedder(
     before = validate(base_with_new_prefixes, mined, val)
     model = base_with_new_prefixes.model
     tokenizer = base_with_new_prefixes.tokenizer
+    embed = _Embed(model, tokenizer, profile, precision)
 
     steps_per_epoch = sum(
         1 for _ in batches_without_shared_gold(train, config.batch_size, config.seed)
@@ -222,9 +268,7 @@ def train_embedder(
     bar = tqdm(total=total, desc="train-embedder", unit="step", disable=not progress)
     for epoch in range(config.epochs):
         for batch in batches_without_shared_gold(train, config.batch_size, config.seed + epoch):
-            loss = _infonce_loss(model, tokenizer, batch, mined, config, profile, precision)
-            step(loss)
-            losses.append(loss.item())
+            losses.append(_infonce_step(embed, batch, mined, config, step))
             bar.update(1)
             bar.set_postfix(loss=f"{np.mean(losses[-20:]):.3f}")
     bar.close()
