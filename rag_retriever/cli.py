@@ -102,6 +102,7 @@ def cmd_ingest(args: argparse.Namespace) -> int:
     from rag_retriever.encoder import load_encoder
     from rag_retriever.ingest.loaders import load_documents
     from rag_retriever.ingest.writer import ingest_documents
+    from rag_retriever.retriever import serving_metadata
     from rag_retriever.store import open_store
 
     settings = _settings(args)
@@ -109,8 +110,9 @@ def cmd_ingest(args: argparse.Namespace) -> int:
     corpus = load_documents(
         args.path, max_chars=settings.max_document_chars, follow_symlinks=args.follow_symlinks
     )
-    encoder = load_encoder(settings)
     store = open_store(settings)
+    # a re-ingest keeps the collection's model unless the settings name one
+    encoder = load_encoder(settings, serving_metadata(store, settings.collection))
     gate = None
     if args.gate is not None:
         from rag_retriever.eval.gate import make_gate
@@ -288,6 +290,7 @@ def cmd_train_embedder(args: argparse.Namespace) -> int:
         passage_prefix=args.passage_prefix,
         hard_negatives=args.hard_negatives,
         batch_size=args.batch_size,
+        micro_batch=args.micro_batch,
         epochs=args.epochs,
         learning_rate=args.lr,
         temperature=args.temperature,
@@ -387,6 +390,7 @@ def cmd_train_reranker(args: argparse.Namespace) -> int:
         negatives=args.negatives,
         epochs=args.epochs,
         batch_size=args.batch_size,
+        micro_batch=args.micro_batch,
         learning_rate=args.lr,
         head_learning_rate=args.head_lr,
         max_length=args.max_length,
@@ -474,6 +478,13 @@ def _training_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--epochs", type=int, default=1, help="passes over the questions (1)")
     p.add_argument("--max-questions", type=int, help="use only the first N questions")
     p.add_argument("--val-fraction", type=float, default=0.1, help="held-out validation part (0.1)")
+    p.add_argument(
+        "--micro-batch",
+        type=int,
+        default=8,
+        help="texts (embedder) or pairs (reranker) per forward pass with gradients; memory "
+        "follows it, not --batch-size, and the gradient does not depend on it (8)",
+    )
     p.add_argument("--seed", type=int, default=0, help="seed of the split and shuffling (0)")
     p.add_argument("--overwrite", action="store_true", help="replace an existing --out directory")
     p.add_argument(

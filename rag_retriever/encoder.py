@@ -17,7 +17,7 @@ import contextlib
 import hashlib
 import json
 import logging
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -313,8 +313,17 @@ def embed_batch(
     )
 
 
-def load_encoder(settings: Settings) -> Encoder:
-    """The embedding model the settings describe (RAG_EMBED_MODEL and the profile overrides)."""
+# The settings that choose the embedding model. When none of them is set, a collection version
+# is served (and re-ingested) with the model that built it, recorded in its metadata.
+MODEL_SETTINGS = frozenset({"embed_model", "query_prefix", "passage_prefix", "pooling"})
+
+
+def load_encoder(settings: Settings, version: Mapping[str, Any] | None = None) -> Encoder:
+    """The embedding model the settings describe (RAG_EMBED_MODEL and the profile overrides);
+    when they name none and `version` (a collection version's metadata) records the model that
+    built it, that model."""
+    if version and version.get("model_source") and not MODEL_SETTINGS & settings.model_fields_set:
+        return encoder_of_version(version, settings)
     resolved = resolve_model(
         settings.embed_model,
         query_prefix=settings.query_prefix,
@@ -327,3 +336,34 @@ def load_encoder(settings: Settings) -> Encoder:
         dtype=settings.dtype,
         batch_size=settings.embed_batch_size,
     )
+
+
+def encoder_of_version(meta: Mapping[str, Any], settings: Settings) -> Encoder:
+    """The model that embedded a collection version (its `model_source` and fingerprint)."""
+    fingerprint = meta.get("fingerprint") or {}
+    source = meta.get("model_source")
+    name = f"{meta.get('alias')} version {meta.get('version')}"
+    if not source:
+        raise ModelLoadError(
+            f"{name} was embedded with {fingerprint.get('model')} and its model location was "
+            f"not recorded; set RAG_EMBED_MODEL to that model"
+        )
+    profile = ModelProfile(
+        name=str(fingerprint["model"]),
+        query_prefix=str(fingerprint["query_prefix"]),
+        passage_prefix=str(fingerprint["passage_prefix"]),
+        pooling=str(fingerprint["pooling"]),
+        max_seq_length=int(fingerprint["max_seq_length"]),
+    )
+    encoder = Encoder.load(
+        ResolvedModel(str(source), profile),
+        device=settings.device,
+        dtype=settings.dtype,
+        batch_size=settings.embed_batch_size,
+    )
+    if encoder.fingerprint.id != fingerprint.get("id"):
+        raise ModelLoadError(
+            f"the model at {source} no longer matches the fingerprint of {name} "
+            f"({encoder.fingerprint.describe()} vs {fingerprint.get('model')}@{fingerprint.get('id')})"
+        )
+    return encoder

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -96,12 +96,19 @@ class CrossEncoderReranker:
         self.max_length = min(max_length, window)
 
     @classmethod
-    def from_settings(cls, settings: Settings) -> CrossEncoderReranker | None:
-        """RAG_RERANK_MODEL loaded with the RAG_RERANK_* settings; None when it is unset."""
-        if not settings.rerank_model:
+    def from_settings(
+        cls, settings: Settings, version: Mapping[str, Any] | None = None
+    ) -> CrossEncoderReranker | None:
+        """RAG_RERANK_MODEL loaded with the RAG_RERANK_* settings. When the setting is not given,
+        the reranker that `version` (a collection version's metadata) names, if any (`improve`
+        records the one it trained); None for no reranker."""
+        source = settings.rerank_model
+        if source is None and "rerank_model" not in settings.model_fields_set and version:
+            source = (version.get("reranker") or {}).get("source")
+        if not source:
             return None
         return cls.load(
-            settings.rerank_model,
+            source,
             device=settings.device,
             dtype=settings.dtype,
             batch_size=settings.rerank_batch_size,

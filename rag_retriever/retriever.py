@@ -29,7 +29,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
-from typing import TYPE_CHECKING, get_args
+from typing import TYPE_CHECKING, Any, get_args
 
 import numpy as np
 
@@ -95,6 +95,14 @@ class RetrievalConfig:
     def from_settings(cls, s: Settings) -> RetrievalConfig:
         """The query-path fields of `s` (those that share a name with a setting)."""
         return cls(**{f.name: getattr(s, f.name) for f in fields(cls) if f.name in _SETTINGS})
+
+
+def serving_metadata(store: Store, alias_or_name: str) -> Mapping[str, Any]:
+    """The metadata of the version an alias serves; empty when there is none yet."""
+    try:
+        return store.metadata(store.resolve(alias_or_name))
+    except CollectionNotFound:
+        return {}
 
 
 @dataclass
@@ -201,13 +209,18 @@ class Retriever:
 
     @classmethod
     def from_settings(cls, settings: Settings) -> Retriever:
+        """The retriever the settings describe. Models the settings do not name are those that
+        the default collection's serving version records (the embedder that built it, the
+        reranker `improve` trained for it); a process keeps the models it started with."""
         from rag_retriever.encoder import load_encoder
         from rag_retriever.reranker import CrossEncoderReranker
 
+        store = open_store(settings)
+        version = serving_metadata(store, settings.collection)
         return cls(
-            encoder=load_encoder(settings),
-            store=open_store(settings),
-            reranker=CrossEncoderReranker.from_settings(settings),
+            encoder=load_encoder(settings, version),
+            store=store,
+            reranker=CrossEncoderReranker.from_settings(settings, version),
             config=RetrievalConfig.from_settings(settings),
             collection=settings.collection,
         )

@@ -234,8 +234,10 @@ class Settings(BaseSettings):
         return cls(**values)
 
     def replace(self, **changes: Any) -> Settings:
-        """A copy with `changes`, validated like any other."""
-        return type(self)(**{**dict(self), **changes})
+        """A copy with `changes`, validated like any other; a setting that was not given stays
+        not given (`model_fields_set`), so it can still defer to a collection's own models."""
+        given = {name: getattr(self, name) for name in self.model_fields_set}
+        return type(self)(**{**given, **changes})
 
     @property
     def edge_dir(self) -> Path:
