@@ -19,6 +19,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from rag_retriever.errors import CollectionNotFound, InvalidRequest
+from rag_retriever.ingest.loaders import LoadedCorpus
+from rag_retriever.records import Chunk, Document
 from rag_retriever.store import (
     STATUS_COMPLETE,
     CollectionInfo,
@@ -140,3 +142,26 @@ def describe_collections(store: Store) -> dict[str, dict[str, Any]]:
         }
         for alias in groups
     }
+
+
+def documents_of(store: Store, name: str) -> LoadedCorpus:
+    """The documents version `name` was built from, put together again from its chunks (which
+    tile each document: `doc.text[c.start:c.end] == c.text`), with their titles and metadata; a
+    new version built from them (another model, a copy) holds the same text."""
+    by_doc: dict[str, list[Chunk]] = {}
+    for record in store.scroll(name):
+        chunk = Chunk.from_payload(record.payload)
+        by_doc.setdefault(chunk.doc_id, []).append(chunk)
+    documents = []
+    for doc_id in sorted(by_doc):
+        chunks = sorted(by_doc[doc_id], key=lambda c: c.chunk_index)
+        text = ""
+        for chunk in chunks:
+            if chunk.start > len(text):
+                raise InvalidRequest(
+                    f"{name}: the chunks of document {doc_id!r} leave a gap at character "
+                    f"{len(text)}; re-ingest it from its source files"
+                )
+            text = text[: chunk.start] + chunk.text
+        documents.append(Document(doc_id, chunks[0].title, text, chunks[0].metadata))
+    return LoadedCorpus(tuple(documents), 0, f"{name} (its own chunks)")

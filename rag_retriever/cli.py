@@ -510,6 +510,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_versions(sub)
     _add_training(sub)
     _add_tune_fusion(sub)
+    _add_improve(sub)
     _add_serve(sub)
     return parser
 
@@ -663,6 +664,103 @@ def _add_tune_fusion(sub: Any) -> None:
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     _setting_flags(p, *MODEL, *STORE)
     p.set_defaults(func=cmd_tune_fusion)
+
+
+def _add_improve(sub: Any) -> None:
+    """`improve`: embedder, fusion and reranker fitted to the user's questions, then a gate."""
+    p = sub.add_parser(
+        "improve",
+        help="fit the embedder, the fusion and a reranker to labelled questions; promote the "
+        "result only when it beats the live version on held-out questions",
+    )
+    p.add_argument("--collection", required=True, help="the alias to improve")
+    p.add_argument("--questions", type=Path, required=True, help="labelled questions (.jsonl)")
+    p.add_argument(
+        "--steps",
+        default="embedder,fusion,reranker",
+        help="comma-separated steps to try, in this order (embedder,fusion,reranker)",
+    )
+    p.add_argument(
+        "--budget", type=_duration, help="time budget, e.g. 45m or 2h; the steps are sized to it"
+    )
+    p.add_argument(
+        "--held-out", type=float, default=0.3, help="part judged on, split by document (0.3)"
+    )
+    p.add_argument("--seed", type=int, default=0, help="seed of the split and training (0)")
+    p.add_argument(
+        "--max-regression",
+        type=float,
+        default=0.01,
+        help="refuse to promote if held-out recall@10 falls by more (0.01)",
+    )
+    p.add_argument(
+        "--work-dir",
+        type=Path,
+        help="where the run keeps its state and question splits, to resume "
+        "(default RAG_DATA_DIR/improve/ALIAS)",
+    )
+    p.add_argument("--json", action="store_true", help="print the final state as JSON")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    _setting_flags(p, *MODEL, *STORE)
+    p.set_defaults(func=cmd_improve)
+
+
+def _duration(text: str) -> float:
+    """Seconds in "90s", "45m", "2h" or a bare number of seconds."""
+    units = {"s": 1, "m": 60, "h": 3600}
+    number, unit = (text[:-1], text[-1]) if text[-1:] in units else (text, "s")
+    try:
+        seconds = float(number) * units[unit]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected a duration like 45m, 2h or 90s: {text!r}"
+        ) from None
+    if seconds <= 0:
+        raise argparse.ArgumentTypeError(f"the budget must be positive: {text!r}")
+    return seconds
+
+
+def cmd_improve(args: argparse.Namespace) -> int:
+    from rag_retriever.training.improve import Improve, ImproveOptions
+
+    settings = _settings(args, collection=args.collection)
+    options = ImproveOptions(
+        steps=tuple(s.strip() for s in args.steps.split(",") if s.strip()),
+        budget_s=args.budget,
+        held_out=args.held_out,
+        seed=args.seed,
+        max_regression=args.max_regression,
+        progress=not args.no_progress,
+    )
+    work_dir = args.work_dir or settings.data_dir / "improve" / settings.collection
+    say = (lambda line: print(line, file=sys.stderr)) if args.json else print
+    state = Improve(settings, args.questions, work_dir=work_dir, options=options, say=say).run()
+    if args.json:
+        print(json.dumps(state, indent=2, default=str))
+    else:
+        _print_improve_table(state)
+    return 0
+
+
+def _print_improve_table(state: dict[str, Any]) -> None:
+    """One before -> after row per step, on the held-out questions."""
+    results = state["results"]
+    print(
+        f"\n{'step':<10}{'kept':>6}{'mrr@10':>9}{'recall@1':>10}{'recall@10':>11}"
+        f"{'time':>8}{'peak MB':>9}"
+    )
+    for step in ("baseline", "embedder", "candidate", "fusion", "reranker", "gate"):
+        r = results.get(step)
+        if r is None:
+            continue
+        figures = r.get("figures") or r.get("new") or {}
+        kept = {True: "yes", False: "no"}.get(r.get("kept", r.get("promoted")), "")
+        row = f"{step:<10}{kept:>6}"
+        if figures:
+            row += f"{figures['mrr@10']:>9.4f}{figures['recall@1']:>10.4f}{figures['recall@10']:>11.4f}"
+        else:
+            row += " " * 30
+        print(f"{row}{r.get('time_s', 0):>7.0f}s{r.get('peak_rss_mb') or 0:>9.0f}")
 
 
 def _add_serve(sub: Any) -> None:

@@ -91,3 +91,19 @@ def test_a_re_ingest_keeps_the_collection_s_model(
     )
     assert main(["ingest", str(corpus), "--collection", "kb", "--no-progress"]) == 0
     assert "other-bert" in capsys.readouterr().out
+
+
+def test_a_version_s_documents_are_put_together_from_its_chunks(
+    tmp_path: Path, tiny_encoder_dir: Path
+) -> None:
+    from rag_retriever.ingest.versions import documents_of
+    from rag_retriever.ingest.writer import ingest_documents as ingest
+
+    long = Document("long", "Long", " ".join(f"Sentence {i} of a long text." for i in range(60)))
+    docs = (*DOCS, long, Document("m", "M", "Tagged.", {"lang": "fr"}))
+    store = open_store(_settings(tmp_path / "data"))
+    encoder = Encoder.load(str(tiny_encoder_dir), device="cpu", dtype="fp32")
+    report = ingest(LoadedCorpus(docs, 0, "t"), alias="kb", encoder=encoder, store=store)
+    assert report.chunks > len(docs)  # the long document is several overlapping chunks
+    rebuilt = {d.id: d for d in documents_of(store, report.collection).documents}
+    assert rebuilt == {d.id: d for d in docs}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import json
 import logging
@@ -117,6 +118,21 @@ def return_freed_memory() -> None:
         libc.mallopt(_M_MMAP_THRESHOLD, 1 << 20)
     except (OSError, AttributeError):  # not glibc (musl, say): its allocator returns memory
         log.debug("mallopt unavailable; the allocator keeps its own policy")
+
+
+def reset_peak_rss() -> None:
+    """Start measuring the peak resident memory afresh (Linux; elsewhere a no-op)."""
+    with contextlib.suppress(OSError):
+        Path("/proc/self/clear_refs").write_text("5")
+
+
+def peak_rss_mb() -> float | None:
+    """Peak resident memory since the last reset, in MB (VmHWM; None where unknown)."""
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return round(int(line.split()[1]) / 1024, 1)
+    return None
 
 
 def micro_batches(items: Sequence[T], size: int) -> list[Sequence[T]]:

@@ -1,0 +1,127 @@
+"""`rag-retriever improve`: steps kept only when they help on held-out questions, a gated
+promotion, and a run that resumes where it stopped. Tiny models, a real collection."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from rag_retriever.cli import main
+from rag_retriever.store import EdgeStore
+from rag_retriever.training import improve
+from tests.conftest import write_jsonl
+
+UNIQUE = [f"{a}{b}" for a in "bcdfgklmnp" for b in "aeiou"][:40]  # 40 made-up words
+FILLER = "the king and the queen of the city in a story about the river"
+
+
+def _corpus(tmp_path: Path) -> Path:
+    rows: list[dict[str, object]] = [
+        {"id": f"d{i}", "title": f"Note {i}", "text": f"{FILLER}. This one is about {word}."}
+        for i, word in enumerate(UNIQUE)
+    ]
+    return write_jsonl(tmp_path / "docs.jsonl", rows)
+
+
+def _questions(tmp_path: Path, *, filler: bool) -> Path:
+    """Three questions a document, each naming its unique word (with or without the filler
+    words every document shares)."""
+    rows: list[dict[str, object]] = []
+    templates = ("{w}", "about {w}", "{w} story") if filler else ("{w}", "{w}?", "{w} {w}")
+    for i, word in enumerate(UNIQUE):
+        for j, template in enumerate(templates):
+            text = template.format(w=word) + (f" {FILLER}" if filler else "")
+            rows.append({"id": f"q{i}-{j}", "question": text, "gold_doc_ids": [f"d{i}"]})
+    return write_jsonl(tmp_path / f"questions-{filler}.jsonl", rows)
+
+
+def _ingest(tmp_path: Path) -> None:
+    assert main(["ingest", str(_corpus(tmp_path)), "--collection", "kb", "--no-progress"]) == 0
+
+
+def _served(env: Path) -> str:
+    store = EdgeStore(env / "edge")
+    try:
+        return store.resolve("kb")
+    finally:
+        store.close()
+
+
+def test_nothing_is_promoted_when_nothing_helps(
+    env: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # One matching word a question: BM25 finds exactly the gold document, so the default
+    # fusion already ranks it first; no fusion can do better on the held-out part.
+    _ingest(tmp_path)
+    live = _served(env)
+    questions = _questions(tmp_path, filler=False)
+    assert (
+        main(
+            [
+                "improve",
+                "--collection",
+                "kb",
+                "--questions",
+                str(questions),
+                "--steps",
+                "fusion",
+                "--no-progress",
+            ]
+        )
+        == 0
+    )
+    out = capsys.readouterr().out
+    assert "not promoted (no step helped)" in out
+    assert _served(env) == live
+    assert [p.name for p in (env / "edge" / "collections").iterdir()] == [live]
+
+
+def test_a_helpful_fusion_is_promoted_and_a_run_resumes(
+    env: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    _ingest(tmp_path)
+    live = _served(env)
+    questions = _questions(tmp_path, filler=True)
+    args = [
+        "improve",
+        "--collection",
+        "kb",
+        "--questions",
+        str(questions),
+        "--steps",
+        "embedder,fusion,reranker",
+        "--no-progress",
+    ]
+
+    def stop(self: improve.Improve) -> dict:
+        raise KeyboardInterrupt
+
+    reranker_step = improve.Improve._reranker
+    monkeypatch.setattr(improve.Improve, "_reranker", stop)
+    assert main(args) == 130  # stopped during the reranker step
+    assert _served(env) == live  # the live version served throughout
+    state = json.loads((env / "improve" / "kb" / "state.json").read_text())
+    assert set(state["results"]) == {"baseline", "embedder", "candidate", "fusion"}
+    capsys.readouterr()
+
+    monkeypatch.setattr(improve.Improve, "_reranker", reranker_step)
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert "fusion     done in an earlier run (resumed)" in out
+    fusion = state["results"]["fusion"]
+    assert fusion["kept"], fusion["summary"]
+    new = _served(env)
+    assert new != live and "promoted: kb ->" in out
+    meta = json.loads((env / "edge" / "collections" / new / "meta.json").read_text())
+    assert meta["fusion"]["method"] in ("rrf", "dbsf")
+    reranker = json.loads((env / "improve" / "kb" / "state.json").read_text())["results"][
+        "reranker"
+    ]
+    # a reranker is named by the version only when it helped
+    assert ("reranker" in meta) == reranker["kept"]
+    assert "baseline" in out and "gate" in out  # the before -> after table
