@@ -22,6 +22,21 @@ BENCHES = ("bm25", "engine", "ingest", "query", "load")
 
 
 def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    logging.basicConfig(level=logging.WARNING)
+    args.out.mkdir(parents=True, exist_ok=True)
+    results: dict[str, Any] = {"started": time.strftime("%Y-%m-%d %H:%M:%S")}
+    report = _Report()
+    results.update(_run_standalone(args, report))
+    if "query" in args.only or "load" in args.only:
+        results.update(_run_on_squad(args, report))
+    (args.out / "bench.json").write_text(json.dumps(results, indent=2), encoding="utf-8")
+    (args.out / "bench.txt").write_text("\n".join(report.lines) + "\n", encoding="utf-8")
+    print(f"wrote {args.out / 'bench.json'}")
+    return 0
+
+
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -37,78 +52,84 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--load-seconds", type=float, default=20.0)
     parser.add_argument("--load-clients", type=int, default=8)
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.WARNING)
-    args.out.mkdir(parents=True, exist_ok=True)
-    results: dict[str, Any] = {"started": time.strftime("%Y-%m-%d %H:%M:%S")}
-    lines: list[str] = []
+    return parser
 
-    def emit(new: list[str]) -> None:
+
+class _Report:
+    """The report's lines: each printed as soon as its benchmark ends, all kept for bench.txt."""
+
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+
+    def emit(self, new: list[str]) -> None:
         for text in new:
             print(text, flush=True)
-        lines.extend(new)
+        self.lines.extend(new)
 
+
+def _run_standalone(args: argparse.Namespace, report: _Report) -> dict[str, Any]:
+    """The benchmarks that bring their own data: BM25, the engine, ingest (in that order).
+    Each module is imported only when its benchmark runs."""
+    results: dict[str, Any] = {}
     if "bm25" in args.only:
         from rag_retriever.eval import bench_bm25
 
         results["bm25"] = bench_bm25.run()
-        emit(bench_bm25.report(results["bm25"]))
+        report.emit(bench_bm25.report(results["bm25"]))
 
     if "engine" in args.only:
         from rag_retriever.eval import bench_engine
 
         results["engine"] = bench_engine.run(tuple(args.engine_sizes))
-        emit(bench_engine.report(results["engine"]))
+        report.emit(bench_engine.report(results["engine"]))
 
-    data_dir = args.out / "data"
     if "ingest" in args.only:
         from rag_retriever.eval import bench_ingest
 
         results["ingest"] = bench_ingest.run()
-        emit(bench_ingest.report(results["ingest"]))
+        report.emit(bench_ingest.report(results["ingest"]))
+    return results
 
-    if "query" in args.only or "load" in args.only:
-        from rag_retriever.eval.bench_common import shared_path
-        from rag_retriever.ingest.loaders import load_documents
-        from rag_retriever.ingest.writer import ingest_documents
-        from rag_retriever.retriever import Retriever
-        from rag_retriever.settings import Settings
 
-        settings = Settings.from_env(data_dir=data_dir, collection="squad")
-        retriever = Retriever.from_settings(settings)
-        if "squad" not in retriever.store.aliases():
-            ingest_documents(
-                load_documents(shared_path("squad_v11_dev", "docs.jsonl")),
-                alias="squad",
-                encoder=retriever.encoder,
-                store=retriever.store,
-            )
-        if "query" in args.only:
-            from rag_retriever.eval import bench_query
+def _run_on_squad(args: argparse.Namespace, report: _Report) -> dict[str, Any]:
+    """The query and load benchmarks, on the SQuAD collection under `<out>/data` (ingested on
+    the first run, reused after)."""
+    from rag_retriever.eval.bench_common import shared_path
+    from rag_retriever.ingest.loaders import load_documents
+    from rag_retriever.ingest.writer import ingest_documents
+    from rag_retriever.retriever import Retriever
+    from rag_retriever.settings import Settings
 
-            reranker = args.reranker or bench_query.untrained_reranker(
-                args.out / "untrained-reranker"
-            )
-            results["query"] = bench_query.run(retriever, collection="squad", reranker_dir=reranker)
-            emit(bench_query.report(results["query"]))
-        if "load" in args.only:
-            from rag_retriever.eval import bench_load
+    results: dict[str, Any] = {}
+    settings = Settings.from_env(data_dir=args.out / "data", collection="squad")
+    retriever = Retriever.from_settings(settings)
+    if "squad" not in retriever.store.aliases():
+        ingest_documents(
+            load_documents(shared_path("squad_v11_dev", "docs.jsonl")),
+            alias="squad",
+            encoder=retriever.encoder,
+            store=retriever.store,
+        )
+    if "query" in args.only:
+        from rag_retriever.eval import bench_query
 
-            retriever.reranker = None
-            results["load"] = bench_load.run_benchmark(
-                retriever,
-                settings,
-                collection="squad",
-                clients=args.load_clients,
-                seconds=args.load_seconds,
-            )
-            emit(bench_load.report(results["load"]))
-        retriever.store.close()
+        reranker = args.reranker or bench_query.untrained_reranker(args.out / "untrained-reranker")
+        results["query"] = bench_query.run(retriever, collection="squad", reranker_dir=reranker)
+        report.emit(bench_query.report(results["query"]))
+    if "load" in args.only:
+        from rag_retriever.eval import bench_load
 
-    (args.out / "bench.json").write_text(json.dumps(results, indent=2), encoding="utf-8")
-    (args.out / "bench.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
-    print(f"wrote {args.out / 'bench.json'}")
-    return 0
+        retriever.reranker = None
+        results["load"] = bench_load.run_benchmark(
+            retriever,
+            settings,
+            collection="squad",
+            clients=args.load_clients,
+            seconds=args.load_seconds,
+        )
+        report.emit(bench_load.report(results["load"]))
+    retriever.store.close()
+    return results
 
 
 if __name__ == "__main__":

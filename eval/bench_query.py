@@ -42,13 +42,28 @@ def untrained_reranker(directory: Path) -> Path:
 def run(
     retriever: Retriever, *, collection: str, reranker_dir: Path, n_questions: int = 200
 ) -> dict[str, Any]:
+    """Latency per mode on `n_questions` sampled SQuAD questions, then the reranker's
+    throughput against its peer (see the module docstring)."""
     questions = [
         r["question"] for r in read_jsonl(shared_path("squad_v11_dev", "questions_dev.jsonl"))
     ]
     sample = random.Random(0).sample(questions, n_questions)
     reranker = CrossEncoderReranker.load(reranker_dir)
     retriever.reranker = reranker
-    out: dict[str, Any] = {"latency": {}, "questions": n_questions, "reranker": str(reranker_dir)}
+    return {
+        "latency": _latency(retriever, sample, collection),
+        "questions": n_questions,
+        "reranker": str(reranker_dir),
+        "reranker_throughput": _reranker_throughput(
+            retriever, reranker, reranker_dir, sample[:20], collection
+        ),
+    }
+
+
+def _latency(retriever: Retriever, sample: list[str], collection: str) -> dict[str, Any]:
+    """p50/p95 of sequential searches (k=10) per mode, each after a warm-up of five; the
+    retriever's config is restored afterwards."""
+    latency: dict[str, Any] = {}
     default = retriever.config
     runs: list[tuple[str, Mode, int]] = [
         ("dense", "dense", default.rerank_candidates),
@@ -69,37 +84,31 @@ def run(
             times.append((time.perf_counter() - t0) * 1000)
             for stage, ms in result.timings_ms.items():
                 stage_ms.setdefault(stage, []).append(ms)
-        out["latency"][label] = {
+        latency[label] = {
             "p50_ms": percentile(times, 50),
             "p95_ms": percentile(times, 95),
             "stages_p50_ms": {s: percentile(v, 50) for s, v in stage_ms.items()},
         }
     retriever.config = default
+    return latency
 
-    # Reranker throughput on real candidate lists.
+
+def _reranker_throughput(
+    retriever: Retriever,
+    reranker: CrossEncoderReranker,
+    reranker_dir: Path,
+    questions: list[str],
+    collection: str,
+) -> dict[str, Any]:
+    """Pairs/s of our reranker and of `sentence_transformers.CrossEncoder` on the same real
+    candidate lists (the hybrid top 50 of each question), and how far their scores differ."""
     pairs: list[tuple[str, str]] = []
-    for q in sample[:20]:
+    for q in questions:
         hits = retriever.search(q, k=50, mode="hybrid", collection=collection)
         pairs.extend((q, f"{h.title}\n\n{h.text}") for h in hits)
-    by_query: dict[str, list[str]] = {}
-    for q, p in pairs:
-        by_query.setdefault(q, []).append(p)
-    for q, ps in list(by_query.items())[:1]:
-        reranker.score(q, ps)  # warm-up
-    t0 = time.perf_counter()
-    ours = np.concatenate([reranker.score(q, ps).scores for q, ps in by_query.items()])
-    ours_s = time.perf_counter() - t0
-    from sentence_transformers import CrossEncoder
-
-    peer = CrossEncoder(str(reranker_dir), device="cpu", max_length=reranker.max_length)
-    peer.predict(pairs[:32], batch_size=32)
-    t0 = time.perf_counter()
-    # Identity: CrossEncoder applies a sigmoid to one-logit models by default; we compare logits.
-    theirs = np.asarray(
-        peer.predict(pairs, batch_size=32, activation_fn=torch.nn.Identity()), dtype=np.float32
-    ).reshape(-1)
-    peer_s = time.perf_counter() - t0
-    out["reranker_throughput"] = {
+    ours, ours_s = _time_ours(reranker, pairs)
+    theirs, peer_s = _time_peer(reranker_dir, reranker.max_length, pairs)
+    return {
         "pairs": len(pairs),
         "ours_pairs_per_s": len(pairs) / ours_s,
         "cross_encoder_pairs_per_s": len(pairs) / peer_s,
@@ -107,7 +116,38 @@ def run(
         "precision": reranker.precision.describe(),
         "max_abs_score_difference": float(np.max(np.abs(ours - theirs))),
     }
-    return out
+
+
+def _time_ours(
+    reranker: CrossEncoderReranker, pairs: list[tuple[str, str]]
+) -> tuple[np.ndarray, float]:
+    """Our scores of `pairs`, one call per question (as the query path calls it), and the
+    seconds they took after a warm-up."""
+    by_query: dict[str, list[str]] = {}
+    for q, p in pairs:
+        by_query.setdefault(q, []).append(p)
+    for q, ps in list(by_query.items())[:1]:
+        reranker.score(q, ps)  # warm-up
+    t0 = time.perf_counter()
+    ours = np.concatenate([reranker.score(q, ps).scores for q, ps in by_query.items()])
+    return ours, time.perf_counter() - t0
+
+
+def _time_peer(
+    reranker_dir: Path, max_length: int, pairs: list[tuple[str, str]]
+) -> tuple[np.ndarray, float]:
+    """`sentence_transformers.CrossEncoder`'s logits of `pairs` (fp32, batches of 32), and the
+    seconds they took after a warm-up."""
+    from sentence_transformers import CrossEncoder
+
+    peer = CrossEncoder(str(reranker_dir), device="cpu", max_length=max_length)
+    peer.predict(pairs[:32], batch_size=32)
+    t0 = time.perf_counter()
+    # Identity: CrossEncoder applies a sigmoid to one-logit models by default; we compare logits.
+    theirs = np.asarray(
+        peer.predict(pairs, batch_size=32, activation_fn=torch.nn.Identity()), dtype=np.float32
+    ).reshape(-1)
+    return theirs, time.perf_counter() - t0
 
 
 def report(r: dict[str, Any]) -> list[str]:

@@ -133,10 +133,47 @@ def evaluate(
     trace_mode = trace_mode_for(modes)
     name = retriever.open_collection(collection, trace_mode).name
     index = ChunkTable.load(retriever.store, name)
-    rows_of_doc = index.rows_of_doc
+    if not allow_missing_gold:
+        _refuse_missing_gold(questions, index, name)
+    plan = _Plan.of(questions, index, name, modes, level)
+    candidates_m = retriever.config.rerank_candidates
+    results = _score_runnable(
+        retriever,
+        plan.runnable,
+        index,
+        name=name,
+        trace_mode=trace_mode,
+        modes=modes,
+        level=level,
+        candidates_m=candidates_m,
+        failure_k=failure_k,
+        progress=progress,
+    )
+    results.extend(plan.chunking_misses)
+    summary = summarize(results, modes=modes, ks=ks, failure_k=failure_k)
+    summary.update(
+        collection=name,
+        level=level,
+        questions_given=len(questions),
+        questions_skipped=dict(plan.skipped),
+        # questions scored on any chunk of a gold document (no gold span given)
+        questions_without_spans=sum(1 for q, _ in plan.runnable if not q.gold_spans)
+        if level == "chunk"
+        else 0,
+        problems=len(plan.problems),
+        time_s=round(time.perf_counter() - started, 2),
+        rerank_candidates=candidates_m,
+        dense_top_n=retriever.config.dense_top_n,
+        bm25_top_n=retriever.config.bm25_top_n,
+    )
+    return EvalRun(name, level, tuple(modes), tuple(ks), results, plan.problems, summary)
 
+
+def _refuse_missing_gold(questions: Sequence[Question], index: ChunkTable, name: str) -> None:
+    """InvalidRequest when any question names a gold document that `name` does not hold."""
+    rows_of_doc = index.rows_of_doc
     missing = [q for q in questions if any(d not in rows_of_doc for d in q.gold_doc_ids)]
-    if missing and not allow_missing_gold:
+    if missing:
         example = ", ".join(
             sorted({d for q in missing[:5] for d in q.gold_doc_ids if d not in rows_of_doc})
         )
@@ -145,31 +182,67 @@ def evaluate(
             f"{name} (e.g. {example}); evaluate the collection the questions were written for "
             f"(--collection), or pass --allow-missing-gold to skip them"
         )
-    problems: list[str] = []
-    runnable: list[tuple[Question, list[set[Hashable]]]] = []
-    chunking_misses: list[QuestionResult] = []
-    skipped = Counter[str]()
-    for q in questions:
-        unknown = [d for d in q.gold_doc_ids if d not in rows_of_doc]
-        if unknown:
-            problems.append(f"line {q.line}: gold doc id(s) {unknown} not in collection {name}")
-            if len(unknown) == len(q.gold_doc_ids):
-                skipped["unknown_gold_doc"] += 1
-                continue
-        items = gold_items(q, index, rows_of_doc, level)
-        if not items:
-            problems.append(
-                f"line {q.line}: no chunk of {name} contains the gold span (chunking miss)"
-            )
-            miss = _result(q, index, [])
-            miss.failure_class = "chunking_miss"
-            miss.item_ranks = {mode: [] for mode in modes}  # counted as a miss in every mode
-            chunking_misses.append(miss)
-            continue
-        runnable.append((q, items))
 
+
+@dataclass
+class _Plan:
+    """The questions sorted before any search: those to run (with their gold items), chunking
+    misses (already scored as misses in every mode), and why others were set aside."""
+
+    runnable: list[tuple[Question, list[set[Hashable]]]] = field(default_factory=list)
+    chunking_misses: list[QuestionResult] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+    skipped: Counter[str] = field(default_factory=Counter)
+
+    @classmethod
+    def of(
+        cls,
+        questions: Sequence[Question],
+        index: ChunkTable,
+        name: str,
+        modes: Sequence[Mode],
+        level: Level,
+    ) -> _Plan:
+        plan = cls()
+        rows_of_doc = index.rows_of_doc
+        for q in questions:
+            unknown = [d for d in q.gold_doc_ids if d not in rows_of_doc]
+            if unknown:
+                plan.problems.append(
+                    f"line {q.line}: gold doc id(s) {unknown} not in collection {name}"
+                )
+                if len(unknown) == len(q.gold_doc_ids):
+                    plan.skipped["unknown_gold_doc"] += 1
+                    continue
+            items = gold_items(q, index, rows_of_doc, level)
+            if not items:
+                plan.problems.append(
+                    f"line {q.line}: no chunk of {name} contains the gold span (chunking miss)"
+                )
+                miss = _result(q, index, [])
+                miss.failure_class = "chunking_miss"
+                miss.item_ranks = {mode: [] for mode in modes}  # counted as a miss in every mode
+                plan.chunking_misses.append(miss)
+                continue
+            plan.runnable.append((q, items))
+        return plan
+
+
+def _score_runnable(
+    retriever: Retriever,
+    runnable: Sequence[tuple[Question, list[set[Hashable]]]],
+    index: ChunkTable,
+    *,
+    name: str,
+    trace_mode: Mode,
+    modes: Sequence[Mode],
+    level: Level,
+    candidates_m: int,
+    failure_k: int,
+    progress: bool,
+) -> list[QuestionResult]:
+    """One traced search per question, BATCH questions at a time, each scored in every mode."""
     results: list[QuestionResult] = []
-    candidates_m = retriever.config.rerank_candidates
     bar = tqdm(total=len(runnable), desc=f"evaluating {name}", unit="q", disable=not progress)
     for start in range(0, len(runnable), BATCH):
         batch = runnable[start : start + BATCH]
@@ -180,24 +253,7 @@ def evaluate(
             results.append(_score(q, items, trace, index, modes, level, candidates_m, failure_k))
         bar.update(len(batch))
     bar.close()
-    results.extend(chunking_misses)
-    summary = summarize(results, modes=modes, ks=ks, failure_k=failure_k)
-    summary.update(
-        collection=name,
-        level=level,
-        questions_given=len(questions),
-        questions_skipped=dict(skipped),
-        # questions scored on any chunk of a gold document (no gold span given)
-        questions_without_spans=sum(1 for q, _ in runnable if not q.gold_spans)
-        if level == "chunk"
-        else 0,
-        problems=len(problems),
-        time_s=round(time.perf_counter() - started, 2),
-        rerank_candidates=candidates_m,
-        dense_top_n=retriever.config.dense_top_n,
-        bm25_top_n=retriever.config.bm25_top_n,
-    )
-    return EvalRun(name, level, tuple(modes), tuple(ks), results, problems, summary)
+    return results
 
 
 def gold_items(

@@ -14,15 +14,17 @@ that built it (its `model_source`), so a model change is judged fairly.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from rag_retriever.encoder import Encoder
 from rag_retriever.errors import ConfigError
 from rag_retriever.eval.evaluation import EvalRun, evaluate, primary_mode
-from rag_retriever.eval.questions import load_questions
+from rag_retriever.eval.questions import Question, load_questions
 from rag_retriever.ingest.writer import Gate, GateDecision
 from rag_retriever.profiles import ModelProfile, ResolvedModel
+from rag_retriever.records import Mode
 from rag_retriever.reranker import CrossEncoderReranker, Scorer
 from rag_retriever.retriever import RetrievalConfig, Retriever
 from rag_retriever.settings import Settings
@@ -42,6 +44,8 @@ def make_gate(
     max_regression: float = 0.01,
     reranker: Scorer | None = None,
 ) -> Gate:
+    """The gate of `ingest --gate questions_path`: checks its arguments and loads the questions
+    and the reranker now, so a bad gate fails before anything is written."""
     questions, problems = load_questions(questions_path)
     if not questions:
         raise ConfigError(f"--gate {questions_path}: no valid questions ({len(problems)} problems)")
@@ -49,54 +53,68 @@ def make_gate(
         raise ConfigError("--min-recall must be in [0, 1] and --max-regression non-negative")
     if reranker is None:
         reranker = CrossEncoderReranker.from_settings(settings)
-    config = RetrievalConfig.from_settings(settings)
+    return _RecallGate(
+        questions,
+        settings=settings,
+        encoder=encoder,
+        store=store,
+        reranker=reranker,
+        config=RetrievalConfig.from_settings(settings),
+        k=k,
+        min_recall=min_recall,
+        max_regression=max_regression,
+    )
 
-    def retriever_for(collection: str) -> Retriever:
-        fingerprint = store.metadata(collection).get("fingerprint") or {}
-        model = encoder
-        if fingerprint.get("id") != encoder.fingerprint.id:
-            model = _encoder_of(store, collection, settings)
-        return Retriever(
-            encoder=model,
-            store=store,
-            reranker=reranker,
-            config=config,
-        )
 
-    def gate(new: str, live: str | None) -> GateDecision:
-        ks = sorted({1, k, 10})
-        new_retriever = retriever_for(new)
+class _RecallGate:
+    """A `Gate`: promote the new version unless its recall@k is under `min_recall`, or under the
+    live version's by more than `max_regression`."""
+
+    def __init__(
+        self,
+        questions: Sequence[Question],
+        *,
+        settings: Settings,
+        encoder: Encoder,
+        store: Store,
+        reranker: Scorer | None,
+        config: RetrievalConfig,
+        k: int,
+        min_recall: float,
+        max_regression: float,
+    ) -> None:
+        self.questions = questions
+        self.settings = settings
+        self.encoder = encoder
+        self.store = store
+        self.reranker = reranker
+        self.config = config
+        self.k = k
+        self.min_recall = min_recall
+        self.max_regression = max_regression
+
+    def __call__(self, new: str, live: str | None) -> GateDecision:
+        k = self.k
+        new_retriever = self._retriever_for(new)
         mode = primary_mode(new_retriever.modes)
-        new_run = evaluate(
-            new_retriever, questions, collection=new, modes=(mode,), ks=ks, failure_k=k
-        )
+        new_run = self._evaluate(new_retriever, new, mode)
         new_recall = new_run.summary["modes"][mode][f"recall@{k}"]
         details: dict[str, Any] = {
             "mode": mode,
             "k": k,
             "new_recall": new_recall,
-            "questions": len(questions),
+            "questions": len(self.questions),
         }
         reasons = []
-        if new_recall < min_recall:
-            reasons.append(f"recall@{k} {new_recall:.4f} < --min-recall {min_recall}")
+        if new_recall < self.min_recall:
+            reasons.append(f"recall@{k} {new_recall:.4f} < --min-recall {self.min_recall}")
         summary = f"{mode} recall@{k}: new {new_recall:.4f}"
         if live is not None:
-            live_run = evaluate(
-                retriever_for(live), questions, collection=live, modes=(mode,), ks=ks, failure_k=k
-            )
-            live_recall = live_run.summary["modes"][mode][f"recall@{k}"]
-            regressed = _regressions(live_run, new_run, mode, k)
-            details.update(
-                live_recall=live_recall,
-                regressed=len(regressed),
-                regressions=regressed[:MAX_LISTED_REGRESSIONS],
-            )
-            summary += f" vs live {live_recall:.4f} ({len(regressed)} questions regressed)"
-            if new_recall < live_recall - max_regression:
-                reasons.append(
-                    f"recall@{k} fell by {live_recall - new_recall:.4f} > --max-regression {max_regression}"
-                )
+            live_details, versus, reason = self._against_live(live, mode, new_run, new_recall)
+            details.update(live_details)
+            summary += versus
+            if reason is not None:
+                reasons.append(reason)
         promote = not reasons
         summary += " -> promote" if promote else " -> REFUSED: " + "; ".join(reasons)
         if details.get("regressions"):
@@ -104,7 +122,49 @@ def make_gate(
             summary += f"; regressed e.g. {listed}"
         return GateDecision(promote=promote, summary=summary, details=details)
 
-    return gate
+    def _against_live(
+        self, live: str, mode: Mode, new_run: EvalRun, new_recall: float
+    ) -> tuple[dict[str, Any], str, str | None]:
+        """The live version evaluated the same way: its details (recall, the questions that
+        regressed), the summary's comparison, and the reason to refuse (None: within bounds)."""
+        k = self.k
+        live_run = self._evaluate(self._retriever_for(live), live, mode)
+        live_recall = live_run.summary["modes"][mode][f"recall@{k}"]
+        regressed = _regressions(live_run, new_run, mode, k)
+        details = {
+            "live_recall": live_recall,
+            "regressed": len(regressed),
+            "regressions": regressed[:MAX_LISTED_REGRESSIONS],
+        }
+        versus = f" vs live {live_recall:.4f} ({len(regressed)} questions regressed)"
+        reason = None
+        if new_recall < live_recall - self.max_regression:
+            reason = (
+                f"recall@{k} fell by {live_recall - new_recall:.4f} > --max-regression "
+                f"{self.max_regression}"
+            )
+        return details, versus, reason
+
+    def _evaluate(self, retriever: Retriever, collection: str, mode: Mode) -> EvalRun:
+        """`collection` evaluated on the gate's questions in `mode` (recall at 1, k and 10)."""
+        ks = sorted({1, self.k, 10})
+        return evaluate(
+            retriever, self.questions, collection=collection, modes=(mode,), ks=ks, failure_k=self.k
+        )
+
+    def _retriever_for(self, collection: str) -> Retriever:
+        """A retriever of `collection` with the model that embedded it (loaded when it is not
+        the ingest's own encoder)."""
+        fingerprint = self.store.metadata(collection).get("fingerprint") or {}
+        model = self.encoder
+        if fingerprint.get("id") != self.encoder.fingerprint.id:
+            model = _encoder_of(self.store, collection, self.settings)
+        return Retriever(
+            encoder=model,
+            store=self.store,
+            reranker=self.reranker,
+            config=self.config,
+        )
 
 
 def _encoder_of(store: Store, collection: str, settings: Settings) -> Encoder:

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, cast
 
 from rag_retriever.errors import RagError
-from rag_retriever.eval.evaluation import DEFAULT_KS, Level, evaluate
+from rag_retriever.eval.evaluation import DEFAULT_KS, EvalRun, Level, evaluate
 from rag_retriever.eval.questions import file_sha256, load_questions
 from rag_retriever.eval.report import (
     check_thresholds,
@@ -89,6 +89,8 @@ def check_arguments(args: argparse.Namespace) -> None:
 
 
 def run(args: argparse.Namespace, retriever: Retriever | None = None) -> int:
+    """Evaluate, write the outputs, print the summary; the exit status (0, 1 under a
+    --fail-under figure, 2 on bad input)."""
     check_arguments(args)
     settings = Settings.from_env(collection=args.collection, rerank_model=args.rerank_model)
     questions, problems = load_questions(args.questions)
@@ -121,6 +123,21 @@ def run(args: argparse.Namespace, retriever: Retriever | None = None) -> int:
         progress=not args.no_progress,
         allow_missing_gold=args.allow_missing_gold,
     )
+    _record_inputs(result, args, retriever, problems)
+    paths = write_outputs(result, args.out)
+    comparison = _compare(args)
+    _print_run(result, comparison, paths, as_json=args.json)
+    failures = check_thresholds(result.summary, args.fail_under)
+    for failure in failures:
+        print(f"FAIL: {failure}", file=sys.stderr)
+    return 1 if failures else 0
+
+
+def _record_inputs(
+    result: EvalRun, args: argparse.Namespace, retriever: Retriever, problems: list[str]
+) -> None:
+    """Put what the run was made of into its result: the input file's problems first (the
+    evaluation's own are printed here), the questions file and its hash, the sample, the models."""
     result.problems[:0] = problems
     result.summary.update(
         questions_file=str(args.questions),
@@ -133,22 +150,28 @@ def run(args: argparse.Namespace, retriever: Retriever | None = None) -> int:
     )
     for problem in result.problems[len(problems) :]:
         print(f"problem: {problem}", file=sys.stderr)
-    paths = write_outputs(result, args.out)
-    comparison: dict[str, Any] | None = None
-    if args.compare:
-        comparison = compare_runs(args.out, args.compare, args.failure_k)
-        (args.out / "compare.json").write_text(json.dumps(comparison, indent=2), encoding="utf-8")
-    if args.json:
+
+
+def _compare(args: argparse.Namespace) -> dict[str, Any] | None:
+    """With --compare: this run against the earlier one, also written to compare.json."""
+    if not args.compare:
+        return None
+    comparison = compare_runs(args.out, args.compare, args.failure_k)
+    (args.out / "compare.json").write_text(json.dumps(comparison, indent=2), encoding="utf-8")
+    return comparison
+
+
+def _print_run(
+    result: EvalRun, comparison: dict[str, Any] | None, paths: dict[str, Path], *, as_json: bool
+) -> None:
+    """The summary (and the comparison) as JSON, or as a table with where the outputs are."""
+    if as_json:
         print(json.dumps({"summary": result.summary, "compare": _compact(comparison)}, indent=2))
-    else:
-        print(summary_table(result.summary))
-        if comparison:
-            print(_format_comparison(comparison))
-        print(f"per-question results: {paths['per_question_jsonl']}; curve: {paths['curve']}")
-    failures = check_thresholds(result.summary, args.fail_under)
-    for failure in failures:
-        print(f"FAIL: {failure}", file=sys.stderr)
-    return 1 if failures else 0
+        return
+    print(summary_table(result.summary))
+    if comparison:
+        print(_format_comparison(comparison))
+    print(f"per-question results: {paths['per_question_jsonl']}; curve: {paths['curve']}")
 
 
 def _compact(comparison: dict[str, Any] | None) -> dict[str, Any] | None:

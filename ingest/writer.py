@@ -215,6 +215,7 @@ class _Ingest:
     def run(
         self, *, keep_versions: int, retention_grace_s: float, promote: bool, gate: Gate | None
     ) -> IngestReport:
+        """Every step in order (see the module docstring); each adds its lap to `timings`."""
         store, alias = self.store, self.alias
         orphans = remove_orphans(store, alias)
         fingerprint = self.encoder.fingerprint
@@ -223,50 +224,12 @@ class _Ingest:
         self.lap("load_live")
         chunks, reused_documents = self._chunk(live)
         self.lap("chunk")
-        terms: list[list[str]] | None = None
-        if len(chunks) <= KEEP_TERMS_UP_TO:
-            terms = [self.tokenizer.tokenize(c.embed_text) for c in chunks]
-        bm25 = BM25Model.build(
-            terms if terms is not None else (self.tokenizer.tokenize(c.embed_text) for c in chunks)
-        )
+        terms, bm25 = self._bm25_stats(chunks)
         self.lap("bm25_stats")
 
         version = store.next_version(alias)
         name = collection_name(alias, fingerprint.slug, version)
-        meta: dict[str, Any] = {
-            "alias": alias,
-            "version": version,
-            "status": STATUS_BUILDING,
-            "fingerprint": fingerprint.to_json(),
-            "bm25": bm25.to_json(),
-            "chunking": _chunking_json(self.chunking),
-            "source": self.corpus.source,
-            "model_source": getattr(self.encoder, "source", None),
-            "created_at": datetime.now(UTC).isoformat(timespec="seconds"),
-        }
-        store.create(name, fingerprint.dim, meta)
-        try:
-            reused, encoded, truncated = self._write(name, chunks, bm25, live, terms)
-            self.lap("embed_upsert")
-            store.seal(name, _payload_indexes(chunks))
-            self.lap("seal")
-            points = store.count(name)
-            if points != len(chunks):
-                raise RuntimeError(
-                    f"collection {name} is inconsistent: {points} points, {len(chunks)} chunks"
-                )
-            meta.update(
-                status=STATUS_COMPLETE,
-                documents=len(self.corpus.documents),
-                chunks=len(chunks),
-                completed_at=datetime.now(UTC).isoformat(timespec="seconds"),
-            )
-            store.update_metadata(name, meta)
-            self.lap("verify")
-        except BaseException:
-            log.error("ingest of %s failed; removing the partial collection %s", alias, name)
-            store.delete(name)
-            raise
+        reused, encoded, truncated = self._build(name, version, chunks, bm25, live, terms)
 
         decision = gate(name, live_name) if gate is not None else None
         self.lap("gate")
@@ -302,6 +265,70 @@ class _Ingest:
         if decision is not None and not decision.promote and promote:
             raise GateRejected(decision.summary, report)
         return report
+
+    def _bm25_stats(self, chunks: list[Chunk]) -> tuple[list[list[str]] | None, BM25Model]:
+        """The BM25 statistics of the new corpus, and each chunk's terms when there are few
+        enough chunks to keep them for the write step (KEEP_TERMS_UP_TO)."""
+        terms: list[list[str]] | None = None
+        if len(chunks) <= KEEP_TERMS_UP_TO:
+            terms = [self.tokenizer.tokenize(c.embed_text) for c in chunks]
+        bm25 = BM25Model.build(
+            terms if terms is not None else (self.tokenizer.tokenize(c.embed_text) for c in chunks)
+        )
+        return terms, bm25
+
+    def _build(
+        self,
+        name: str,
+        version: int,
+        chunks: list[Chunk],
+        bm25: BM25Model,
+        live: _LiveVersion,
+        terms: list[list[str]] | None,
+    ) -> tuple[int, int, int]:
+        """Create `name` marked building, write every chunk, seal, check that the engine holds
+        every chunk, mark it complete; returns (reused, encoded, truncated). Any exception (or
+        Ctrl-C) deletes the partial collection and is raised again."""
+        fingerprint = self.encoder.fingerprint
+        meta: dict[str, Any] = {
+            "alias": self.alias,
+            "version": version,
+            "status": STATUS_BUILDING,
+            "fingerprint": fingerprint.to_json(),
+            "bm25": bm25.to_json(),
+            "chunking": _chunking_json(self.chunking),
+            "source": self.corpus.source,
+            "model_source": getattr(self.encoder, "source", None),
+            "created_at": datetime.now(UTC).isoformat(timespec="seconds"),
+        }
+        self.store.create(name, fingerprint.dim, meta)
+        try:
+            reused, encoded, truncated = self._write(name, chunks, bm25, live, terms)
+            self.lap("embed_upsert")
+            self.store.seal(name, _payload_indexes(chunks))
+            self.lap("seal")
+            self._mark_complete(name, meta, chunks)
+            self.lap("verify")
+        except BaseException:
+            log.error("ingest of %s failed; removing the partial collection %s", self.alias, name)
+            self.store.delete(name)
+            raise
+        return reused, encoded, truncated
+
+    def _mark_complete(self, name: str, meta: dict[str, Any], chunks: list[Chunk]) -> None:
+        """Check that the engine holds one point per chunk, then mark the version complete."""
+        points = self.store.count(name)
+        if points != len(chunks):
+            raise RuntimeError(
+                f"collection {name} is inconsistent: {points} points, {len(chunks)} chunks"
+            )
+        meta.update(
+            status=STATUS_COMPLETE,
+            documents=len(self.corpus.documents),
+            chunks=len(chunks),
+            completed_at=datetime.now(UTC).isoformat(timespec="seconds"),
+        )
+        self.store.update_metadata(name, meta)
 
     def _chunk(self, live: _LiveVersion) -> tuple[list[Chunk], int]:
         """Chunks of every document; an unchanged document keeps the live version's chunks."""

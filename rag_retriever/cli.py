@@ -508,7 +508,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_ingest(sub)
     _add_search(sub)
     _add_versions(sub)
-    _add_training(sub)
+    _add_train_embedder(sub)
+    _add_train_reranker(sub)
     _add_tune_fusion(sub)
     _add_improve(sub)
     _add_serve(sub)
@@ -578,8 +579,8 @@ def _add_versions(sub: Any) -> None:
     p.set_defaults(func=cmd_promote)
 
 
-def _add_training(sub: Any) -> None:
-    """`train-embedder` and `train-reranker`."""
+def _add_train_embedder(sub: Any) -> None:
+    """`train-embedder`: fine-tune the embedding model on labelled questions."""
     p = sub.add_parser("train-embedder", help="fine-tune the embedding model on labelled questions")
     _training_args(p)
     p.add_argument("--base", help="model to start from (default RAG_EMBED_MODEL)")
@@ -603,6 +604,9 @@ def _add_training(sub: Any) -> None:
     _setting_flags(p, *MODEL, *STORE)
     p.set_defaults(func=cmd_train_embedder)
 
+
+def _add_train_reranker(sub: Any) -> None:
+    """`train-reranker`: train a cross-encoder reranker on labelled questions."""
     p = sub.add_parser(
         "train-reranker", help="train a cross-encoder reranker on labelled questions"
     )

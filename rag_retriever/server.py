@@ -188,7 +188,11 @@ _SEARCH_ERRORS = _errors(400, 401, 404, 409, 413, 422, 500, 503)
 
 
 def create_app(retriever: Retriever, settings: Settings) -> FastAPI:
-    """A FastAPI app answering with `retriever` (already loaded) under the limits of `settings`."""
+    """A FastAPI app answering with `retriever` (already loaded) under the limits of `settings`.
+
+    Built in named steps: the search routes, the collections listing, the probes, the error
+    handlers, then the middleware (auth, body limit, error boundary).
+    """
     app = FastAPI(
         title="rag-retriever",
         version=_version(),
@@ -202,7 +206,17 @@ def create_app(retriever: Retriever, settings: Settings) -> FastAPI:
     )
     app.state.retriever = retriever
     app.state.settings = settings
+    _add_search_routes(app, retriever, settings)
+    _add_collections_route(app, retriever)
+    _add_probes(app, retriever, settings)
+    _add_error_handlers(app)
+    _add_middleware(app, settings)
+    return app
 
+
+def _add_search_routes(app: FastAPI, retriever: Retriever, settings: Settings) -> None:
+    """`POST /v1/search` and `POST /v1/search/batch`, their bodies documented with the limits
+    the server enforces (see `_documented`)."""
     search_body, batch_body = _documented(settings, retriever)
 
     def search(body: SearchBody) -> JSONResponse:
@@ -243,6 +257,10 @@ def create_app(retriever: Retriever, settings: Settings) -> FastAPI:
         responses=_SEARCH_ERRORS,
     )
 
+
+def _add_collections_route(app: FastAPI, retriever: Retriever) -> None:
+    """`GET /v1/collections`: the aliases, the version each serves, every version."""
+
     @app.get(
         "/v1/collections",
         summary="Aliases, the collection each serves, all versions",
@@ -255,6 +273,11 @@ def create_app(retriever: Retriever, settings: Settings) -> FastAPI:
                 "collections": describe_collections(retriever.store),
             }
         )
+
+
+def _add_probes(app: FastAPI, retriever: Retriever, settings: Settings) -> None:
+    """`/healthz` (the process answers) and `/readyz` (the default collection opens), on GET
+    and HEAD; open without the key, but /readyz gives its reasons only to key holders."""
 
     @app.get("/healthz", summary="Liveness: the process answers")
     def healthz() -> dict[str, str]:
@@ -276,17 +299,23 @@ def create_app(retriever: Retriever, settings: Settings) -> FastAPI:
     app.add_api_route("/healthz", healthz, methods=["HEAD"], include_in_schema=False)
     app.add_api_route("/readyz", readyz, methods=["HEAD"], include_in_schema=False)
 
+
+def _add_error_handlers(app: FastAPI) -> None:
+    """Every error answers as JSON `{"error", "detail"}` (see the handlers under "errors")."""
     app.add_exception_handler(RagError, _rag_error)
     app.add_exception_handler(RequestValidationError, _validation_error)
     app.add_exception_handler(StarletteHTTPException, _http_error)
     app.add_exception_handler(ResponseHandlingException, _qdrant_unreachable)
     app.add_exception_handler(UnexpectedResponse, _qdrant_unreachable)
-    # Added last = runs first: auth, then the body limit, then the error boundary.
+
+
+def _add_middleware(app: FastAPI, settings: Settings) -> None:
+    """The ASGI middleware; added last = runs first: auth, then the body limit, then the error
+    boundary."""
     app.add_middleware(_ErrorBoundary)
     app.add_middleware(_BodyLimit, max_bytes=settings.max_body_bytes)
     if settings.api_key:
         app.add_middleware(_ApiKey, key=settings.api_key)
-    return app
 
 
 def check_ready(retriever: Retriever) -> tuple[bool, dict[str, Any]]:

@@ -139,8 +139,48 @@ def tune_fusion(
     store: bool = True,
     progress: bool = False,
 ) -> TuningReport:
+    """Fit the fusion of `collection` on `questions`; store it only when it beats the default on
+    the held-out part (see the module docstring)."""
     opened = retriever.open_collection(collection, "hybrid")
     table = ChunkTable.load(retriever.store, opened.name)
+    usable = _usable_questions(questions, table, opened.name)
+    train_q, held_q = split_by_document(usable, held_out_fraction, seed)
+    cached = _first_stage_lists(retriever, opened.name, table, usable, progress)
+    train = [cached[q.id] for q in train_q]
+    held = [cached[q.id] for q in held_q]
+    default = _default_fusion(retriever)
+    grid = list(candidates(min(default.depths)))
+    best, best_figures = _best_fusion(default, grid, train, progress)
+    # DBSF at its defaults too: the alternative default the project considers (equal weights)
+    dbsf_default = Fusion("dbsf", depths=default.depths)
+    report = TuningReport(
+        opened.name,
+        default,
+        best,
+        train={
+            "default": score(default, train),
+            "dbsf": score(dbsf_default, train),
+            "best": best_figures,
+        },
+        held_out={
+            "default": score(default, held),
+            "dbsf": score(dbsf_default, held),
+            "best": score(best, held),
+        },
+        candidates=len(grid),
+    )
+    wins = report.held_out["best"].key() > report.held_out["default"].key()
+    if store and wins and best != default:
+        _store_fusion(retriever, report)
+        report.stored = True
+    return report
+
+
+def _usable_questions(
+    questions: Sequence[Question], table: ChunkTable, name: str
+) -> list[Question]:
+    """The questions whose gold documents are all in the version and that have a gold chunk;
+    InvalidRequest when fewer than MIN_QUESTIONS are left."""
     usable = [
         q
         for q in questions
@@ -154,45 +194,40 @@ def tune_fusion(
             else "are they written for this collection?"
         )
         raise InvalidRequest(
-            f"{len(usable)} of {len(questions)} questions have a gold chunk in {opened.name}; "
+            f"{len(usable)} of {len(questions)} questions have a gold chunk in {name}; "
             f"tuning needs at least {MIN_QUESTIONS} ({hint})"
         )
-    train_q, held_q = split_by_document(usable, held_out_fraction, seed)
-    cached = _first_stage_lists(retriever, opened.name, table, usable, progress)
-    train = [cached[q.id] for q in train_q]
-    held = [cached[q.id] for q in held_q]
-    default = Fusion(
+    return usable
+
+
+def _default_fusion(retriever: Retriever) -> Fusion:
+    """The fusion the retriever runs untuned: RRF with its configured k, weights and depths."""
+    return Fusion(
         "rrf",
         k=retriever.config.rrf_k,
         weights=retriever.config.rrf_weights,
         depths=(retriever.config.dense_top_n, retriever.config.bm25_top_n),
     )
-    grid = list(candidates(min(default.depths)))
+
+
+def _best_fusion(
+    default: Fusion, grid: Sequence[Fusion], train: Sequence[Lists], progress: bool
+) -> tuple[Fusion, Figures]:
+    """The fusion of `grid` that scores best on `train`, and its figures; `default` unless one
+    beats it (ties keep the earlier)."""
     best, best_figures = default, score(default, train)
     for fusion in tqdm(grid, desc="fusions", unit="fusion", disable=not progress):
         figures = score(fusion, train)
         if figures.key() > best_figures.key():
             best, best_figures = fusion, figures
-    report = TuningReport(opened.name, default, best, candidates=len(grid))
-    # DBSF at its defaults too: the alternative default the project considers (equal weights)
-    dbsf_default = Fusion("dbsf", depths=default.depths)
-    report.train = {
-        "default": score(default, train),
-        "dbsf": score(dbsf_default, train),
-        "best": best_figures,
-    }
-    report.held_out = {
-        "default": score(default, held),
-        "dbsf": score(dbsf_default, held),
-        "best": score(best, held),
-    }
-    wins = report.held_out["best"].key() > report.held_out["default"].key()
-    if store and wins and best != default:
-        meta = dict(retriever.store.metadata(opened.name))
-        meta["fusion"] = {**best.to_json(), "tuning": report.to_json()}
-        retriever.store.update_metadata(opened.name, meta)
-        report.stored = True
-    return report
+    return best, best_figures
+
+
+def _store_fusion(retriever: Retriever, report: TuningReport) -> None:
+    """Record the best fusion, with the report that chose it, in the version's metadata."""
+    meta = dict(retriever.store.metadata(report.collection))
+    meta["fusion"] = {**report.best.to_json(), "tuning": report.to_json()}
+    retriever.store.update_metadata(report.collection, meta)
 
 
 def _first_stage_lists(
