@@ -18,12 +18,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from rag_retriever.encoder import Encoder
+from rag_retriever.encoder import Encoder, encoder_of_version
 from rag_retriever.errors import ConfigError
 from rag_retriever.eval.evaluation import EvalRun, evaluate, primary_mode
 from rag_retriever.eval.questions import Question, load_questions
 from rag_retriever.ingest.writer import Gate, GateDecision
-from rag_retriever.profiles import ModelProfile, ResolvedModel
 from rag_retriever.records import Mode
 from rag_retriever.reranker import CrossEncoderReranker, Scorer
 from rag_retriever.retriever import RetrievalConfig, Retriever
@@ -158,41 +157,13 @@ class _RecallGate:
         fingerprint = self.store.metadata(collection).get("fingerprint") or {}
         model = self.encoder
         if fingerprint.get("id") != self.encoder.fingerprint.id:
-            model = _encoder_of(self.store, collection, self.settings)
+            model = encoder_of_version(self.store.metadata(collection), self.settings)
         return Retriever(
             encoder=model,
             store=self.store,
             reranker=self.reranker,
             config=self.config,
         )
-
-
-def _encoder_of(store: Store, collection: str, settings: Settings) -> Encoder:
-    meta = store.metadata(collection)
-    fingerprint = meta.get("fingerprint") or {}
-    source = meta.get("model_source")
-    if not source:
-        raise ConfigError(
-            f"cannot evaluate the live version {collection}: it was embedded with "
-            f"{fingerprint.get('model')} and its model location was not recorded; "
-            f"ingest with --no-promote and compare with eval/recall_at_k.py instead"
-        )
-    profile = ModelProfile(
-        name=str(fingerprint["model"]),
-        query_prefix=str(fingerprint["query_prefix"]),
-        passage_prefix=str(fingerprint["passage_prefix"]),
-        pooling=str(fingerprint["pooling"]),
-        max_seq_length=int(fingerprint["max_seq_length"]),
-    )
-    encoder = Encoder.load(
-        ResolvedModel(str(source), profile), device=settings.device, dtype=settings.dtype
-    )
-    if encoder.fingerprint.id != fingerprint.get("id"):
-        raise ConfigError(
-            f"the model at {source} no longer matches the fingerprint of {collection} "
-            f"({encoder.fingerprint.describe()} vs {fingerprint.get('model')}@{fingerprint.get('id')})"
-        )
-    return encoder
 
 
 def _regressions(before: EvalRun, after: EvalRun, mode: str, k: int) -> list[dict[str, Any]]:
