@@ -26,7 +26,6 @@ import dataclasses
 import logging
 import threading
 import time
-from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any, get_args
@@ -34,6 +33,7 @@ from typing import TYPE_CHECKING, Any, get_args
 import numpy as np
 
 from rag_retriever.bm25 import BM25Model, Tokenizer
+from rag_retriever.chunk_table import ChunkCache
 from rag_retriever.errors import CollectionNotFound, FingerprintMismatch, InvalidRequest
 from rag_retriever.fusion import Fusion, rrf
 from rag_retriever.records import (
@@ -54,8 +54,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-# Chunk records kept in memory per process (most recently used); a bound, not a table.
-CHUNK_CACHE_SIZE = 20_000
 
 # How `rerank` mode orders the candidates: "none" = the cross-encoder's order alone; "rrf" =
 # reciprocal rank fusion (k = rrf_k) of the cross-encoder's order with the candidates' hybrid
@@ -152,39 +150,6 @@ class OpenCollection:
 # A version's metadata is read again after this many seconds, so a fusion tuned by another
 # process is served without a restart.
 METADATA_TTL_S = 1.0
-
-
-class ChunkCache:
-    """The most recently read chunk records of each version, bounded; thread-safe."""
-
-    def __init__(self, store: Store, size: int = CHUNK_CACHE_SIZE) -> None:
-        self.store = store
-        self.size = size
-        self._items: OrderedDict[tuple[str, str], Chunk] = OrderedDict()
-        self._lock = threading.Lock()
-
-    def get(self, name: str, ids: Sequence[str]) -> dict[str, Chunk]:
-        out: dict[str, Chunk] = {}
-        with self._lock:
-            for cid in ids:
-                chunk = self._items.get((name, cid))
-                if chunk is not None:
-                    self._items.move_to_end((name, cid))
-                    out[cid] = chunk
-        missing = [cid for cid in dict.fromkeys(ids) if cid not in out]
-        if missing:
-            fetched = {
-                r.id: Chunk.from_payload(r.payload) for r in self.store.retrieve(name, missing)
-            }
-            if len(fetched) != len(missing):
-                raise CollectionNotFound(f"collection {name!r} changed while it was read")
-            out.update(fetched)
-            with self._lock:
-                for cid, chunk in fetched.items():
-                    self._items[(name, cid)] = chunk
-                while len(self._items) > self.size:
-                    self._items.popitem(last=False)
-        return out
 
 
 class Retriever:

@@ -55,6 +55,10 @@ def test_first_ingest_writes_a_complete_version_behind_the_alias(
     assert first.id == chunk_point_id(first.doc_id, first.chunk_index)
     payloads = {p["chunk_id"]: p for p in (r.payload for r in store.scroll(report.collection))}
     assert payloads[first.id]["text"] == DOCS[0].text[first.start : first.end]
+    # the table holds positions, not texts; it reads texts from the engine when asked
+    assert not hasattr(first, "text") and index.embed_texts([0]) == [
+        f"{payloads[first.id]['title']}\n\n{DOCS[0].text[first.start : first.end]}"
+    ]
     assert payloads[first.id]["metadata"] == {"lang": "en"}
     assert (report.documents, report.reused, report.removed, report.truncated) == (3, 0, 0, 0)
 
@@ -83,7 +87,9 @@ def test_reingest_reuses_vectors_and_counts_changes(
     }[chunk.id]
     assert stored is not None
     np.testing.assert_allclose(
-        stored, tiny_encoder.encode_passages([chunk.embed_text]).vectors[0], atol=1e-5
+        stored,
+        tiny_encoder.encode_passages(index.embed_texts([index.row_of[chunk.id]])).vectors[0],
+        atol=1e-5,
     )
     assert {c.doc_id for c in index.chunks} == {"a", "c", "d"}
 

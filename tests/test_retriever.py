@@ -63,7 +63,7 @@ def test_dense_order_equals_brute_force_cosine(collection, tiny_encoder: Encoder
     retriever, index = collection
     query = "the king and the queen"
     hits = retriever.search(query, k=10, mode="dense")
-    vectors = tiny_encoder.encode_passages([c.embed_text for c in index.chunks]).vectors
+    vectors = tiny_encoder.encode_passages(index.embed_texts(range(len(index)))).vectors
     qv = tiny_encoder.encode_queries([query]).vectors[0]
     cos = vectors @ qv
     assert [h.chunk_id for h in hits] == [index.chunks[i].id for i in np.argsort(-cos)[:10]]
@@ -78,7 +78,7 @@ def test_dense_order_equals_brute_force_cosine(collection, tiny_encoder: Encoder
 def test_bm25_equals_rank_bm25_and_explains_matches(collection) -> None:
     retriever, index = collection
     tok = Tokenizer()
-    ref = BM25Okapi([tok.tokenize(c.embed_text) for c in index.chunks])
+    ref = BM25Okapi([tok.tokenize(t) for t in index.embed_texts(range(len(index)))])
     hits = retriever.search("Wine and the city", k=5, mode="bm25")
     scores = ref.get_scores(tok.tokenize("Wine and the city"))
     for h in hits:
@@ -266,7 +266,8 @@ def test_rerank_orders_exactly_by_scorer(
     collection, tiny_encoder: Encoder, store: Store, tmp_path: Path
 ) -> None:
     _, index = collection
-    table = {c.embed_text: float(len(c.text)) + i * 1e-3 for i, c in enumerate(index.chunks)}
+    texts = index.embed_texts(range(len(index)))
+    table = {t: float(len(t)) + i * 1e-3 for i, t in enumerate(texts)}
     scorer = OracleScorer(table)
     retriever = reranking_retriever(
         tiny_encoder,
@@ -278,9 +279,7 @@ def test_rerank_orders_exactly_by_scorer(
     result = retriever.retrieve("king queen war", k=6)
     assert result.mode == "rerank"
     fused = retriever.search("king queen war", k=6, mode="hybrid")
-    expected = sorted(
-        fused, key=lambda h: -table[index.chunks[index.row_of[h.chunk_id]].embed_text]
-    )
+    expected = sorted(fused, key=lambda h: -table[index.embed_texts([index.row_of[h.chunk_id]])[0]])
     assert [h.chunk_id for h in result.hits] == [h.chunk_id for h in expected]
     assert scorer.calls == [6]  # only the top-M candidates are scored
     for h in result.hits:
@@ -329,7 +328,8 @@ def test_rerank_rrf_fusion_is_rrf_of_the_cross_encoder_and_hybrid_orders(
 ) -> None:
     _, index = collection
     # Reverse the hybrid order: the fused order then differs from both inputs.
-    table = {c.embed_text: -float(len(c.text)) - i * 1e-3 for i, c in enumerate(index.chunks)}
+    texts = index.embed_texts(range(len(index)))
+    table = {t: -float(len(t)) - i * 1e-3 for i, t in enumerate(texts)}
     scorer = OracleScorer(table)
     retriever = Retriever(
         encoder=tiny_encoder,
@@ -343,7 +343,7 @@ def test_rerank_rrf_fusion_is_rrf_of_the_cross_encoder_and_hybrid_orders(
     hybrid = retriever.search("king queen war", k=10, mode="hybrid")
     hits = retriever.search("king queen war", k=10, mode="rerank")
     candidates = [h.chunk_id for h in hybrid[:6]]
-    by_ce = sorted(candidates, key=lambda c: -table[index.chunks[index.row_of[c]].embed_text])
+    by_ce = sorted(candidates, key=lambda c: -table[index.embed_texts([index.row_of[c]])[0]])
     expected = rrf([by_ce, candidates], k=60, weights=[1.0, 0.5])
     assert [h.chunk_id for h in hits[:6]] == [c for c, _ in expected]
     assert [h.score for h in hits[:6]] == pytest.approx([s for _, s in expected])
@@ -352,7 +352,7 @@ def test_rerank_rrf_fusion_is_rrf_of_the_cross_encoder_and_hybrid_orders(
         assert h.rerank is not None
         assert h.rerank.rank == by_ce.index(h.chunk_id) + 1
         assert h.rerank.score == pytest.approx(
-            table[index.chunks[index.row_of[h.chunk_id]].embed_text]
+            table[index.embed_texts([index.row_of[h.chunk_id]])[0]]
         )
     # Beyond the candidates: the hybrid order, no rerank stage.
     assert [h.chunk_id for h in hits[6:]] == [h.chunk_id for h in hybrid[6:]]
@@ -363,7 +363,8 @@ def test_rerank_fusion_none_is_the_cross_encoder_order(
     collection, tiny_encoder: Encoder, store: Store, tmp_path: Path
 ) -> None:
     _, index = collection
-    table = {c.embed_text: -float(len(c.text)) - i * 1e-3 for i, c in enumerate(index.chunks)}
+    texts = index.embed_texts(range(len(index)))
+    table = {t: -float(len(t)) - i * 1e-3 for i, t in enumerate(texts)}
     retriever = reranking_retriever(
         tiny_encoder,
         store,

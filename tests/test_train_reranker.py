@@ -117,9 +117,7 @@ def test_tiny_cross_encoder_learns_to_put_the_positive_first(
             if not ex.positive_retrieved:
                 continue
             rows = [ex.positive, *ex.negatives]
-            scores = reranker.score(
-                ex.query, [groups.index.chunks[r].embed_text for r in rows]
-            ).scores
+            scores = reranker.score(ex.query, groups.index.embed_texts(rows)).scores
             count += int(np.argmax(scores) == 0)
         return count
 

@@ -141,12 +141,11 @@ def _infonce_step(
     embedded again, with gradients and the same dropout masks, and backpropagates its slice of
     the embeddings' gradient. The gradient is the full batch's (a test compares), while memory
     holds the activations of one micro-batch, however large the batch."""
-    chunks = mined.index.chunks
     rows = [ex.positive for ex in batch] + [
         r for ex in batch for r in ex.negatives[: config.hard_negatives]
     ]
     texts = [config.query_prefix + ex.query for ex in batch] + [
-        config.passage_prefix + chunks[r].embed_text for r in rows
+        config.passage_prefix + text for text in mined.index.embed_texts(rows)
     ]
     device = embed.precision.device
     parts = micro_batches(texts, config.micro_batch)
@@ -182,9 +181,7 @@ def validate(encoder: Encoder, mined: MinedSet, examples: list[Example]) -> dict
     if not examples:
         return {}
     pool_rows = sorted({r for ex in examples for r in (*ex.gold, *ex.negatives)})
-    passages = encoder.encode_passages(
-        [mined.index.chunks[r].embed_text for r in pool_rows]
-    ).vectors
+    passages = encoder.encode_passages(mined.index.embed_texts(pool_rows)).vectors
     queries = encoder.encode_queries([ex.query for ex in examples]).vectors
     scores = queries @ passages.T
     r1 = r5 = 0.0

@@ -217,9 +217,7 @@ def validate(
         orders["hybrid"].append(candidates)
         if reranker is None:
             continue
-        scores = reranker.score(
-            ex.query, [mined.index.chunks[r].embed_text for r in candidates]
-        ).scores
+        scores = reranker.score(ex.query, mined.index.embed_texts(candidates)).scores
         reranked = [candidates[i] for i in np.argsort(-scores, kind="stable")]
         orders["rerank"].append(reranked)
         orders["rerank+hybrid"].append([r for r, _ in rrf([reranked, candidates])])
@@ -308,9 +306,8 @@ def _batch_loss(
 ) -> torch.Tensor:
     """Listwise: softmax cross-entropy with the positive first in each group; pointwise: BCE."""
     group = 1 + config.negatives
-    chunks = mined.index.chunks
     queries = [ex.query for ex in batch for _ in range(group)]
-    passages = [chunks[r].embed_text for ex in batch for r in (ex.positive, *ex.negatives)]
+    passages = mined.index.embed_texts([r for ex in batch for r in (ex.positive, *ex.negatives)])
     encoded = tokenizer(
         queries,
         passages,
