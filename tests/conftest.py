@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import string
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import pytest
@@ -218,3 +218,15 @@ def shared_data(*parts: str) -> Path:
 def write_jsonl(path: Path, rows: list[dict[str, object]]) -> Path:
     path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
     return path
+
+
+class GradientsOnly:
+    """An optimizer step (training.common.OptimizerStep.run) that only accumulates the gradients,
+    so that tests can compare them."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.model = model
+
+    def run(self, backward: Callable[[Callable[[torch.Tensor], torch.Tensor]], None]) -> None:
+        self.model.zero_grad()
+        backward(lambda loss: loss)

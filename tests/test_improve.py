@@ -41,6 +41,11 @@ def _ingest(tmp_path: Path) -> None:
     assert main(["ingest", str(_corpus(tmp_path)), "--collection", "kb", "--no-progress"]) == 0
 
 
+def _improve(questions: Path, steps: str) -> list[str]:
+    return ["improve", "--collection", "kb", "--questions", str(questions), "--steps", steps,
+            "--no-progress"]  # fmt: skip
+
+
 def _served(env: Path) -> str:
     store = EdgeStore(env / "edge")
     try:
@@ -57,21 +62,7 @@ def test_nothing_is_promoted_when_nothing_helps(
     _ingest(tmp_path)
     live = _served(env)
     questions = _questions(tmp_path, filler=False)
-    assert (
-        main(
-            [
-                "improve",
-                "--collection",
-                "kb",
-                "--questions",
-                str(questions),
-                "--steps",
-                "fusion",
-                "--no-progress",
-            ]
-        )
-        == 0
-    )
+    assert main(_improve(questions, "fusion")) == 0
     out = capsys.readouterr().out
     assert "not promoted (no step helped)" in out
     assert _served(env) == live
@@ -87,16 +78,7 @@ def test_a_helpful_fusion_is_promoted_and_a_run_resumes(
     _ingest(tmp_path)
     live = _served(env)
     questions = _questions(tmp_path, filler=True)
-    args = [
-        "improve",
-        "--collection",
-        "kb",
-        "--questions",
-        str(questions),
-        "--steps",
-        "embedder,fusion,reranker",
-        "--no-progress",
-    ]
+    args = _improve(questions, "embedder,fusion,reranker")
 
     def stop(self: improve.Improve) -> dict:
         raise KeyboardInterrupt

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
 from pathlib import Path
 from typing import cast
 
@@ -35,7 +34,7 @@ from rag_retriever.training.mining import (
     batches_without_shared_gold,
     mine_examples,
 )
-from tests.conftest import collection_retriever, write_jsonl
+from tests.conftest import GradientsOnly, collection_retriever, write_jsonl
 
 WORDS = [
     "apples",
@@ -231,17 +230,6 @@ def test_held_out_questions_are_written_for_evaluation(
     assert not any(isinstance(v, list) for v in meta["validation_after"].values())
 
 
-class _GradientsOnly:
-    """An optimizer step that only accumulates the gradients (to compare them)."""
-
-    def __init__(self, model: torch.nn.Module) -> None:
-        self.model = model
-
-    def run(self, backward: Callable[[Callable[[torch.Tensor], torch.Tensor]], None]) -> None:
-        self.model.zero_grad()
-        backward(lambda loss: loss)
-
-
 @pytest.mark.parametrize("dropout", [0.0, 0.1])
 def test_gradient_caching_gives_the_gradient_of_the_whole_batch(
     tiny_encoder_dir: Path, dropout: float
@@ -270,7 +258,7 @@ def test_gradient_caching_gives_the_gradient_of_the_whole_batch(
     embed = _Embed(model, tokenizer, ModelProfile("t", "", "", "mean", 64), precision)
 
     torch.manual_seed(0)
-    loss = _infonce_step(embed, examples, mined, config, cast(OptimizerStep, _GradientsOnly(model)))
+    loss = _infonce_step(embed, examples, mined, config, cast(OptimizerStep, GradientsOnly(model)))
     cached = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
 
     model.zero_grad()

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
 from pathlib import Path
 from typing import Literal, cast
 
@@ -33,7 +32,7 @@ from rag_retriever.training.reranker import (
     load_base,
     train_reranker,
 )
-from tests.conftest import build_tiny_bert, write_jsonl
+from tests.conftest import GradientsOnly, build_tiny_bert, write_jsonl
 
 WORDS = [
     "apples",
@@ -315,17 +314,6 @@ def test_the_verdict_compares_with_what_the_model_would_replace(
         assert "95% CI -0.1000..+0.2000) on 74 held-out questions" in verdict[1]
 
 
-class _GradientsOnly:
-    """An optimizer step that only accumulates the gradients (to compare them)."""
-
-    def __init__(self, model: torch.nn.Module) -> None:
-        self.model = model
-
-    def run(self, backward: Callable[[Callable[[torch.Tensor], torch.Tensor]], None]) -> None:
-        self.model.zero_grad()
-        backward(lambda loss: loss)
-
-
 @pytest.mark.parametrize("loss", ["listwise", "pointwise"])
 def test_micro_batches_accumulate_the_gradient_of_the_whole_batch(
     tmp_path: Path, loss: Literal["listwise", "pointwise"]
@@ -352,7 +340,7 @@ def test_micro_batches_accumulate_the_gradient_of_the_whole_batch(
     grads = []
     for micro_batch in (3, 100):  # one question (3 pairs) per pass, then all 15 pairs at once
         config = RerankerTrainingConfig(negatives=2, micro_batch=micro_batch, loss=loss)
-        step = cast(OptimizerStep, _GradientsOnly(model))
+        step = cast(OptimizerStep, GradientsOnly(model))
         value = _step(step, tokenizer, reranker, batch, mined, config, precision)
         grads.append(
             (value, {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None})
