@@ -227,6 +227,9 @@ class GradientsOnly:
     def __init__(self, model: torch.nn.Module) -> None:
         self.model = model
 
+    def __call__(self, loss: torch.Tensor) -> None:
+        self.run(lambda scale: scale(loss).backward())
+
     def run(self, backward: Callable[[Callable[[torch.Tensor], torch.Tensor]], None]) -> None:
         self.model.zero_grad()
         backward(lambda loss: loss)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import cast
 
@@ -282,3 +283,13 @@ def test_gradient_caching_gives_the_gradient_of_the_whole_batch(
     assert len(cached) > 30 and set(cached) == set(grads)  # all but the unused pooler
     for name, grad in grads.items():
         torch.testing.assert_close(cached[name], grad, rtol=1e-4, atol=1e-6, msg=name)
+    if not dropout:  # --micro-batch 0: the whole batch in one pass, no caching
+        torch.manual_seed(0)
+        plain = replace(config, micro_batch=0)
+        whole = _infonce_step(
+            embed, examples, mined, plain, cast(OptimizerStep, GradientsOnly(model))
+        )
+        assert whole == pytest.approx(reference.item(), rel=1e-5)
+        for name, grad in model.named_parameters():
+            if grad.grad is not None:
+                torch.testing.assert_close(cached[name], grad.grad, rtol=1e-4, atol=1e-6)

@@ -91,7 +91,7 @@ class RerankerTrainingConfig:
     batch_size: int = 8  # questions per step; each brings 1 + negatives pairs (32 pairs)
     # Pairs per forward pass with gradients (whole questions, at least one): memory follows this,
     # not batch_size. The loss is a mean over questions, so the accumulated gradient is the
-    # batch's (exactly so without dropout).
+    # batch's (exactly so without dropout). 0 = the whole batch in one pass.
     micro_batch: int = 8
     # 1e-4 / 1e-3 instead of BERT's usual 4e-5: at 4e-5 the model could not even memorise 16
     # training groups in 40 steps (loss 2.07 -> 1.89); at 2e-4 it did in 20 (-> 0.03).
@@ -113,8 +113,8 @@ class RerankerTrainingConfig:
     name: str | None = None
 
     def __post_init__(self) -> None:
-        if self.micro_batch < 1:
-            raise ConfigError(f"--micro-batch must be at least 1, got {self.micro_batch}")
+        if self.micro_batch < 0:
+            raise ConfigError(f"--micro-batch must be 0 or more, got {self.micro_batch}")
 
 
 def load_base(source: str) -> tuple[Any, Any, bool]:
@@ -281,7 +281,10 @@ def _step(
 ) -> float:
     """One optimizer step over the batch, its gradient accumulated micro-batch by micro-batch
     (each part's mean loss weighted by its share of the questions). Returns the batch's loss."""
-    parts = micro_batches(batch, max(1, config.micro_batch // (1 + config.negatives)))
+    per_part = (
+        max(1, config.micro_batch // (1 + config.negatives)) if config.micro_batch else len(batch)
+    )
+    parts = micro_batches(batch, per_part)
     total = 0.0
 
     def backward(scale: Scale) -> None:
