@@ -2,10 +2,12 @@
 the ratio. Results go to `<out>/bench.json` and `<out>/bench.txt`.
 
 Usage:
-    python eval/bench.py [--out bench-out] [--only bm25 engine ingest query load] [--reranker DIR]
+    python eval/bench.py [--out bench-out] [--only bm25 engine ingest query load training]
+        [--reranker DIR]
 
-Needs ../shared/data (SQuAD and SciFact). Takes about 15 minutes on 2 CPU cores (the engine at
-100k chunks, with qdrant-client's local mode as its peer, is half of it).
+Needs ../shared/data (SQuAD and SciFact). Takes about 20 minutes on 2 CPU cores (the engine at
+100k chunks, with qdrant-client's local mode as its peer, is a third of it; training memory
+about 5).
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-BENCHES = ("bm25", "engine", "ingest", "query", "load")
+BENCHES = ("bm25", "engine", "ingest", "query", "load", "training")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -28,7 +30,7 @@ def main(argv: list[str] | None = None) -> int:
     results: dict[str, Any] = {"started": time.strftime("%Y-%m-%d %H:%M:%S")}
     report = _Report()
     results.update(_run_standalone(args, report))
-    if "query" in args.only or "load" in args.only:
+    if {"query", "load", "training"} & set(args.only):
         results.update(_run_on_squad(args, report))
     (args.out / "bench.json").write_text(json.dumps(results, indent=2), encoding="utf-8")
     (args.out / "bench.txt").write_text("\n".join(report.lines) + "\n", encoding="utf-8")
@@ -92,8 +94,8 @@ def _run_standalone(args: argparse.Namespace, report: _Report) -> dict[str, Any]
 
 
 def _run_on_squad(args: argparse.Namespace, report: _Report) -> dict[str, Any]:
-    """The query and load benchmarks, on the SQuAD collection under `<out>/data` (ingested on
-    the first run, reused after)."""
+    """The query, load and training benchmarks, on the SQuAD collection under `<out>/data`
+    (ingested on the first run, reused after)."""
     from rag_retriever.eval.bench_common import shared_path
     from rag_retriever.ingest.loaders import load_documents
     from rag_retriever.ingest.writer import ingest_documents
@@ -129,6 +131,13 @@ def _run_on_squad(args: argparse.Namespace, report: _Report) -> dict[str, Any]:
         )
         report.emit(bench_load.report(results["load"]))
     retriever.store.close()
+    if "training" in args.only:
+        from rag_retriever.eval import bench_training
+
+        results["training"] = bench_training.run(
+            args.out / "data", shared_path("squad_v11_dev", "questions_train.jsonl")
+        )
+        report.emit(bench_training.report(results["training"]))
     return results
 
 
