@@ -683,10 +683,13 @@ def _add_improve(sub: Any) -> None:
     p.add_argument(
         "--steps",
         default="embedder,fusion,reranker",
-        help="comma-separated steps to try, in this order (embedder,fusion,reranker)",
+        help="comma-separated steps to try; they run in the order embedder, fusion, reranker "
+        "(embedder,fusion,reranker)",
     )
     p.add_argument(
-        "--budget", type=_duration, help="time budget, e.g. 45m or 2h; the steps are sized to it"
+        "--budget",
+        type=_duration,
+        help="time budget of this invocation, e.g. 45m or 2h; the steps are sized to it",
     )
     p.add_argument(
         "--held-out", type=float, default=0.3, help="part judged on, split by document (0.3)"
@@ -706,7 +709,17 @@ def _add_improve(sub: Any) -> None:
     )
     p.add_argument("--json", action="store_true", help="print the final state as JSON")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
-    _setting_flags(p, *MODEL, *STORE)
+    # The models are the versions' own; these settings shape the run.
+    _setting_flags(
+        p,
+        "device",
+        "dtype",
+        "embed_batch_size",
+        "rerank_candidates",
+        "keep_versions",
+        "retention_grace_s",
+        *STORE,
+    )
     p.set_defaults(func=cmd_improve)
 
 
