@@ -48,3 +48,23 @@ def test_auto_precision_trains_in_bf16_on_a_gpu_that_has_it(
     assert training_precision("cuda", "fp16").describe() == "cuda/fp16"
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: False)
     assert training_precision("auto", "auto").describe() == "cuda/fp16"
+
+
+def test_peak_memory_sees_an_allocation_inside_the_block() -> None:
+    import sys
+    import time
+
+    import numpy as np
+
+    from rag_retriever.training.common import PeakMemory
+
+    if not sys.platform.startswith("linux"):
+        pytest.skip("reads /proc")
+    with PeakMemory(interval=0.01) as before:
+        time.sleep(0.05)
+    with PeakMemory(interval=0.01) as during:
+        block = np.ones(50_000_000)  # 400 MB, touched
+        time.sleep(0.1)
+        del block
+    assert before.mb is not None and during.mb is not None
+    assert during.mb > before.mb + 300

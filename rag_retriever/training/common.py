@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import json
 import logging
+import os
 import shutil
 import sys
+import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
@@ -120,19 +121,35 @@ def return_freed_memory() -> None:
         log.debug("mallopt unavailable; the allocator keeps its own policy")
 
 
-def reset_peak_rss() -> None:
-    """Start measuring the peak resident memory afresh (Linux; elsewhere a no-op)."""
-    with contextlib.suppress(OSError):
-        Path("/proc/self/clear_refs").write_text("5")
+class PeakMemory:
+    """The peak resident memory of this process while the `with` block runs, in MB (Linux;
+    `mb` stays None elsewhere), sampled every `interval` seconds by a thread. It does not reset
+    the kernel's high-water mark, so `/usr/bin/time` still sees the whole run's peak."""
 
+    def __init__(self, interval: float = 0.1) -> None:
+        self.interval = interval
+        self.mb: float | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
 
-def peak_rss_mb() -> float | None:
-    """Peak resident memory since the last reset, in MB (VmHWM; None where unknown)."""
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return round(int(line.split()[1]) / 1024, 1)
-    return None
+    def __enter__(self) -> PeakMemory:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _sample(self) -> None:
+        page_mb = os.sysconf("SC_PAGE_SIZE") / 2**20
+        while True:
+            try:
+                pages = int(Path("/proc/self/statm").read_text().split()[1])
+            except (OSError, ValueError):
+                return
+            self.mb = max(self.mb or 0.0, round(pages * page_mb, 1))
+            if self._stop.wait(self.interval):
+                return
 
 
 def micro_batches(items: Sequence[T], size: int) -> list[Sequence[T]]:

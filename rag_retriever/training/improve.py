@@ -48,7 +48,7 @@ from rag_retriever.reranker import CrossEncoderReranker
 from rag_retriever.retriever import RetrievalConfig, Retriever
 from rag_retriever.settings import Settings
 from rag_retriever.store import Store, open_store
-from rag_retriever.training.common import peak_rss_mb, reset_peak_rss, write_question_subset
+from rag_retriever.training.common import PeakMemory, write_question_subset
 from rag_retriever.training.embedder import EmbedderTrainingConfig, train_embedder
 from rag_retriever.training.fusion import split_by_document, tune_fusion
 from rag_retriever.training.reranker import RerankerTrainingConfig, train_reranker
@@ -146,10 +146,10 @@ class Improve:
             self.say(f"{name:<10} done in an earlier run (resumed): {done.get('summary', '')}")
             return
         self.say(f"{name:<10} ...")
-        reset_peak_rss()
         began = time.monotonic()
-        result = work()
-        result.update(time_s=round(time.monotonic() - began, 1), peak_rss_mb=peak_rss_mb())
+        with PeakMemory() as peak:
+            result = work()
+        result.update(time_s=round(time.monotonic() - began, 1), peak_rss_mb=peak.mb)
         self.state["results"][name] = result
         self._save()
         self.say(f"{name:<10} {result.get('summary', '')}")
