@@ -22,8 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from rag_retriever import __version__
-from rag_retriever.errors import GateRejected, RagError
-from rag_retriever.records import MODES, SearchFilter, SearchResult
+from rag_retriever.errors import ConfigError, GateRejected, RagError
+from rag_retriever.records import MODES, SearchFilter, SearchResult, check_alias
 from rag_retriever.settings import Settings, choices_of, env_name, flag_of, shown_default
 
 log = logging.getLogger("rag_retriever")
@@ -106,6 +106,12 @@ def cmd_ingest(args: argparse.Namespace) -> int:
     from rag_retriever.store import open_store
 
     settings = _settings(args)
+    try:
+        check_alias(settings.collection)
+    except ValueError as exc:
+        raise ConfigError(
+            f"{exc}; ingest writes a new version of an alias: name the alias"
+        ) from None
     # validated fully before anything is written
     corpus = load_documents(
         args.path, max_chars=settings.max_document_chars, follow_symlinks=args.follow_symlinks

@@ -46,6 +46,29 @@ def is_blank(text: str) -> bool:
     return _BLANK.fullmatch(text) is not None
 
 
+# One version of an alias: `<alias>__<model slug>__v<N>`, a plain file name.
+_VERSION_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,199}")
+_VERSION_TAIL = re.compile(r"[A-Za-z0-9._-]+__v[0-9]+")
+
+
+def check_collection(name: object) -> str:
+    """`name` if it is an alias (check_alias) or the name of one version of an alias.
+
+    >>> check_collection("docs__all-minilm-l6-v2-384__v3")
+    'docs__all-minilm-l6-v2-384__v3'
+    """
+    if isinstance(name, str) and "__" in name:
+        alias, _, tail = name.partition("__")
+        valid = ALIAS_PATTERN.fullmatch(alias) and _VERSION_TAIL.fullmatch(tail)
+        if valid and _VERSION_NAME.fullmatch(name):
+            return name
+        raise ValueError(
+            f"collection name {name!r} is not allowed: an alias (1-64 letters, digits, '.', '_' "
+            f"or '-', without '__') or a version name (ALIAS__MODEL__vN)"
+        )
+    return check_alias(name)
+
+
 def check_alias(name: object) -> str:
     """`name` if it is a valid collection name, else ValueError saying what is allowed.
 

@@ -25,7 +25,7 @@ from pydantic_settings import BaseSettings, NoDecode, PydanticBaseSettingsSource
 from pydantic_settings.sources import EnvSettingsSource
 
 from rag_retriever.errors import ConfigError
-from rag_retriever.records import check_alias
+from rag_retriever.records import check_collection
 
 Device = Literal["auto", "cpu", "cuda"]
 LogLevel = Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"]
@@ -196,7 +196,7 @@ class Settings(BaseSettings):
     @field_validator("collection", mode="after")
     @classmethod
     def _valid_alias(cls, value: str) -> str:
-        check_alias(value)
+        check_collection(value)
         return value
 
     @field_validator("qdrant_url", mode="after")

@@ -86,7 +86,9 @@ def test_bad_setting_is_a_one_line_error(
     assert "RAG_DENSE_TOP_N='lots' is invalid" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("name", ["../../victim", "/tmp/abs", "made/by/collection/x"])
+@pytest.mark.parametrize(
+    "name", ["../../victim", "/tmp/abs", "made/by/collection/x", "docs__model__v1"]
+)
 def test_traversing_collection_names_write_nothing(
     env: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], name: str
 ) -> None:

@@ -82,3 +82,11 @@ def test_the_configuration_doc_lists_the_declared_settings() -> None:
 
     doc = (Path(__file__).parents[1] / "docs" / "configuration.md").read_text(encoding="utf-8")
     assert markdown_table() in doc, "regenerate it: python -m rag_retriever.settings"
+
+
+def test_the_collection_setting_takes_an_alias_or_one_version_s_name() -> None:
+    version = "docs__all-minilm-l6-v2-384__v3"
+    assert Settings.from_env({"RAG_COLLECTION": version}).collection == version
+    for bad in ("docs__v3", "../x__m__v1", "docs__m__v", "a" * 65 + "__m__v1", "x__m/..__v1"):
+        with pytest.raises(ConfigError, match="RAG_COLLECTION"):
+            Settings.from_env({"RAG_COLLECTION": bad})
