@@ -105,6 +105,10 @@ def test_tiny_cross_encoder_learns_to_put_the_positive_first(
         val_fraction=0.0,
         depth=8,
         seed=0,
+        # The whole batch in one pass, the path this test was calibrated on: micro-batches give
+        # the same gradient (test_micro_batches_accumulate_the_gradient_of_the_whole_batch) but
+        # other dropout masks, and this small model's outcome is sensitive to them.
+        micro_batch=0,
     )
     qs, _ = load_questions(questions(tmp_path, retriever, copies=1))
     groups = mine_examples(retriever, qs, collection="kb", negatives=5, depth=8)
