@@ -7,7 +7,7 @@ Usage:
 
 Needs ../shared/data (SQuAD and SciFact). Takes about 20 minutes on 2 CPU cores (the engine at
 100k chunks, with qdrant-client's local mode as its peer, is a third of it; training memory
-about 5).
+about 7).
 """
 
 from __future__ import annotations

@@ -490,7 +490,7 @@ def _training_args(p: argparse.ArgumentParser) -> None:
         default=8,
         help="texts (embedder) or pairs (reranker) per forward pass with gradients; memory "
         "follows it, not --batch-size, and the gradient does not depend on it; 0 = the whole "
-        "batch at once, faster where memory allows (8)",
+        "batch at once, for a GPU with memory to spare (8)",
     )
     p.add_argument("--seed", type=int, default=0, help="seed of the split and shuffling (0)")
     p.add_argument("--overwrite", action="store_true", help="replace an existing --out directory")

@@ -157,7 +157,7 @@ def _infonce_step(
     embedded again, with gradients and the same dropout masks, and backpropagates its slice of
     the embeddings' gradient. The gradient is the full batch's (a test compares), while memory
     holds the activations of one micro-batch, however large the batch. `micro_batch=0`: the
-    whole batch in one pass (faster where memory allows, as on a GPU)."""
+    whole batch in one pass (for a GPU with memory to spare; on a 2-core CPU it was slower)."""
     rows = [ex.positive for ex in batch] + [
         r for ex in batch for r in ex.negatives[: config.hard_negatives]
     ]
