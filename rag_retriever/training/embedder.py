@@ -217,6 +217,37 @@ def validate(encoder: Encoder, mined: MinedSet, examples: list[Example]) -> dict
     }
 
 
+def _fit(
+    embed: _Embed,
+    train: list[Example],
+    mined: MinedSet,
+    config: EmbedderTrainingConfig,
+    progress: bool,
+) -> tuple[list[float], int]:
+    """The training loop: shuffled batches without a shared gold chunk, one InfoNCE step each.
+    Returns the per-step losses and the number of steps."""
+    model = embed.model
+    steps_per_epoch = sum(
+        1 for _ in batches_without_shared_gold(train, config.batch_size, config.seed)
+    )
+    total = steps_per_epoch * config.epochs
+    optimizer = torch.optim.AdamW(model.parameters(), lr=config.learning_rate, weight_decay=0.01)
+    step = OptimizerStep(
+        model, optimizer, warmup_linear(optimizer, total, config.warmup_fraction), embed.precision
+    )
+    model.train()
+    losses: list[float] = []
+    bar = tqdm(total=total, desc="train-embedder", unit="step", disable=not progress)
+    for epoch in range(config.epochs):
+        for batch in batches_without_shared_gold(train, config.batch_size, config.seed + epoch):
+            losses.append(_infonce_step(embed, batch, mined, config, step))
+            bar.update(1)
+            bar.set_postfix(loss=f"{np.mean(losses[-20:]):.3f}")
+    bar.close()
+    model.eval()
+    return losses, total
+
+
 def train_embedder(
     retriever: Retriever,
     questions_path: Path,
@@ -265,25 +296,7 @@ def train_embedder(
     model = base_with_new_prefixes.model
     tokenizer = base_with_new_prefixes.tokenizer
     embed = _Embed(model, tokenizer, profile, precision)
-
-    steps_per_epoch = sum(
-        1 for _ in batches_without_shared_gold(train, config.batch_size, config.seed)
-    )
-    total = steps_per_epoch * config.epochs
-    optimizer = torch.optim.AdamW(model.parameters(), lr=config.learning_rate, weight_decay=0.01)
-    step = OptimizerStep(
-        model, optimizer, warmup_linear(optimizer, total, config.warmup_fraction), precision
-    )
-    model.train()
-    losses: list[float] = []
-    bar = tqdm(total=total, desc="train-embedder", unit="step", disable=not progress)
-    for epoch in range(config.epochs):
-        for batch in batches_without_shared_gold(train, config.batch_size, config.seed + epoch):
-            losses.append(_infonce_step(embed, batch, mined, config, step))
-            bar.update(1)
-            bar.set_postfix(loss=f"{np.mean(losses[-20:]):.3f}")
-    bar.close()
-    model.eval()
+    losses, total = _fit(embed, train, mined, config, progress)
     with quiet_transformers():
         model.save_pretrained(out)
         tokenizer.save_pretrained(out)
