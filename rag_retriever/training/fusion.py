@@ -143,7 +143,7 @@ def tune_fusion(
     the held-out part (see the module docstring)."""
     opened = retriever.open_collection(collection, "hybrid")
     table = ChunkTable.load(retriever.store, opened.name)
-    usable = _usable_questions(questions, table, opened.name)
+    usable = usable_questions(questions, table, opened.name)
     train_q, held_q = split_by_document(usable, held_out_fraction, seed)
     cached = _first_stage_lists(retriever, opened.name, table, usable, progress)
     train = [cached[q.id] for q in train_q]
@@ -176,18 +176,23 @@ def tune_fusion(
     return report
 
 
-def _usable_questions(
-    questions: Sequence[Question], table: ChunkTable, name: str
+def usable_questions(
+    questions: Sequence[Question],
+    table: ChunkTable,
+    name: str,
+    *,
+    minimum: int = MIN_QUESTIONS,
+    job: str = "tuning",
 ) -> list[Question]:
     """The questions whose gold documents are all in the version and that have a gold chunk;
-    InvalidRequest when fewer than MIN_QUESTIONS are left."""
+    InvalidRequest when fewer than `minimum` are left (`job` names what needs them)."""
     usable = [
         q
         for q in questions
         if all(d in table.rows_of_doc for d in q.gold_doc_ids)
         and gold_items(q, table, table.rows_of_doc, "chunk")
     ]
-    if len(usable) < MIN_QUESTIONS:
+    if len(usable) < minimum:
         hint = (
             "label more questions"
             if len(usable) == len(questions)
@@ -195,7 +200,7 @@ def _usable_questions(
         )
         raise InvalidRequest(
             f"{len(usable)} of {len(questions)} questions have a gold chunk in {name}; "
-            f"tuning needs at least {MIN_QUESTIONS} ({hint})"
+            f"{job} needs at least {minimum} ({hint})"
         )
     return usable
 

@@ -38,8 +38,8 @@ from typing import Any
 
 from rag_retriever.chunk_table import ChunkTable
 from rag_retriever.encoder import Encoder, encoder_of_version
-from rag_retriever.errors import ConfigError, InvalidRequest
-from rag_retriever.eval.evaluation import EvalRun, evaluate, gold_items, primary_mode
+from rag_retriever.errors import ConfigError
+from rag_retriever.eval.evaluation import EvalRun, evaluate, primary_mode
 from rag_retriever.eval.questions import Question, file_sha256, load_questions
 from rag_retriever.ingest.versions import apply_retention, documents_of, point_alias
 from rag_retriever.ingest.writer import ingest_documents
@@ -50,7 +50,7 @@ from rag_retriever.settings import Settings
 from rag_retriever.store import Store, open_store
 from rag_retriever.training.common import PeakMemory, write_question_subset
 from rag_retriever.training.embedder import EmbedderTrainingConfig, train_embedder
-from rag_retriever.training.fusion import split_by_document, tune_fusion
+from rag_retriever.training.fusion import split_by_document, tune_fusion, usable_questions
 from rag_retriever.training.reranker import RerankerTrainingConfig, train_reranker
 
 log = logging.getLogger(__name__)
@@ -193,18 +193,11 @@ class Improve:
         """The training and held-out question files (split by document)."""
         questions, problems = load_questions(self.questions_path)
         table = ChunkTable.load(self.store, live)
-        usable = [
-            q
-            for q in questions
-            if all(d in table.rows_of_doc for d in q.gold_doc_ids)
-            and gold_items(q, table, table.rows_of_doc, "chunk")
-        ]
-        if len(usable) < MIN_TRAINING_QUESTIONS + 20:
-            raise InvalidRequest(
-                f"{len(usable)} of {len(questions)} questions have a gold chunk in {live} "
-                f"({len(problems)} invalid lines); improve needs at least "
-                f"{MIN_TRAINING_QUESTIONS + 20}"
-            )
+        usable = usable_questions(
+            questions, table, live, minimum=MIN_TRAINING_QUESTIONS + 20, job="improve"
+        )
+        if problems:
+            self.say(f"questions  {len(problems)} invalid lines of {self.questions_path} skipped")
         train, held = split_by_document(usable, self.options.held_out, self.options.seed)
         for part, subset in (("train", train), ("held_out", held)):
             write_question_subset(
