@@ -225,9 +225,10 @@ class Improve:
         if name not in self._retrievers:
             meta = self.store.metadata(name)
             encoder = encoder_of_version(meta, self.settings)
-            pinned = self.settings.replace(rerank_model=None)
+            # only the version's reranker (None pins "no reranker" when it names none)
+            source = (meta.get("reranker") or {}).get("source")
             reranker = CrossEncoderReranker.from_settings(
-                pinned.replace(rerank_model=(meta.get("reranker") or {}).get("source"))
+                self.settings.replace(rerank_model=source)
             )
             self._retrievers[name] = Retriever(
                 encoder=encoder,
