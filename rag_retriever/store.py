@@ -34,7 +34,7 @@ import threading
 import time
 import uuid
 from abc import ABC, abstractmethod
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final, Literal
@@ -193,7 +193,10 @@ class Store(ABC):
 
     @abstractmethod
     def search(self, name: str, queries: Sequence[StageQuery]) -> list[list[tuple[str, float]]]:
-        """(point id, score) of each query's best points, best first, in one engine call."""
+        """(point id, score) of each query's best points, best first, in one engine call.
+
+        Equal scores come in point id order: the engines order ties by internal offsets that
+        change from run to run, and a ranking (and what is mined from it) must not."""
 
     @abstractmethod
     def retrieve(self, name: str, ids: Sequence[str], *, with_dense: bool = False) -> list[Record]:
@@ -519,7 +522,7 @@ class EdgeStore(Store):
         if not requests:
             return []
         results = self._shard(name).query_batch(edge.QueryBatchRequest(requests))
-        return [[(str(p.id), float(p.score)) for p in points] for points in results]
+        return [_best_first(points) for points in results]
 
     def retrieve(self, name: str, ids: Sequence[str], *, with_dense: bool = False) -> list[Record]:
         if not ids:
@@ -715,7 +718,7 @@ class ServerStore(Store):
             return []
         with self._lock, _missing_as_not_found(name):
             responses = self.client.query_batch_points(name, requests=requests)
-        return [[(str(p.id), float(p.score)) for p in r.points] for r in responses]
+        return [_best_first(r.points) for r in responses]
 
     def retrieve(self, name: str, ids: Sequence[str], *, with_dense: bool = False) -> list[Record]:
         if not ids:
@@ -783,6 +786,11 @@ def _missing_as_not_found(name: str) -> Iterator[None]:
 def _check_lengths(*columns: Sequence[Any] | np.ndarray) -> None:
     if len({len(c) for c in columns}) != 1:
         raise ValueError("ids, vectors, sparse vectors and payloads must have the same length")
+
+
+def _best_first(points: Iterable[Any]) -> list[tuple[str, float]]:
+    """(id, score) pairs best first, equal scores in id order (see Store.search)."""
+    return sorted(((str(p.id), float(p.score)) for p in points), key=lambda p: (-p[1], p[0]))
 
 
 def _record(pid: Any, payload: Any, vector: Any, with_dense: bool) -> Record:

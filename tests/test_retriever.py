@@ -32,6 +32,7 @@ from rag_retriever.reranker import CrossEncoderReranker, PairScores, Scorer
 from rag_retriever.retriever import RetrievalConfig, Retriever
 from rag_retriever.settings import Settings
 from rag_retriever.store import EdgeStore, Store
+from tests.conftest import collection_retriever
 
 TOPICS = ["apples", "pears", "wine", "river", "mountain", "city", "king", "queen", "war", "peace"]
 DOCS = tuple(
@@ -88,6 +89,21 @@ def test_bm25_equals_rank_bm25_and_explains_matches(collection) -> None:
         assert set(h.matched_terms) <= {"wine", "city"} and h.matched_terms
         assert h.dense is None
     assert [h.bm25.rank for h in hits if h.bm25] == list(range(1, len(hits) + 1))
+
+
+@pytest.mark.parametrize("backend", ["edge", "server"])
+def test_equal_scores_come_in_chunk_id_order(
+    backend: str, store: Store, server_store: Store, tiny_encoder: Encoder
+) -> None:
+    # Every chunk has the same length and one "city": twelve equal BM25 scores, which the engine
+    # returned in a different order on every run (and mined training examples changed with it).
+    words = [w for w in TOPICS if w != "city"]
+    docs = [Document(f"d{i}", "Note", f"The {w} of the city.") for i, w in enumerate(words)]
+    on = {"edge": store, "server": server_store}[backend]
+    retriever = collection_retriever(docs, on, tiny_encoder)
+    hits = retriever.search("city", k=100, mode="bm25")
+    assert len(hits) == len(docs) and len({h.score for h in hits}) == 1
+    assert [h.chunk_id for h in hits] == sorted(h.chunk_id for h in hits)
 
 
 def test_hybrid_is_rrf_of_the_two_lists(collection) -> None:
