@@ -700,6 +700,12 @@ def _add_improve(sub: Any) -> None:
     p.add_argument(
         "--held-out", type=float, default=0.3, help="part judged on, split by document (0.3)"
     )
+    p.add_argument(
+        "--fusion-part",
+        type=float,
+        default=0.2,
+        help="part the fusion is fitted on, split by document; no model trains on it (0.2)",
+    )
     p.add_argument("--seed", type=int, default=0, help="seed of the split and training (0)")
     p.add_argument(
         "--max-regression",
@@ -752,6 +758,7 @@ def cmd_improve(args: argparse.Namespace) -> int:
         steps=tuple(s.strip() for s in args.steps.split(",") if s.strip()),
         budget_s=args.budget,
         held_out=args.held_out,
+        fusion_part=args.fusion_part,
         seed=args.seed,
         max_regression=args.max_regression,
         progress=not args.no_progress,

@@ -107,3 +107,17 @@ def test_a_helpful_fusion_is_promoted_and_a_run_resumes(
     # a reranker is named by the version only when it helped
     assert ("reranker" in meta) == reranker["kept"]
     assert "baseline" in out and "gate" in out  # the before -> after table
+    # three parts, no gold document in two; the fusion was fitted on questions the new
+    # embedder never trained on
+    docs = {
+        part: {
+            json.loads(line)["gold_doc_ids"][0]
+            for line in (env / "improve" / "kb" / f"questions_{part}.jsonl").open()
+        }
+        for part in ("train", "fusion", "held_out")
+    }
+    assert all(docs.values())
+    assert not (docs["train"] & docs["fusion"] or docs["train"] & docs["held_out"])
+    assert not docs["fusion"] & docs["held_out"]
+    embedder_kept = state["results"]["embedder"]["kept"]
+    assert fusion["fitted_on"].endswith("(fusion part)" if embedder_kept else "fusion parts)")
