@@ -9,15 +9,20 @@ import os
 import shutil
 import sys
 import threading
-from collections.abc import Callable, Sequence
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any, TypeVar
 
+import numpy as np
 import torch
 
 from rag_retriever.device import Precision, choose_precision
+from rag_retriever.encoder import quiet_transformers
 from rag_retriever.errors import ConfigError
 from rag_retriever.eval.metrics import paired_bootstrap_ci
+from rag_retriever.eval.questions import Question, file_sha256, load_questions
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)
@@ -32,6 +37,26 @@ def prepare_output(out: Path, overwrite: bool) -> None:
             )
         shutil.rmtree(out)
     out.mkdir(parents=True, exist_ok=True)
+
+
+def start_training(
+    questions_path: Path, out: Path, *, overwrite: bool, max_questions: int | None
+) -> tuple[list[Question], list[str]]:
+    """How both trainers start: freed memory handed back to the system, an empty output
+    directory, and the questions (the first `max_questions`) with the input's problems."""
+    return_freed_memory()
+    prepare_output(out, overwrite)
+    questions, problems = load_questions(questions_path)
+    if max_questions is not None:
+        questions = questions[:max_questions]
+    return questions, problems
+
+
+def save_model(model: Any, tokenizer: Any, out: Path) -> None:
+    """A Hugging Face model and its tokenizer, saved into `out` without transformers' chatter."""
+    with quiet_transformers():
+        model.save_pretrained(out)
+        tokenizer.save_pretrained(out)
 
 
 def warmup_linear(
@@ -175,6 +200,64 @@ def write_question_subset(questions_path: Path, ids: set[str], out: Path) -> int
 
 def write_metadata(out: Path, filename: str, data: dict[str, Any]) -> None:
     (out / filename).write_text(json.dumps(data, indent=2, default=str) + "\n", encoding="utf-8")
+
+
+METADATA_FILE = "rag_training.json"
+
+
+def write_training_record(
+    out: Path,
+    kind: str,
+    *,
+    questions_path: Path,
+    config: Any,
+    precision: Precision,
+    split: tuple[Sequence[Any], Sequence[Any]],
+    skipped: Mapping[str, int],
+    problems: Sequence[str],
+    steps: int,
+    losses: Sequence[float],
+    judged: tuple[dict[str, float], dict[str, float], list[float] | None],
+    started: float,
+    **specific: Any,
+) -> dict[str, Any]:
+    """The metadata both trainers write beside their model: what it was trained on and how
+    (`config`, a dataclass), and how it validated (`judged`, from `judged_validation`);
+    `specific` holds each trainer's own keys. Written into `out` with the validation questions
+    (METADATA_FILE, VALIDATION_FILE), and returned."""
+    train, val = split
+    before, after, interval = judged
+    ids = {ex.question_id for ex in val}
+    write_question_subset(questions_path, ids, out / VALIDATION_FILE)
+    record = {
+        "kind": kind,
+        **specific,
+        "questions_file": str(questions_path),
+        "questions_sha256": file_sha256(questions_path),
+        "parameters": asdict(config),
+        "device": precision.describe(),
+        "examples": {
+            "train": len(train),
+            "validation": len(val),
+            "skipped": dict(skipped),
+            "input_problems": len(problems),
+        },
+        "steps": steps,
+        "loss_first_20": float(np.mean(losses[:20])),
+        "loss_last_20": float(np.mean(losses[-20:])),
+        "loss_curve": [
+            round(float(np.mean(losses[i : i + 20])), 4) for i in range(0, len(losses), 20)
+        ],
+        "validation_questions": VALIDATION_FILE,
+        "validation_before": before,
+        "validation_after": after,
+        # 95% paired-bootstrap interval of the MRR@10 gain over what the model would replace
+        # (None: not validated)
+        "mrr10_gain_ci95": interval,
+        "time_s": round(time.perf_counter() - started, 1),
+    }
+    write_metadata(out, METADATA_FILE, record)
+    return record
 
 
 def judged_validation(

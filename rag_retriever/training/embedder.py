@@ -25,7 +25,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -34,24 +34,21 @@ import torch
 from tqdm.auto import tqdm
 
 from rag_retriever.device import Precision
-from rag_retriever.encoder import Encoder, embed_batch, quiet_transformers
+from rag_retriever.encoder import Encoder, embed_batch
 from rag_retriever.errors import ConfigError
 from rag_retriever.eval.metrics import mrr_at_k, recall_at_k
-from rag_retriever.eval.questions import file_sha256, load_questions
 from rag_retriever.profiles import ModelProfile, ResolvedModel, write_profile_file
 from rag_retriever.retriever import Retriever
 from rag_retriever.training.common import (
-    VALIDATION_FILE,
     OptimizerStep,
     Scale,
     judged_validation,
     micro_batches,
-    prepare_output,
-    return_freed_memory,
+    save_model,
+    start_training,
     training_precision,
     warmup_linear,
-    write_metadata,
-    write_question_subset,
+    write_training_record,
 )
 from rag_retriever.training.mining import (
     Example,
@@ -62,8 +59,6 @@ from rag_retriever.training.mining import (
 )
 
 log = logging.getLogger(__name__)
-
-METADATA_FILE = "rag_training.json"
 
 
 @dataclass(frozen=True)
@@ -248,6 +243,19 @@ def _fit(
     return losses, total
 
 
+def _profile(
+    base: ResolvedModel, config: EmbedderTrainingConfig, collection: str, max_seq_length: int
+) -> ModelProfile:
+    """The fine-tuned model's profile: the base's pooling, the configured prefixes."""
+    return ModelProfile(
+        name=config.name or f"{base.profile.name.split('/')[-1]}-ft-{collection}",
+        query_prefix=config.query_prefix,
+        passage_prefix=config.passage_prefix,
+        pooling=base.profile.pooling,
+        max_seq_length=max_seq_length,
+    )
+
+
 def train_embedder(
     retriever: Retriever,
     questions_path: Path,
@@ -262,11 +270,9 @@ def train_embedder(
     progress: bool = True,
 ) -> dict[str, Any]:
     started = time.perf_counter()
-    return_freed_memory()
-    prepare_output(out, overwrite)
-    questions, problems = load_questions(questions_path)
-    if config.max_questions is not None:
-        questions = questions[: config.max_questions]
+    questions, problems = start_training(
+        questions_path, out, overwrite=overwrite, max_questions=config.max_questions
+    )
     mined = mine_examples(
         retriever,
         questions,
@@ -280,13 +286,7 @@ def train_embedder(
             f"only {len(train)} usable training questions (skipped: {mined.skipped}, input problems: "
             f"{len(problems)}); need at least one batch of {config.batch_size}"
         )
-    profile = ModelProfile(
-        name=config.name or f"{base.profile.name.split('/')[-1]}-ft-{collection}",
-        query_prefix=config.query_prefix,
-        passage_prefix=config.passage_prefix,
-        pooling=base.profile.pooling,
-        max_seq_length=retriever.encoder.max_seq_length,
-    )
+    profile = _profile(base, config, collection, retriever.encoder.max_seq_length)
     precision = training_precision(device, dtype)
     torch.manual_seed(config.seed)  # dropout
     base_with_new_prefixes = Encoder.load(
@@ -297,43 +297,26 @@ def train_embedder(
     tokenizer = base_with_new_prefixes.tokenizer
     embed = _Embed(model, tokenizer, profile, precision)
     losses, total = _fit(embed, train, mined, config, progress)
-    with quiet_transformers():
-        model.save_pretrained(out)
-        tokenizer.save_pretrained(out)
+    save_model(model, tokenizer, out)
     write_profile_file(out, profile)
-    write_question_subset(questions_path, {ex.question_id for ex in val}, out / VALIDATION_FILE)
     trained = Encoder.load(str(out), device=device, dtype=dtype)
     after = validate(trained, mined, val)
-    before, after, interval = judged_validation(
-        before, after, new=after.get("rr@10"), old=before.get("rr@10")
+    return write_training_record(
+        out,
+        "embedder",
+        questions_path=questions_path,
+        config=config,
+        precision=precision,
+        split=(train, val),
+        skipped=mined.skipped,
+        problems=problems,
+        steps=total,
+        losses=losses,
+        judged=judged_validation(before, after, new=after.get("rr@10"), old=before.get("rr@10")),
+        started=started,
+        base_model=base.source,
+        base_profile=base.profile.to_json(),
+        profile=profile.to_json(),
+        fingerprint=trained.fingerprint.to_json(),
+        collection=mined.collection,
     )
-    metadata = {
-        "kind": "embedder",
-        "base_model": base.source,
-        "base_profile": base.profile.to_json(),
-        "profile": profile.to_json(),
-        "fingerprint": trained.fingerprint.to_json(),
-        "collection": mined.collection,
-        "questions_file": str(questions_path),
-        "questions_sha256": file_sha256(questions_path),
-        "parameters": asdict(config),
-        "device": precision.describe(),
-        "examples": {
-            "train": len(train),
-            "validation": len(val),
-            "skipped": mined.skipped,
-            "input_problems": len(problems),
-        },
-        "steps": total,
-        "loss_first_20": float(np.mean(losses[:20])),
-        "loss_last_20": float(np.mean(losses[-20:])),
-        "validation_questions": VALIDATION_FILE,
-        "validation_before": before,
-        "validation_after": after,
-        # 95% paired-bootstrap interval of the MRR@10 gain over the base model (None: no
-        # held-out questions)
-        "mrr10_gain_ci95": interval,
-        "time_s": round(time.perf_counter() - started, 1),
-    }
-    write_metadata(out, METADATA_FILE, metadata)
-    return metadata

@@ -34,7 +34,8 @@ from __future__ import annotations
 import json
 import logging
 import time
-from dataclasses import asdict, dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -47,29 +48,25 @@ from rag_retriever.device import Precision
 from rag_retriever.encoder import quiet_transformers
 from rag_retriever.errors import ConfigError
 from rag_retriever.eval.metrics import mrr_at_k, recall_at_k
-from rag_retriever.eval.questions import file_sha256, load_questions
 from rag_retriever.fusion import rrf
 from rag_retriever.profiles import resolve_model
 from rag_retriever.reranker import CrossEncoderReranker
 from rag_retriever.retriever import Retriever
 from rag_retriever.training.common import (
-    VALIDATION_FILE,
     OptimizerStep,
     Scale,
     judged_validation,
     micro_batches,
-    prepare_output,
-    return_freed_memory,
+    save_model,
+    start_training,
     training_precision,
     warmup_linear,
-    write_metadata,
-    write_question_subset,
+    write_training_record,
 )
 from rag_retriever.training.mining import Example, MinedSet, mine_examples, split_examples
 
 log = logging.getLogger(__name__)
 
-METADATA_FILE = "rag_training.json"
 NAME_FILE = "rag_reranker.json"
 MIN_TRAIN_QUESTIONS = 8
 # Weight names of the classification head of transformers' sequence classifiers (BERT-style
@@ -329,6 +326,34 @@ def _batch_loss(
     return torch.nn.functional.binary_cross_entropy_with_logits(logits, labels)
 
 
+def _split(
+    mined: MinedSet, config: RerankerTrainingConfig, problems: Sequence[str]
+) -> tuple[list[Example], list[Example], dict[str, int]]:
+    """The training and validation examples (those whose gold chunk is among the candidates:
+    a reranker cannot learn from the others), and the skipped counts."""
+    usable = [ex for ex in mined.examples if ex.positive_retrieved]
+    skipped = dict(mined.skipped)
+    skipped["gold_not_among_candidates"] = len(mined.examples) - len(usable)
+    train, val = split_examples(usable, config.val_fraction, config.seed)
+    if len(train) < max(MIN_TRAIN_QUESTIONS, config.batch_size):
+        raise ConfigError(
+            f"only {len(train)} usable training questions (skipped: {skipped}, input problems: "
+            f"{len(problems)}); the reranker needs questions whose gold chunk is among the top "
+            f"{config.depth} hybrid candidates"
+        )
+    return train, val, skipped
+
+
+def _save(model: transformers.PreTrainedModel, tokenizer: Any, out: Path, name: str) -> None:
+    """The trained model as `CrossEncoderReranker.load` reads it (every layer trainable again,
+    for whoever fine-tunes it next), with its name."""
+    model.eval()
+    for p in model.parameters():
+        p.requires_grad = True
+    save_model(model, tokenizer, out)
+    (out / NAME_FILE).write_text(json.dumps({"name": name}) + "\n", encoding="utf-8")
+
+
 def train_reranker(
     retriever: Retriever,
     questions_path: Path,
@@ -343,11 +368,9 @@ def train_reranker(
     progress: bool = True,
 ) -> dict[str, Any]:
     started = time.perf_counter()
-    return_freed_memory()
-    prepare_output(out, overwrite)
-    questions, problems = load_questions(questions_path)
-    if config.max_questions is not None:
-        questions = questions[: config.max_questions]
+    questions, problems = start_training(
+        questions_path, out, overwrite=overwrite, max_questions=config.max_questions
+    )
     mined = mine_examples(
         retriever,
         questions,
@@ -356,16 +379,7 @@ def train_reranker(
         depth=config.depth,
         progress=progress,
     )
-    usable = [ex for ex in mined.examples if ex.positive_retrieved]
-    skipped = dict(mined.skipped)
-    skipped["gold_not_among_candidates"] = len(mined.examples) - len(usable)
-    train, val = split_examples(usable, config.val_fraction, config.seed)
-    if len(train) < max(MIN_TRAIN_QUESTIONS, config.batch_size):
-        raise ConfigError(
-            f"only {len(train)} usable training questions (skipped: {skipped}, input problems: "
-            f"{len(problems)}); the reranker needs questions whose gold chunk is among the top "
-            f"{config.depth} hybrid candidates"
-        )
+    train, val, skipped = _split(mined, config, problems)
     source = resolve_model(base).source if not Path(base).is_dir() else base
     torch.manual_seed(config.seed)  # the head initialisation and dropout
     model, tokenizer, fresh_head = load_base(source)
@@ -378,55 +392,33 @@ def train_reranker(
     before = validate(None if fresh_head else reranker, mined, val)
     _freeze(model, config.freeze_layers)
     losses, total = _fit(model, tokenizer, reranker, train, mined, config, precision, progress)
-    group = 1 + config.negatives
-    model.eval()
-    for p in model.parameters():
-        p.requires_grad = True
-    with quiet_transformers():
-        model.save_pretrained(out)
-        tokenizer.save_pretrained(out)
     name = config.name or f"reranker-{mined.collection}"
-    (out / NAME_FILE).write_text(json.dumps({"name": name}) + "\n", encoding="utf-8")
+    _save(model, tokenizer, out, name)
     trained = CrossEncoderReranker.load(
         out, device=device, dtype=dtype, max_length=config.max_length
     )
     after = validate(trained, mined, val)
-    before, after, interval = judged_validation(
-        before, after, new=after.get("rerank+hybrid rr@10"), old=after.get("hybrid rr@10")
+    return write_training_record(
+        out,
+        "reranker",
+        questions_path=questions_path,
+        config=config,
+        precision=precision,
+        split=(train, val),
+        skipped=skipped,
+        problems=problems,
+        steps=total,
+        losses=losses,
+        # the gain is over hybrid without a reranker, what this model would change
+        judged=judged_validation(
+            before, after, new=after.get("rerank+hybrid rr@10"), old=after.get("hybrid rr@10")
+        ),
+        started=started,
+        name=name,
+        base_model=source,
+        collection=mined.collection,
+        collection_fingerprint=retriever.store.metadata(mined.collection).get("fingerprint") or {},
+        fresh_head=fresh_head,
+        pooler_reset_to_identity=pooler_reset,
+        pairs_per_step=config.batch_size * (1 + config.negatives),
     )
-    write_question_subset(questions_path, {ex.question_id for ex in val}, out / VALIDATION_FILE)
-    fingerprint = retriever.store.metadata(mined.collection).get("fingerprint") or {}
-    metadata = {
-        "kind": "reranker",
-        "name": name,
-        "base_model": source,
-        "collection": mined.collection,
-        "collection_fingerprint": fingerprint,
-        "questions_file": str(questions_path),
-        "questions_sha256": file_sha256(questions_path),
-        "parameters": asdict(config),
-        "device": precision.describe(),
-        "fresh_head": fresh_head,
-        "pooler_reset_to_identity": pooler_reset,
-        "examples": {
-            "train": len(train),
-            "validation": len(val),
-            "skipped": skipped,
-            "input_problems": len(problems),
-        },
-        "steps": total,
-        "pairs_per_step": config.batch_size * group,
-        "loss_first_20": float(np.mean(losses[:20])),
-        "loss_last_20": float(np.mean(losses[-20:])),
-        "loss_curve": [
-            round(float(np.mean(losses[i : i + 20])), 4) for i in range(0, len(losses), 20)
-        ],
-        "validation_questions": VALIDATION_FILE,
-        "validation_before": before,
-        "validation_after": after,
-        # 95% paired-bootstrap interval of the MRR@10 gain over hybrid (None: not validated)
-        "mrr10_gain_ci95": interval,
-        "time_s": round(time.perf_counter() - started, 1),
-    }
-    write_metadata(out, METADATA_FILE, metadata)
-    return metadata
