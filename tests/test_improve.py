@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from rag_retriever.cli import main
+from rag_retriever.settings import Settings
 from rag_retriever.store import EdgeStore
 from rag_retriever.training import improve
 from tests.conftest import write_jsonl
@@ -121,3 +122,28 @@ def test_a_helpful_fusion_is_promoted_and_a_run_resumes(
     assert not docs["fusion"] & docs["held_out"]
     embedder_kept = state["results"]["embedder"]["kept"]
     assert fusion["fitted_on"].endswith("(fusion part)" if embedder_kept else "fusion parts)")
+
+
+@pytest.mark.parametrize(("fusion_part", "fitted_on"), [(0.2, "fusion part"), (0.05, "fewer than")])
+def test_a_new_embedder_s_fusion_is_fitted_on_questions_it_never_trained_on(
+    env: Path, tmp_path: Path, fusion_part: float, fitted_on: str
+) -> None:
+    _ingest(tmp_path)
+    run = improve.Improve(
+        Settings.from_env(collection="kb"),
+        _questions(tmp_path, filler=True),
+        work_dir=tmp_path / "work",
+        options=improve.ImproveOptions(fusion_part=fusion_part, progress=False),
+        say=lambda line: None,
+    )
+    run._start()
+    split = run.state["split"]
+    assert sum(split.values()) == 120 and split["fusion"] >= 3  # whole documents of 3
+    run.state["results"]["embedder"] = {"kept": True}
+    questions, which = run._fusion_questions()
+    assert fitted_on in which
+    # the fusion part alone when it is big enough to fit on, else with the training part
+    expected = split["fusion"] if fitted_on == "fusion part" else split["fusion"] + split["train"]
+    assert len(questions) == expected
+    run.state["results"]["embedder"] = {"kept": False}  # the live model saw none of them
+    assert len(run._fusion_questions()[0]) == split["fusion"] + split["train"]

@@ -43,7 +43,7 @@ from typing import Any
 
 from rag_retriever.chunk_table import ChunkTable
 from rag_retriever.encoder import Encoder, encoder_of_version
-from rag_retriever.errors import ConfigError, InvalidRequest
+from rag_retriever.errors import ConfigError
 from rag_retriever.eval.evaluation import EvalRun, evaluate, primary_mode
 from rag_retriever.eval.questions import Question, file_sha256, load_questions
 from rag_retriever.ingest.versions import apply_retention, documents_of, point_alias
@@ -410,10 +410,10 @@ class Improve:
         new_embedder = (self.state["results"].get("embedder") or {}).get("kept")
         if not new_embedder:
             return self._questions("train") + fusion, "training and fusion parts"
-        if len(fusion) < MIN_QUESTIONS:
-            raise InvalidRequest(
-                f"the fusion part has {len(fusion)} questions, fewer than the {MIN_QUESTIONS} "
-                "fitting needs (raise --fusion-part or label more questions)"
+        if len(fusion) < MIN_QUESTIONS:  # too few to fit on: the biased fit beats none
+            return self._questions("train") + fusion, (
+                f"training and fusion parts: the fusion part alone has {len(fusion)}, fewer "
+                f"than {MIN_QUESTIONS}; raise --fusion-part or label more questions"
             )
         return fusion, "fusion part"
 
