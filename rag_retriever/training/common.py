@@ -10,13 +10,14 @@ import shutil
 import sys
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any, TypeVar
 
 import numpy as np
 import torch
+from tqdm.auto import tqdm
 
 from rag_retriever.device import Precision, choose_precision
 from rag_retriever.encoder import quiet_transformers
@@ -175,6 +176,31 @@ class PeakMemory:
             self.mb = max(self.mb or 0.0, round(pages * page_mb, 1))
             if self._stop.wait(self.interval):
                 return
+
+
+def run_steps(
+    model: torch.nn.Module,
+    epochs: Iterable[Iterable[T]],
+    step: Callable[[T], float],
+    *,
+    total: int,
+    desc: str,
+    progress: bool,
+) -> list[float]:
+    """The training loop both trainers run: `step` on each batch of each epoch, the model in
+    training mode meanwhile (eval mode after), a progress bar of `total` steps showing the mean
+    loss of the last 20. Returns each step's loss."""
+    model.train()
+    losses: list[float] = []
+    bar = tqdm(total=total, desc=desc, unit="step", disable=not progress)
+    for batches in epochs:
+        for batch in batches:
+            losses.append(step(batch))
+            bar.update(1)
+            bar.set_postfix(loss=f"{np.mean(losses[-20:]):.3f}")
+    bar.close()
+    model.eval()
+    return losses
 
 
 def micro_batches(items: Sequence[T], size: int) -> list[Sequence[T]]:

@@ -31,7 +31,6 @@ from typing import Any
 
 import numpy as np
 import torch
-from tqdm.auto import tqdm
 
 from rag_retriever.device import Precision
 from rag_retriever.encoder import Encoder, embed_batch
@@ -44,6 +43,7 @@ from rag_retriever.training.common import (
     Scale,
     judged_validation,
     micro_batches,
+    run_steps,
     save_model,
     start_training,
     training_precision,
@@ -230,16 +230,18 @@ def _fit(
     step = OptimizerStep(
         model, optimizer, warmup_linear(optimizer, total, config.warmup_fraction), embed.precision
     )
-    model.train()
-    losses: list[float] = []
-    bar = tqdm(total=total, desc="train-embedder", unit="step", disable=not progress)
-    for epoch in range(config.epochs):
-        for batch in batches_without_shared_gold(train, config.batch_size, config.seed + epoch):
-            losses.append(_infonce_step(embed, batch, mined, config, step))
-            bar.update(1)
-            bar.set_postfix(loss=f"{np.mean(losses[-20:]):.3f}")
-    bar.close()
-    model.eval()
+    epochs = (
+        batches_without_shared_gold(train, config.batch_size, config.seed + epoch)
+        for epoch in range(config.epochs)
+    )
+    losses = run_steps(
+        model,
+        epochs,
+        lambda batch: _infonce_step(embed, batch, mined, config, step),
+        total=total,
+        desc="train-embedder",
+        progress=progress,
+    )
     return losses, total
 
 

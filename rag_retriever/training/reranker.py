@@ -34,7 +34,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -42,7 +42,6 @@ from typing import Any, Literal
 import numpy as np
 import torch
 import transformers
-from tqdm.auto import tqdm
 
 from rag_retriever.device import Precision
 from rag_retriever.encoder import quiet_transformers
@@ -57,6 +56,7 @@ from rag_retriever.training.common import (
     Scale,
     judged_validation,
     micro_batches,
+    run_steps,
     save_model,
     start_training,
     training_precision,
@@ -251,20 +251,26 @@ def _fit(
     step = OptimizerStep(
         model, optimizer, warmup_linear(optimizer, total, config.warmup_fraction), precision
     )
-    model.train()
-    losses: list[float] = []
+    losses = run_steps(
+        model,
+        _epochs(train, config),
+        lambda batch: _step(step, tokenizer, reranker, batch, mined, config, precision),
+        total=total,
+        desc="train-reranker",
+        progress=progress,
+    )
+    return losses, total
+
+
+def _epochs(train: list[Example], config: RerankerTrainingConfig) -> Iterator[list[list[Example]]]:
+    """Each epoch's batches: the training examples in a new seeded order, cut into batches."""
     rng = np.random.default_rng(config.seed)
-    bar = tqdm(total=total, desc="train-reranker", unit="step", disable=not progress)
     for _ in range(config.epochs):
         order = rng.permutation(len(train))
-        for start in range(0, len(train), config.batch_size):
-            batch = [train[i] for i in order[start : start + config.batch_size]]
-            losses.append(_step(step, tokenizer, reranker, batch, mined, config, precision))
-            bar.update(1)
-            bar.set_postfix(loss=f"{np.mean(losses[-20:]):.3f}")
-    bar.close()
-    model.eval()
-    return losses, total
+        yield [
+            [train[i] for i in order[start : start + config.batch_size]]
+            for start in range(0, len(train), config.batch_size)
+        ]
 
 
 def _step(
