@@ -19,6 +19,7 @@ from rank_bm25 import BM25Okapi
 from rag_retriever.bm25 import BM25Model, Tokenizer
 from rag_retriever.eval.bench_common import percentile, read_jsonl, real_sentences, shared_path
 from rag_retriever.store import SPARSE, EdgeStore, StageQuery
+from rag_retriever.store.record import bare_record
 
 BATCH = 1024
 
@@ -60,7 +61,7 @@ def _compare(root: Path, corpus: list[list[str]], queries: list[list[str]]) -> d
     t0 = time.perf_counter()
     model = BM25Model.build(corpus)
     store = EdgeStore(root)
-    store.create("bm25__bench__v1", 1, {"status": "building"})
+    store.create("bm25__bench__v1", 1, bare_record("bm25__bench__v1", dim=1, bm25=model.stats))
     ids = [f"00000000-0000-0000-0000-{i:012d}" for i in range(n)]
     for start in range(0, n, BATCH):
         part = corpus[start : start + BATCH]

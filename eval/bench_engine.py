@@ -33,6 +33,7 @@ from rag_retriever.eval.bench_bm25 import synthetic_chunks
 from rag_retriever.eval.bench_common import percentile, read_jsonl, real_sentences, shared_path
 from rag_retriever.records import SearchFilter
 from rag_retriever.store import DENSE, SPARSE, EdgeStore, ServerStore, StageQuery, Store
+from rag_retriever.store.record import bare_record
 
 DIM = 384
 BATCH = 512
@@ -65,7 +66,8 @@ def build(engine: str, root: Path, n: int, seed: int = 0) -> dict[str, Any]:
     stats_s = time.perf_counter() - t0
     rng = np.random.default_rng(seed)
     store = _open(engine, root)
-    store.create(NAME, DIM, {"status": "building", "bm25": model.to_json(), "chunks": n})
+    store.create(NAME, DIM, bare_record(NAME, dim=DIM, bm25=model.stats))
+    store.put_doc_freqs(NAME, model.doc_freqs)
     t0 = time.perf_counter()
     for start in range(0, n, BATCH):
         part = texts[start : start + BATCH]
@@ -105,7 +107,7 @@ def serve_probe(engine: str, root: Path) -> dict[str, Any]:
     rng = np.random.default_rng(1)
     t0 = time.perf_counter()
     store = _open(engine, root)
-    model = BM25Model.from_json(store.metadata(NAME)["bm25"])
+    model = BM25Model(store.record(NAME).bm25, store.doc_freqs(NAME))
     store.count(NAME)  # opens the shard (Edge) / loads the collection (local mode)
     reopen_s = time.perf_counter() - t0
     queries = _queries(N_QUERIES[engine])

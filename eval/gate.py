@@ -154,10 +154,10 @@ class _RecallGate:
     def _retriever_for(self, collection: str) -> Retriever:
         """A retriever of `collection` with the model that embedded it (loaded when it is not
         the ingest's own encoder)."""
-        fingerprint = self.store.metadata(collection).get("fingerprint") or {}
+        record = self.store.record(collection)
         model = self.encoder
-        if fingerprint.get("id") != self.encoder.fingerprint.id:
-            model = encoder_of_version(self.store.metadata(collection), self.settings)
+        if record.fingerprint.id != self.encoder.fingerprint.id:
+            model = encoder_of_version(record, self.settings)
         return Retriever(
             encoder=model,
             store=self.store,

@@ -25,7 +25,7 @@ from __future__ import annotations
 import json
 import re
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from html.parser import HTMLParser
 from pathlib import Path
@@ -86,6 +86,26 @@ def invalid_unicode(text: str) -> int | None:
     return None
 
 
+def validate_documents(
+    documents: Sequence[Document], *, source: str, max_chars: int = MAX_DOCUMENT_CHARS
+) -> None:
+    """The checks a loaded file gets, for documents given in code or over HTTP: raise
+    DocumentError listing every problem (with the document's position), nothing else done."""
+    problems: list[str] = []
+    ids: list[tuple[str, str]] = []
+    for i, doc in enumerate(documents):
+        where = f"{source}[{i}]"
+        if not doc.id.strip():
+            problems.append(f"{where}: field 'id' is empty")
+            continue
+        if not doc.text.strip():
+            problems.append(f"{where}: document {doc.id!r} has no text (to remove it, delete it)")
+        problems.extend(_text_problems(doc, where, max_chars))
+        ids.append((doc.id, where))
+    problems.extend(_duplicate_problems(ids))
+    _raise_if_problems(problems, source)
+
+
 def _text_problems(doc: Document, where: str, max_chars: int) -> list[str]:
     problems = []
     for name, value in (("id", doc.id), ("title", doc.title), ("text", doc.text)):
@@ -108,7 +128,7 @@ def _text_problems(doc: Document, where: str, max_chars: int) -> list[str]:
     return problems
 
 
-def _raise_if_problems(problems: list[str], source: Path) -> None:
+def _raise_if_problems(problems: list[str], source: Path | str) -> None:
     if not problems:
         return
     shown = problems[:MAX_REPORTED_PROBLEMS]
@@ -342,3 +362,43 @@ def _load_directory(root: Path, *, max_chars: int, follow_symlinks: bool) -> Loa
 
 def _describe(counts: Mapping[str, int]) -> str:
     return ", ".join(f"{n} {kind}" for kind, n in sorted(counts.items()))
+
+
+def read_upserts(paths: Sequence[Path], *, max_chars: int = MAX_DOCUMENT_CHARS) -> list[Document]:
+    """The documents of every `--upsert` path (each a .jsonl or a folder, as `load_documents`),
+    all read and checked first: DocumentError lists the problems of every path, and an id that
+    two paths both hold."""
+    documents: list[Document] = []
+    problems: list[str] = []
+    where: list[tuple[str, str]] = []
+    for path in paths:
+        try:
+            corpus = load_documents(path, max_chars=max_chars)
+        except DocumentError as exc:
+            problems.append(str(exc))
+            continue
+        documents.extend(corpus.documents)
+        where.extend((d.id, str(path)) for d in corpus.documents)
+    problems.extend(_duplicate_problems(where))
+    if problems:
+        raise DocumentError("nothing was written:\n" + "\n".join(problems))
+    return documents
+
+
+def read_delete_ids(path: Path) -> list[str]:
+    """Document ids to delete, one per line (blank lines skipped)."""
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise DocumentError(f"{path}: cannot read the ids to delete: {exc}") from None
+    ids = []
+    for lineno, line in enumerate(raw.split(b"\n"), start=1):
+        try:
+            text = line.decode("utf-8").strip()
+        except UnicodeDecodeError as exc:
+            raise DocumentError(
+                f"{path}:{lineno}: not valid UTF-8 (byte {exc.start}); nothing was written"
+            ) from None
+        if text:
+            ids.append(text)
+    return ids

@@ -14,21 +14,28 @@ from __future__ import annotations
 
 import fcntl
 import os
+import time
 from pathlib import Path
 from types import TracebackType
 
 from rag_retriever.errors import ConfigError, IngestLocked, InvalidRequest
 from rag_retriever.records import check_alias
 
+# How often a waiting writer tries the lock again.
+_POLL_S = 0.05
+
 
 class IngestLock:
-    def __init__(self, data_dir: Path, alias: str) -> None:
+    """`wait_s` > 0: wait up to that long for another writer of the alias to finish."""
+
+    def __init__(self, data_dir: Path, alias: str, *, wait_s: float = 0.0) -> None:
         try:
             check_alias(alias)  # before the name becomes part of a path
         except ValueError as exc:
             raise InvalidRequest(str(exc)) from None
         self.path = data_dir / "locks" / f"{alias}.lock"
         self.alias = alias
+        self.wait_s = wait_s
         self._fh: int | None = None
 
     def __enter__(self) -> IngestLock:
@@ -39,15 +46,23 @@ class IngestLock:
                 f"locks are written only under {self.path.parent.parent}: remove the link"
             )
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = os.pread(fd, 64, 0).decode("ascii", "replace").strip() or "unknown"
-            os.close(fd)
-            raise IngestLocked(
-                f"another ingest of {self.alias!r} is running (pid {holder}, lock {self.path}); "
-                f"wait for it to finish. The lock is released automatically if that process dies."
-            ) from None
+        deadline = time.monotonic() + self.wait_s
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() < deadline:
+                    time.sleep(_POLL_S)
+                    continue
+                holder = os.pread(fd, 64, 0).decode("ascii", "replace").strip() or "unknown"
+                os.close(fd)
+                waited = f" (waited {self.wait_s:g} s, RAG_LOCK_WAIT_S)" if self.wait_s else ""
+                raise IngestLocked(
+                    f"another write of {self.alias!r} is running (pid {holder}, lock "
+                    f"{self.path}){waited}; wait for it to finish. The lock is released "
+                    f"automatically if that process dies."
+                ) from None
         os.ftruncate(fd, 0)
         os.pwrite(fd, str(os.getpid()).encode("ascii"), 0)
         self._fh = fd

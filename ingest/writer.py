@@ -1,57 +1,72 @@
-"""Write a corpus into a new, versioned collection and move the alias only when it is complete.
+"""Write documents into a new, versioned collection; move the alias only when it is complete.
 
 Example:
-    >>> report = ingest_documents(corpus, alias="docs", encoder=enc, store=store)  # doctest: +SKIP
-    >>> report.collection                                                           # doctest: +SKIP
-    'docs__all-minilm-l6-v2-384__v2'
+    >>> report = ingest_documents(corpus, alias="docs", encoder=enc, store=store)   # doctest: +SKIP
+    >>> report.collection, report.kind                                               # doctest: +SKIP
+    ('docs__all-minilm-l6-v2-384__v2', 'full')
+    >>> update_documents([doc], ["old-id"], alias="docs", encoder=enc, store=store)  # doctest: +SKIP
 
-Steps: chunk every document (all input was validated before this point) -> BM25 statistics of the
-new corpus -> create collection `<alias>__<model>-<dim>__v<N>` marked `building` -> for each
-block of chunks, reuse the dense vector of an identical chunk of the live version when it was
-embedded with the same model fingerprint, else encode; compute its BM25 sparse vector; upsert ->
-seal (payload indexes, flush, optimize) -> check that the engine holds every chunk -> mark
-`complete` -> optional promotion gate -> swap the alias in one atomic step -> delete versions
-beyond the retention count that stopped serving more than the grace period ago.
+Two ways in, one job. `ingest_documents` takes a whole corpus (documents missing from it are
+removed); `update_documents` takes only documents to upsert and ids to delete. Both end in one of:
 
-Any exception (or Ctrl-C) before the swap deletes the new collection and leaves the alias as it
-was. A process killed outright leaves a `building` collection behind; the next ingest of the
-alias removes such orphans before it starts. A new fingerprint lands in a collection named after
-the new model, so vectors of two models never share a collection.
+- a delta (`kind="delta"`), when the live version has the same model fingerprint and chunking:
+  the changed documents are found by document hash, and the new version is made from the live
+  one (`Store.derive`) minus the points of changed and deleted documents, plus the chunks of
+  changed and new ones. Nothing unchanged is read, encoded or rewritten; a chunk whose text is
+  unchanged keeps its vector. BM25's document frequencies are updated by the delta (IDF on the
+  query side, bm25.py); the document side keeps the lineage's average length until it drifts past
+  `rebase_drift`, and then the job re-bases with a full build and says why.
+- a full build (`kind="full"`): first version, `full=True`, a model or chunking change (through
+  `ingest`; `update` refuses them), or a re-base. Every chunk is written into a new collection; a
+  vector is reused from the live version when an identical chunk text was embedded with the same
+  fingerprint.
+- nothing (`kind="unchanged"`): every upserted document is unchanged and no deleted id exists.
+
+Steps: lock the alias -> remove orphans -> read the live record -> chunk -> BM25 statistics ->
+create or derive `<alias>__<model>-<dim>__v<N>` marked `building` -> encode (or reuse) and upsert
+in blocks -> seal -> check that the engine holds every chunk -> mark `complete` -> optional gate ->
+swap the alias in one atomic step -> retention. Any exception (or Ctrl-C) before the swap deletes
+the new version and leaves the alias as it was; a process killed outright leaves a `building`
+version that the next write of the alias removes.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 import numpy as np
 from tqdm.auto import tqdm
 
 from rag_retriever.bm25 import BM25Model, Tokenizer
 from rag_retriever.encoder import Encoded, Fingerprint
-from rag_retriever.errors import DocumentError, GateRejected
+from rag_retriever.errors import DocumentError, GateRejected, UpdateRefused
 from rag_retriever.ingest.chunking import Chunker, ChunkingConfig
-from rag_retriever.ingest.loaders import LoadedCorpus
+from rag_retriever.ingest.loaders import LoadedCorpus, validate_documents
 from rag_retriever.ingest.lock import IngestLock
-from rag_retriever.ingest.versions import apply_retention, point_alias, remove_orphans
-from rag_retriever.records import Chunk, Document, content_hash
+from rag_retriever.ingest.versions import documents_of
+from rag_retriever.records import Chunk, Document, SearchFilter, content_hash
+from rag_retriever.settings import Settings, default_of
 from rag_retriever.store import (
     STATUS_BUILDING,
-    STATUS_COMPLETE,
     IndexKind,
+    Lineage,
     Store,
+    VersionRecord,
     collection_name,
     index_kind,
     metadata_path,
 )
+from rag_retriever.store.catalog import apply_retention, point_alias, remove_orphans
 
 log = logging.getLogger(__name__)
 
@@ -60,9 +75,10 @@ log = logging.getLogger(__name__)
 # smaller batches so that memory stays flat on any corpus size.
 ENCODE_BLOCK = 1024
 UPSERT_BATCH = 256
-# Up to this many chunks, each chunk's BM25 terms are kept from the statistics pass for the
-# write pass (~1 KB a chunk); above it they are computed again rather than held in memory.
-KEEP_TERMS_UP_TO = 200_000
+# Document ids per filtered read of the live version (a delta reads only what it touches).
+LOOKUP_BATCH = 256
+
+Kind = Literal["full", "delta", "unchanged"]
 
 
 class PassageEncoder(Protocol):
@@ -114,6 +130,16 @@ class IngestReport:
     reused_documents: int = 0
     # Files of an ingested folder that were skipped, by type.
     skipped_files: dict[str, int] = field(default_factory=dict)
+    # full: every chunk written; delta: made from `base` plus the change; unchanged: no version.
+    kind: Kind = "full"
+    base: str | None = None
+    # Documents upserted (new or changed), deleted, unchanged, and ids to delete that were absent.
+    upserted: int = 0
+    deleted: int = 0
+    unchanged: int = 0
+    not_found: int = 0
+    # Why a full build was made where a delta was possible (a model change, BM25 re-base, ...).
+    full_reason: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         out = {k: v for k, v in self.__dict__.items() if k != "gate"}
@@ -126,6 +152,36 @@ class IngestReport:
                 **self.gate.details,
             }
         return out
+
+
+@dataclass(frozen=True)
+class WriteOptions:
+    """How a write is made and kept; every default is the settings' (one declaration)."""
+
+    chunk_tokens: int = default_of("chunk_tokens")
+    overlap_tokens: int = default_of("chunk_overlap_tokens")
+    keep_versions: int = default_of("keep_versions")
+    retention_grace_s: float = default_of("retention_grace_s")
+    rebase_drift: float = default_of("bm25_rebase_drift")
+    lock_wait_s: float = 0.0
+    promote: bool = True
+    gate: Gate | None = None
+    progress: bool = False
+    lock_dir: Path | None = None
+
+    @classmethod
+    def from_settings(cls, settings: Settings, **overrides: Any) -> WriteOptions:
+        """The write settings (chunking, retention, re-base, lock wait, the data dir's locks)."""
+        values: dict[str, Any] = {
+            "chunk_tokens": settings.chunk_tokens,
+            "overlap_tokens": settings.chunk_overlap_tokens,
+            "keep_versions": settings.keep_versions,
+            "retention_grace_s": settings.retention_grace_s,
+            "rebase_drift": settings.bm25_rebase_drift,
+            "lock_wait_s": settings.lock_wait_s,
+            "lock_dir": settings.data_dir,
+        }
+        return cls(**{**values, **overrides})
 
 
 def chunking_config_for(
@@ -155,214 +211,342 @@ def ingest_documents(
     alias: str,
     encoder: PassageEncoder,
     store: Store,
-    lock_dir: Path | None = None,
-    chunk_tokens: int = 200,
-    overlap_tokens: int = 48,
-    keep_versions: int = 2,
-    retention_grace_s: float = 60.0,
-    promote: bool = True,
-    gate: Gate | None = None,
-    progress: bool = False,
+    full: bool = False,
+    options: WriteOptions | None = None,
+    **option_values: Any,
 ) -> IngestReport:
-    """Ingest `corpus` as the next version of `alias`; see the module docstring for the steps."""
+    """Make `corpus` the next version of `alias` (documents not in it are removed): a delta from
+    the live version when its model and chunking are the same and `full` is not asked, else a
+    full build. Options: `WriteOptions` fields, as keywords or as `options`."""
     if not corpus.documents:
         raise DocumentError(f"{corpus.source}: no document with text to ingest")
-    with IngestLock(lock_dir or default_lock_dir(store), alias):
-        job = _Ingest(
-            corpus,
-            alias=alias,
-            encoder=encoder,
-            store=store,
-            chunking=chunking_config_for(encoder, chunk_tokens, overlap_tokens),
-            progress=progress,
-        )
-        return job.run(
-            keep_versions=keep_versions,
-            retention_grace_s=retention_grace_s,
-            promote=promote,
-            gate=gate,
-        )
+    opts = dataclasses.replace(options or WriteOptions(), **option_values)
+    with IngestLock(opts.lock_dir or default_lock_dir(store), alias, wait_s=opts.lock_wait_s):
+        job = _Job(alias=alias, encoder=encoder, store=store, options=opts)
+        return job.ingest(corpus, full=full)
 
 
-class _Ingest:
-    """One ingest, as named steps; `timings` records each step's wall time."""
+def update_documents(
+    upsert: Sequence[Document] = (),
+    delete: Sequence[str] = (),
+    *,
+    alias: str,
+    encoder: PassageEncoder,
+    store: Store,
+    source: str = "update",
+    options: WriteOptions | None = None,
+    **option_values: Any,
+) -> IngestReport:
+    """Upsert these documents and delete these ids in a new version of `alias`, made from the live
+    version plus the change. Refused (UpdateRefused) when `alias` has no live version or the
+    encoder or chunking differ from the live version's (run `ingest` then). Invalid documents
+    are reported all at once (DocumentError) and nothing is written."""
+    validate_documents(upsert, source=source)
+    both = sorted({d.id for d in upsert} & set(delete))
+    if both:
+        raise DocumentError(
+            f"{source}: {len(both)} id(s) are both upserted and deleted ({', '.join(both[:5])}); "
+            f"send each document once"
+        )
+    # an update waits for another write of the alias (and then sees its documents)
+    waiting = WriteOptions(lock_wait_s=default_of("lock_wait_s"))
+    opts = dataclasses.replace(options or waiting, **option_values)
+    with IngestLock(opts.lock_dir or default_lock_dir(store), alias, wait_s=opts.lock_wait_s):
+        job = _Job(alias=alias, encoder=encoder, store=store, options=opts)
+        return job.update(list(upsert), sorted(set(delete)), source=source)
+
+
+def document_hash(doc: Document) -> str:
+    """What decides that a document is unchanged: its title, text and metadata."""
+    return content_hash(json.dumps([doc.title, doc.text, dict(doc.metadata)], sort_keys=True))
+
+
+@dataclass
+class _LiveDocs:
+    """What the live version holds of some documents: each one's hash and chunks."""
+
+    hashes: dict[str, str] = field(default_factory=dict)
+    chunks: dict[str, list[Chunk]] = field(default_factory=dict)
+
+    def add(self, payload: dict[str, Any]) -> None:
+        chunk = Chunk.from_payload(payload)
+        self.hashes[chunk.doc_id] = str(payload.get("doc_hash") or "")
+        self.chunks.setdefault(chunk.doc_id, []).append(chunk)
+
+    def sort(self) -> _LiveDocs:
+        for kept in self.chunks.values():
+            kept.sort(key=lambda c: c.chunk_index)
+        return self
+
+
+@dataclass(frozen=True)
+class _Delta:
+    """A change to apply to the live version: documents to (re)write, ids to remove."""
+
+    write: list[Document]
+    remove: list[str]  # ids of live documents whose points go
+    unchanged: int
+    not_found: int
+
+
+class _Job:
+    """One write of an alias, as named steps; `timings` records each step's wall time."""
 
     def __init__(
-        self,
-        corpus: LoadedCorpus,
-        *,
-        alias: str,
-        encoder: PassageEncoder,
-        store: Store,
-        chunking: ChunkingConfig,
-        progress: bool,
+        self, *, alias: str, encoder: PassageEncoder, store: Store, options: WriteOptions
     ) -> None:
-        self.corpus = corpus
         self.alias = alias
         self.encoder = encoder
         self.store = store
-        self.chunking = chunking
-        self.progress = progress
+        self.opts = options
+        self.chunking = chunking_config_for(encoder, options.chunk_tokens, options.overlap_tokens)
+        self.chunker = Chunker(encoder.count_tokens, self.chunking)
         self.tokenizer = Tokenizer()
         self.timings: dict[str, float] = {}
         self._clock = time.perf_counter()
+        self.orphans = remove_orphans(store, alias)
+        self.live_name = store.aliases().get(alias)
+        self.live = store.record(self.live_name) if self.live_name else None
+        self.lap("load_live")
 
     def lap(self, stage: str) -> None:
         now = time.perf_counter()
-        self.timings[stage] = round(now - self._clock, 3)
+        self.timings[stage] = round(self.timings.get(stage, 0.0) + now - self._clock, 3)
         self._clock = now
 
-    def run(
-        self, *, keep_versions: int, retention_grace_s: float, promote: bool, gate: Gate | None
-    ) -> IngestReport:
-        """Every step in order (see the module docstring); each adds its lap to `timings`."""
-        store, alias = self.store, self.alias
-        orphans = remove_orphans(store, alias)
-        fingerprint = self.encoder.fingerprint
-        live_name = store.aliases().get(alias)
-        live = _LiveVersion.read(store, live_name, fingerprint, self.chunking)
-        self.lap("load_live")
-        chunks, reused_documents = self._chunk(live)
+    def _delta_refusal(self) -> str | None:
+        """Why the live version cannot be extended with this encoder and chunking (or None)."""
+        live = self.live
+        if live is None:
+            return f"{self.alias!r} has no live version"
+        if live.fingerprint.id != self.encoder.fingerprint.id:
+            return (
+                f"{self.live_name} was embedded with {live.fingerprint.model}@"
+                f"{live.fingerprint.id}, the encoder is {self.encoder.fingerprint.describe()}"
+            )
+        if dict(live.chunking) != dataclasses.asdict(self.chunking):
+            return f"{self.live_name} was chunked with {dict(live.chunking)}, not {dataclasses.asdict(self.chunking)}"
+        return None
+
+    # -- entry points -------------------------------------------------------------------------
+
+    def ingest(self, corpus: LoadedCorpus, *, full: bool) -> IngestReport:
+        refusal = "--full was asked" if full else self._delta_refusal()
+        if refusal is not None:
+            return self._full(corpus, reason=None if self.live is None else refusal)
+        assert self.live_name is not None
+        live = _LiveDocs()
+        for point in self.store.scroll(self.live_name):
+            live.add(dict(point.payload))
+        live.sort()
+        self.lap("read_live")
+        wanted = {d.id for d in corpus.documents}
+        write = [d for d in corpus.documents if live.hashes.get(d.id) != document_hash(d)]
+        delta = _Delta(
+            write=write,
+            remove=sorted(set(live.hashes) - wanted),
+            unchanged=len(corpus.documents) - len(write),
+            not_found=0,
+        )
+        return self._delta(delta, live, corpus)
+
+    def update(self, upsert: list[Document], delete: list[str], *, source: str) -> IngestReport:
+        refusal = self._delta_refusal()
+        if refusal is not None:
+            raise UpdateRefused(
+                f"cannot update {self.alias!r} as a delta: {refusal}; run `rag-retriever ingest "
+                f"PATH --collection {self.alias}` with the whole corpus (a model or chunking "
+                f"change re-encodes every chunk)"
+            )
+        assert self.live_name is not None
+        live = self._read_live_docs([d.id for d in upsert] + delete)
+        self.lap("read_live")
+        write = [d for d in upsert if live.hashes.get(d.id) != document_hash(d)]
+        delta = _Delta(
+            write=write,
+            remove=[i for i in delete if i in live.hashes],
+            unchanged=len(upsert) - len(write),
+            not_found=sum(1 for i in delete if i not in live.hashes),
+        )
+        return self._delta(delta, live, LoadedCorpus(tuple(upsert), 0, source))
+
+    def _read_live_docs(self, doc_ids: Sequence[str]) -> _LiveDocs:
+        """The live version's chunks of these documents only (a filtered, indexed read)."""
+        assert self.live_name is not None
+        live = _LiveDocs()
+        ids = sorted(set(doc_ids))
+        for at in range(0, len(ids), LOOKUP_BATCH):
+            flt = SearchFilter(doc_ids=tuple(ids[at : at + LOOKUP_BATCH]))
+            for point in self.store.scroll(self.live_name, flt=flt):
+                live.add(dict(point.payload))
+        return live.sort()
+
+    # -- a delta ------------------------------------------------------------------------------
+
+    def _delta(self, delta: _Delta, live: _LiveDocs, corpus: LoadedCorpus) -> IngestReport:
+        assert self.live is not None and self.live_name is not None
+        if not delta.write and not delta.remove:
+            return self._report(
+                corpus, kind="unchanged", name=self.live_name, record=self.live, delta=delta
+            )
+        new_chunks = self.chunker.chunk_all(delta.write)
         self.lap("chunk")
-        terms, bm25 = self._bm25_stats(chunks)
+        touched = [d.id for d in delta.write] + delta.remove
+        gone = [c for doc_id in touched for c in live.chunks.get(doc_id, [])]
+        bm25 = BM25Model(self.live.bm25, self.store.doc_freqs(self.live_name)).with_delta(
+            added=[self._terms(c) for c in new_chunks], removed=[self._terms(c) for c in gone]
+        )
         self.lap("bm25_stats")
+        if bm25.stats.drift > self.opts.rebase_drift:
+            reason = (
+                f"the average chunk length drifted {bm25.stats.drift:.1%} from the lineage's "
+                f"(RAG_BM25_REBASE_DRIFT={self.opts.rebase_drift:g}): BM25 is re-based"
+            )
+            log.info("%s: %s", self.alias, reason)
+            whole = _apply(self._live_documents(), delta)
+            rebuilt = LoadedCorpus(tuple(whole), corpus.skipped_empty, corpus.source)
+            return self._full(rebuilt, reason=reason, delta=delta)
+        lineage = Lineage(
+            base=self.live_name,
+            full_build=self.live.lineage.full_build,
+            deltas=self.live.lineage.deltas + 1,
+        )
+        version = self.store.next_version(self.alias)
+        name = collection_name(self.alias, self.encoder.fingerprint.slug, version)
+        added_docs = sum(1 for d in delta.write if d.id not in live.hashes)
+        documents = self.live.documents + added_docs - len(delta.remove)
+        chunks = self.live.chunks - len(gone) + len(new_chunks)
+        record = self._new_record(version, bm25, lineage, corpus.source)
+        reusable = {c.content_hash: c.id for c in gone}
+        with self._building(name):
+            self.store.derive(name, self.live_name, record, [c.id for c in gone])
+            self.lap("derive")
+            stats = self._write(name, new_chunks, bm25, reusable, self.live_name, delta.write)
+            self._finish(name, record, bm25, new_chunks, documents=documents, chunks=chunks)
+        return self._report(
+            corpus,
+            kind="delta",
+            name=name,
+            record=self.store.record(name),
+            delta=delta,
+            written=new_chunks,
+            removed=_removed(gone, new_chunks),
+            stats=stats,
+        )
 
-        version = store.next_version(alias)
-        name = collection_name(alias, fingerprint.slug, version)
-        reused, encoded, truncated = self._build(name, version, chunks, bm25, live, terms)
+    def _live_documents(self) -> list[Document]:
+        assert self.live_name is not None
+        return list(documents_of(self.store, self.live_name).documents)
 
-        decision = gate(name, live_name) if gate is not None else None
-        self.lap("gate")
-        promoted = False
-        deleted: list[str] = []
-        if promote and (decision is None or decision.promote):
-            point_alias(store, alias, name)
-            promoted = True
-            deleted = apply_retention(store, alias, keep_versions, grace_s=retention_grace_s)
-        self.lap("promote")
-        report = IngestReport(
-            alias=alias,
-            collection=name,
-            version=version,
-            fingerprint=fingerprint.describe(),
-            documents=len(self.corpus.documents),
-            skipped_empty=self.corpus.skipped_empty,
-            chunks=len(chunks),
-            tokens=sum(c.n_tokens for c in chunks),
-            truncated=truncated,
-            reused=reused,
-            encoded=encoded,
-            removed=len(live.vector_of_hash.keys() - {c.content_hash for c in chunks}),
-            promoted=promoted,
-            previous=live_name,
-            deleted_versions=tuple(deleted),
-            orphans_removed=tuple(orphans),
-            timings_s=self.timings,
-            gate=decision,
+    # -- a full build -------------------------------------------------------------------------
+
+    def _full(
+        self, corpus: LoadedCorpus, *, reason: str | None, delta: _Delta | None = None
+    ) -> IngestReport:
+        """Every chunk into a new collection; unchanged documents keep their live chunks and
+        identical chunk texts their vectors (same fingerprint and chunking)."""
+        live = _LiveDocs()
+        reuse = self.live is not None and self.live.fingerprint.id == self.encoder.fingerprint.id
+        if reuse and self.live_name is not None:
+            for point in self.store.scroll(self.live_name):
+                live.add(dict(point.payload))
+            live.sort()
+        same_chunking = reuse and self._delta_refusal() is None
+        self.lap("read_live")
+        chunks: list[Chunk] = []
+        reused_documents = 0
+        for doc in corpus.documents:
+            kept = live.chunks.get(doc.id) if same_chunking else None
+            if kept is not None and live.hashes.get(doc.id) == document_hash(doc):
+                chunks.extend(kept)
+                reused_documents += 1
+            else:
+                chunks.extend(self.chunker.chunk_all([doc]))
+        self.lap("chunk")
+        bm25 = BM25Model.build(self._terms(c) for c in chunks)
+        self.lap("bm25_stats")
+        version = self.store.next_version(self.alias)
+        name = collection_name(self.alias, self.encoder.fingerprint.slug, version)
+        record = self._new_record(version, bm25, Lineage(full_build=name), corpus.source)
+        reusable = {c.content_hash: c.id for cs in live.chunks.values() for c in cs}
+        with self._building(name):
+            self.store.create(name, self.encoder.fingerprint.dim, record)
+            stats = self._write(name, chunks, bm25, reusable, self.live_name, corpus.documents)
+            self._finish(
+                name, record, bm25, chunks, documents=len(corpus.documents), chunks=len(chunks)
+            )
+        return self._report(
+            corpus,
+            kind="full",
+            name=name,
+            record=self.store.record(name),
+            delta=delta or _Delta(list(corpus.documents), [], 0, 0),
+            written=chunks,
+            removed=_removed([c for cs in live.chunks.values() for c in cs], chunks),
+            stats=stats,
             reused_documents=reused_documents,
-            skipped_files=dict(self.corpus.skipped_files),
+            full_reason=reason,
         )
-        if decision is not None and not decision.promote and promote:
-            raise GateRejected(decision.summary, report)
-        return report
 
-    def _bm25_stats(self, chunks: list[Chunk]) -> tuple[list[list[str]] | None, BM25Model]:
-        """The BM25 statistics of the new corpus, and each chunk's terms when there are few
-        enough chunks to keep them for the write step (KEEP_TERMS_UP_TO)."""
-        terms: list[list[str]] | None = None
-        if len(chunks) <= KEEP_TERMS_UP_TO:
-            terms = [self.tokenizer.tokenize(c.embed_text) for c in chunks]
-        bm25 = BM25Model.build(
-            terms if terms is not None else (self.tokenizer.tokenize(c.embed_text) for c in chunks)
+    # -- shared steps -------------------------------------------------------------------------
+
+    def _terms(self, chunk: Chunk) -> list[str]:
+        return self.tokenizer.tokenize(chunk.embed_text)
+
+    def _new_record(
+        self, version: int, bm25: BM25Model, lineage: Lineage, source: str
+    ) -> VersionRecord:
+        live = self.live
+        return VersionRecord(
+            alias=self.alias,
+            version=version,
+            status=STATUS_BUILDING,
+            fingerprint=self.encoder.fingerprint,
+            chunking=dataclasses.asdict(self.chunking),
+            bm25=bm25.stats,
+            lineage=lineage,
+            source=source,
+            model_source=getattr(self.encoder, "source", None),
+            created_at=_now(),
+            # a delta keeps what was tuned for the version it extends
+            fusion=live.fusion if live is not None and lineage.base else None,
+            reranker=live.reranker if live is not None and lineage.base else None,
         )
-        return terms, bm25
 
-    def _build(
-        self,
-        name: str,
-        version: int,
-        chunks: list[Chunk],
-        bm25: BM25Model,
-        live: _LiveVersion,
-        terms: list[list[str]] | None,
-    ) -> tuple[int, int, int]:
-        """Create `name` marked building, write every chunk, seal, check that the engine holds
-        every chunk, mark it complete; returns (reused, encoded, truncated). Any exception (or
-        Ctrl-C) deletes the partial collection and is raised again."""
-        fingerprint = self.encoder.fingerprint
-        meta: dict[str, Any] = {
-            "alias": self.alias,
-            "version": version,
-            "status": STATUS_BUILDING,
-            "fingerprint": fingerprint.to_json(),
-            "bm25": bm25.to_json(),
-            "chunking": _chunking_json(self.chunking),
-            "source": self.corpus.source,
-            "model_source": getattr(self.encoder, "source", None),
-            "created_at": datetime.now(UTC).isoformat(timespec="seconds"),
-        }
-        self.store.create(name, fingerprint.dim, meta)
+    @contextlib.contextmanager
+    def _building(self, name: str) -> Iterator[None]:
+        """Any exception (or Ctrl-C) inside deletes the partial version and is raised again."""
         try:
-            reused, encoded, truncated = self._write(name, chunks, bm25, live, terms)
-            self.lap("embed_upsert")
-            self.store.seal(name, _payload_indexes(chunks))
-            self.lap("seal")
-            self._mark_complete(name, meta, chunks)
-            self.lap("verify")
+            yield
         except BaseException:
-            log.error("ingest of %s failed; removing the partial collection %s", self.alias, name)
+            log.error("write of %s failed; removing the partial version %s", self.alias, name)
             self.store.delete(name)
             raise
-        return reused, encoded, truncated
-
-    def _mark_complete(self, name: str, meta: dict[str, Any], chunks: list[Chunk]) -> None:
-        """Check that the engine holds one point per chunk, then mark the version complete."""
-        points = self.store.count(name)
-        if points != len(chunks):
-            raise RuntimeError(
-                f"collection {name} is inconsistent: {points} points, {len(chunks)} chunks"
-            )
-        meta.update(
-            status=STATUS_COMPLETE,
-            documents=len(self.corpus.documents),
-            chunks=len(chunks),
-            completed_at=datetime.now(UTC).isoformat(timespec="seconds"),
-        )
-        self.store.update_metadata(name, meta)
-
-    def _chunk(self, live: _LiveVersion) -> tuple[list[Chunk], int]:
-        """Chunks of every document; an unchanged document keeps the live version's chunks."""
-        chunker = Chunker(self.encoder.count_tokens, self.chunking)
-        chunks: list[Chunk] = []
-        reused = 0
-        for doc in self.corpus.documents:
-            kept = live.chunks_of.get((doc.id, document_hash(doc)))
-            if kept is not None:
-                chunks.extend(kept)
-                reused += 1
-            else:
-                chunks.extend(chunker.chunk_all([doc]))
-        return chunks, reused
 
     def _write(
         self,
         name: str,
         chunks: list[Chunk],
         bm25: BM25Model,
-        live: _LiveVersion,
-        terms: list[list[str]] | None,
+        reusable: dict[str, str],
+        reuse_from: str | None,
+        documents: Iterable[Document],
     ) -> tuple[int, int, int]:
+        """Encode (or reuse) and upsert `chunks`; returns (reused, encoded, truncated)."""
         reused = encoded = truncated = 0
         dim = self.encoder.fingerprint.dim
-        hashes = {doc.id: document_hash(doc) for doc in self.corpus.documents}
+        hashes = {doc.id: document_hash(doc) for doc in documents}
         bar = tqdm(
-            total=len(chunks), desc=f"embedding {name}", unit="chunk", disable=not self.progress
+            total=len(chunks),
+            desc=f"embedding {name}",
+            unit="chunk",
+            disable=not self.opts.progress,
         )
         try:
             for start in range(0, len(chunks), ENCODE_BLOCK):
                 block = chunks[start : start + ENCODE_BLOCK]
                 vectors = np.empty((len(block), dim), dtype=np.float32)
-                found = live.vectors(self.store, [c.content_hash for c in block])
+                found = self._vectors(reuse_from, reusable, [c.content_hash for c in block])
                 todo = []
                 for i, c in enumerate(block):
                     if c.content_hash in found:
@@ -377,74 +561,135 @@ class _Ingest:
                     truncated += result.truncated
                 for at in range(0, len(block), UPSERT_BATCH):
                     part = block[at : at + UPSERT_BATCH]
-                    first = start + at
-                    part_terms = (
-                        terms[first : first + len(part)]
-                        if terms is not None
-                        else [self.tokenizer.tokenize(c.embed_text) for c in part]
-                    )
                     self.store.upsert(
                         name,
                         [c.id for c in part],
                         vectors[at : at + len(part)],
-                        [bm25.document_vector(t) for t in part_terms],
+                        [bm25.document_vector(self._terms(c)) for c in part],
                         [{**c.to_payload(), "doc_hash": hashes[c.doc_id]} for c in part],
                     )
                     bar.update(len(part))
                     bar.set_postfix(reused=reused, encoded=encoded)
         finally:
             bar.close()
+        self.lap("embed_upsert")
         return reused, encoded, truncated
 
-
-def document_hash(doc: Document) -> str:
-    """What decides that a document is unchanged: its title, text and metadata."""
-    return content_hash(json.dumps([doc.title, doc.text, dict(doc.metadata)], sort_keys=True))
-
-
-def _chunking_json(config: ChunkingConfig) -> dict[str, Any]:
-    return dataclasses.asdict(config)
-
-
-@dataclass
-class _LiveVersion:
-    """What a new version can take from the live one: chunks of unchanged documents (same
-    chunking) and dense vectors of identical chunk texts (same model fingerprint)."""
-
-    name: str | None = None
-    chunks_of: dict[tuple[str, str], list[Chunk]] = field(default_factory=dict)
-    vector_of_hash: dict[str, str] = field(default_factory=dict)  # content hash -> point id
-
-    @classmethod
-    def read(
-        cls, store: Store, live: str | None, fingerprint: Fingerprint, chunking: ChunkingConfig
-    ) -> _LiveVersion:
-        if live is None:
-            return cls()
-        meta = store.metadata(live)
-        if (meta.get("fingerprint") or {}).get("id") != fingerprint.id:
-            log.info("live collection %s has another model fingerprint: re-encoding all", live)
-            return cls()
-        same_chunking = meta.get("chunking") == _chunking_json(chunking)
-        out = cls(name=live)
-        for record in store.scroll(live):
-            chunk = Chunk.from_payload(record.payload)
-            out.vector_of_hash[chunk.content_hash] = record.id
-            doc_hash = record.payload.get("doc_hash")
-            if same_chunking and doc_hash:
-                out.chunks_of.setdefault((chunk.doc_id, str(doc_hash)), []).append(chunk)
-        for kept in out.chunks_of.values():
-            kept.sort(key=lambda c: c.chunk_index)
-        return out
-
-    def vectors(self, store: Store, text_hashes: Sequence[str]) -> dict[str, np.ndarray]:
-        """Live dense vectors of these chunk texts (content hash -> vector), where there are any."""
-        points = {h: p for h in text_hashes if (p := self.vector_of_hash.get(h)) is not None}
-        if self.name is None or not points:
+    def _vectors(
+        self, source: str | None, reusable: dict[str, str], text_hashes: Sequence[str]
+    ) -> dict[str, np.ndarray]:
+        """Dense vectors of these chunk texts in `source` (content hash -> vector), where any."""
+        points = {h: p for h in text_hashes if (p := reusable.get(h)) is not None}
+        if source is None or not points:
             return {}
-        records = store.retrieve(self.name, sorted(set(points.values())), with_dense=True)
+        records = self.store.retrieve(source, sorted(set(points.values())), with_dense=True)
         found = {r.id: r.dense for r in records if r.dense is not None}
         return {h: found[p] for h, p in points.items() if p in found}
+
+    def _finish(
+        self,
+        name: str,
+        record: VersionRecord,
+        bm25: BM25Model,
+        written: Sequence[Chunk],
+        *,
+        documents: int,
+        chunks: int,
+    ) -> None:
+        """Seal, check that the engine holds one point per chunk, mark the version complete."""
+        self.store.put_doc_freqs(name, bm25.doc_freqs)
+        self.store.seal(name, _payload_indexes(written))
+        self.lap("seal")
+        points = self.store.count(name)
+        if points != chunks:
+            raise RuntimeError(
+                f"collection {name} is inconsistent: {points} points, {chunks} chunks"
+            )
+        self.store.put_record(name, record.completed(documents=documents, chunks=chunks, at=_now()))
+        self.lap("verify")
+
+    def _report(
+        self,
+        corpus: LoadedCorpus,
+        *,
+        kind: Kind,
+        name: str,
+        record: VersionRecord,
+        delta: _Delta,
+        written: Sequence[Chunk] = (),
+        removed: int = 0,
+        stats: tuple[int, int, int] = (0, 0, 0),
+        reused_documents: int = 0,
+        full_reason: str | None = None,
+    ) -> IngestReport:
+        """Gate, promote, apply retention (for a new version); the report of the whole write."""
+        decision = None
+        promoted = False
+        deleted: list[str] = []
+        if kind != "unchanged":
+            gate = self.opts.gate
+            decision = gate(name, self.live_name) if gate is not None else None
+            self.lap("gate")
+            if self.opts.promote and (decision is None or decision.promote):
+                point_alias(self.store, self.alias, name)
+                promoted = True
+                deleted = apply_retention(
+                    self.store,
+                    self.alias,
+                    self.opts.keep_versions,
+                    grace_s=self.opts.retention_grace_s,
+                )
+            self.lap("promote")
+        reused, encoded, truncated = stats
+        report = IngestReport(
+            alias=self.alias,
+            collection=name,
+            version=record.version,
+            fingerprint=record.fingerprint.describe(),
+            documents=record.documents,
+            skipped_empty=corpus.skipped_empty,
+            chunks=record.chunks,
+            tokens=sum(c.n_tokens for c in written),
+            truncated=truncated,
+            reused=reused,
+            encoded=encoded,
+            removed=removed,
+            promoted=promoted,
+            previous=self.live_name,
+            deleted_versions=tuple(deleted),
+            orphans_removed=tuple(self.orphans),
+            timings_s=self.timings,
+            gate=decision,
+            reused_documents=reused_documents,
+            skipped_files=dict(corpus.skipped_files),
+            kind=kind,
+            base=record.lineage.base if kind == "delta" else None,
+            upserted=len(delta.write),
+            deleted=len(delta.remove),
+            unchanged=delta.unchanged,
+            not_found=delta.not_found,
+            full_reason=full_reason,
+        )
+        if decision is not None and not decision.promote and self.opts.promote:
+            raise GateRejected(decision.summary, report)
+        return report
+
+
+def _apply(documents: Sequence[Document], delta: _Delta) -> list[Document]:
+    """The whole corpus after a delta (for a re-base)."""
+    changed = {d.id: d for d in delta.write}
+    gone = set(delta.remove)
+    out = [changed.pop(d.id, d) for d in documents if d.id not in gone]
+    return out + list(changed.values())
+
+
+def _removed(old: Sequence[Chunk], new: Sequence[Chunk]) -> int:
+    """Old chunk texts that the new version no longer holds."""
+    return len({c.content_hash for c in old} - {c.content_hash for c in new})
+
+
+def _now() -> str:
+    return datetime.now(UTC).isoformat(timespec="seconds")
 
 
 def _payload_indexes(chunks: Sequence[Chunk]) -> dict[str, IndexKind]:

@@ -9,38 +9,51 @@ Example:
     >>> round(sparse_dot(query, doc), 4)
     0.5874
 
-A collection version is immutable, so the document side of BM25 can hold the final Okapi term
-weights of that version's corpus: `idf(t) * tf * (k1 + 1) / (tf + k1 * (1 - b + b * dl / avgdl))`,
-with rank-bm25's IDF (its own `_calc_idf`, the `epsilon * average_idf` floor included). The query
-side holds how often each query term occurs, so the engine's sparse dot product is exactly
-`rank_bm25.BM25Okapi(corpus).get_scores(query)` (stored as float32: equal to ~1e-6 relative).
+Okapi's score is a sum over query terms of `idf(t) * sat(t, d)`, with the saturated,
+length-normalised term frequency `sat = tf * (k1 + 1) / (tf + k1 * (1 - b + b * dl / avgdl))`.
+The document side of a version's sparse vectors holds `sat` alone; the IDF belongs to the query
+side (`query_vector` = term counts x IDF), computed from the document frequencies the version
+records. So a document's weights do not change when other documents do: a delta writes only the
+points it adds, and the engine's sparse dot product is still exactly
+`rank_bm25.BM25Okapi(corpus).get_scores(query)` (IDF with rank-bm25's `epsilon * average_idf`
+floor; stored as float32: equal to ~1e-6 relative). `avgdl` is the lineage's: the average length
+of the full build the document side was normalised with (`BM25Stats.avgdl`); after deltas the
+scores are rank-bm25's with that average length, and `BM25Stats.drift` says how far the real
+average has moved (the writer re-bases with a full build past a threshold).
 
-A term's sparse index is a stable 32-bit hash of the analysed term, so a serving process needs no
-vocabulary. Two terms of one version's vocabulary that hash alike are found at build time; the
-later one (in sorted order) moves to the next free index and the move is kept in the version's
-metadata (`BM25Model.moved`), so every vocabulary term keeps its own weight. Not handled: a query
-term that is in no document of the version but hashes like one that is (probability about
-vocabulary size / 2^32 per such term, e.g. 1e-5 at 40k terms) adds that term's weight.
+A term's sparse index is a stable 32-bit hash of the analysed term (`TERM_HASH`), so a serving
+process needs no vocabulary. Two vocabulary terms that hash alike are found when they enter the
+vocabulary; the later one moves to the next free index and the move is kept in the version's
+statistics (`BM25Stats.moved`), so every vocabulary term keeps its own weight. A query term that
+is in no document of the version has IDF 0 in rank-bm25 and is left out of the query vector.
 
 Tokenizer `en-snowball-v1`: NFKC, lower-case, `\\w+` words, an English stop-word list, Snowball
-English stemming (PyStemmer). The same tokenizer is used at ingest and at query time; its name is
-stored with each version and checked when it is opened. It does not handle CJK word segmentation.
+English stemming (PyStemmer). The same tokenizer is used at ingest and at query time; its name and
+the hash scheme are stored with each version and checked when it is opened. It does not handle
+CJK word segmentation.
 """
 
 from __future__ import annotations
 
 import hashlib
+import math
 import re
 import unicodedata
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import Stemmer
-from rank_bm25 import BM25Okapi
+
+from rag_retriever.errors import VersionIncompatible
 
 TOKENIZER_NAME = "en-snowball-v1"
+# The term -> sparse index scheme (`term_index`): part of every version's statistics.
+TERM_HASH = "blake2b-32le-v1"
+# What the document side of a version's sparse vectors holds (saturated tf, the IDF on the query
+# side). Versions written with the IDF on the document side (rag-retriever 0.2) are refused.
+WEIGHTING = "okapi-sat-tf/query-idf-v1"
 
 # rank-bm25's defaults for BM25Okapi.
 K1 = 1.5
@@ -235,22 +248,110 @@ def _sorted_vector(weights: Mapping[int, float]) -> SparseVector:
 
 
 @dataclass(frozen=True)
-class BM25Model:
-    """One version's BM25: corpus statistics, parameters and the term -> index table.
-
-    `idf` is only known while the version is built (the document side needs it); a model read
-    back from a version's metadata (`from_json`) encodes queries only.
+class BM25Stats:
+    """What a version records of its BM25 (besides the document frequencies): the corpus size and
+    length, the average length its document side was normalised with, the parameters, and the
+    analysis and hashing schemes. Pure statistics: the IDF comes from the document frequencies.
     """
 
     n_docs: int
+    total_terms: int
     avgdl: float
     k1: float = K1
     b: float = B
     epsilon: float = EPSILON
     tokenizer: str = TOKENIZER_NAME
+    term_hash: str = TERM_HASH
+    weighting: str = WEIGHTING
     # Vocabulary terms that moved off a hash shared with another term: term -> index.
     moved: Mapping[str, int] = field(default_factory=dict)
-    idf: Mapping[str, float] = field(default_factory=dict, repr=False, compare=False)
+
+    @property
+    def real_avgdl(self) -> float:
+        """The average length of the corpus as it is now (after deltas)."""
+        return self.total_terms / self.n_docs if self.n_docs else 0.0
+
+    @property
+    def drift(self) -> float:
+        """How far the real average length moved from the one the documents were normalised with
+        (0.02 = 2%)."""
+        return abs(self.real_avgdl / self.avgdl - 1.0) if self.avgdl else 0.0
+
+    def index_of(self, term: str) -> int:
+        moved = self.moved.get(term)
+        return term_index(term) if moved is None else moved
+
+    def document_vector(self, terms: Sequence[str]) -> SparseVector:
+        """Each distinct term's saturated, length-normalised frequency in this document, in
+        rank-bm25's float64 expression (the IDF is the query's)."""
+        k1, b = self.k1, self.b
+        norm = k1 * (1 - b + b * len(terms) / self.avgdl)
+        return _sorted_vector(
+            {self.index_of(t): tf * (k1 + 1) / (tf + norm) for t, tf in Counter(terms).items()}
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "n_docs": self.n_docs,
+            "total_terms": self.total_terms,
+            "avgdl": self.avgdl,
+            "k1": self.k1,
+            "b": self.b,
+            "epsilon": self.epsilon,
+            "tokenizer": self.tokenizer,
+            "term_hash": self.term_hash,
+            "weighting": self.weighting,
+            "moved": dict(self.moved),
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> BM25Stats:
+        """Refuses statistics written under another tokenizer, hash or weighting scheme."""
+        ours = {"tokenizer": TOKENIZER_NAME, "term_hash": TERM_HASH, "weighting": WEIGHTING}
+        for key, expected in ours.items():
+            if data.get(key) != expected:
+                raise VersionIncompatible(
+                    f"this version's BM25 was written with {key} {data.get(key)!r}, this "
+                    f"rag-retriever uses {expected!r}; re-ingest the collection "
+                    f"(rag-retriever ingest PATH --collection ALIAS --full)"
+                )
+        return cls(
+            n_docs=int(data["n_docs"]),
+            total_terms=int(data["total_terms"]),
+            avgdl=float(data["avgdl"]),
+            k1=float(data["k1"]),
+            b=float(data["b"]),
+            epsilon=float(data["epsilon"]),
+            moved={str(k): int(v) for k, v in dict(data.get("moved") or {}).items()},
+        )
+
+
+def okapi_idf(doc_freqs: Mapping[str, int], n_docs: int, epsilon: float) -> dict[str, float]:
+    """Okapi IDF as rank-bm25 computes it: `log(N - df + 0.5) - log(df + 0.5)`, and a term in more
+    than half of the documents (negative IDF) gets `epsilon * average IDF` instead."""
+    idf = {t: math.log(n_docs - df + 0.5) - math.log(df + 0.5) for t, df in doc_freqs.items()}
+    if not idf:
+        return idf
+    floor = epsilon * (sum(idf.values()) / len(idf))
+    return {t: (floor if v < 0 else v) for t, v in idf.items()}
+
+
+@dataclass(frozen=True)
+class BM25Model:
+    """One version's BM25: its statistics and document frequencies, and the IDF derived from them.
+
+    Built from a corpus (`build`), changed by a delta (`with_delta`: documents added and removed,
+    the average length kept), or read back from a version (`BM25Model(stats, doc_freqs)`).
+    """
+
+    stats: BM25Stats
+    doc_freqs: Mapping[str, int] = field(repr=False, compare=False)
+    idf: Mapping[str, float] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(
+            self, "idf", okapi_idf(self.doc_freqs, self.stats.n_docs, self.stats.epsilon)
+        )
 
     @classmethod
     def build(
@@ -271,104 +372,97 @@ class BM25Model:
                 doc_freq[word] = doc_freq.get(word, 0) + 1
         if n_docs == 0:
             raise ValueError("cannot build BM25 over zero documents")
-        return cls(
+        if total == 0:
+            raise ValueError(
+                "cannot build BM25: no document has a searchable term (only stop words, "
+                "punctuation or nothing)"
+            )
+        stats = BM25Stats(
             n_docs=n_docs,
+            total_terms=total,
             # rank-bm25: avgdl = num_doc / corpus_size with an integer numerator.
             avgdl=total / n_docs,
             k1=k1,
             b=b,
             epsilon=epsilon,
-            moved=_resolve_collisions(doc_freq),
-            idf=_rank_bm25_idf(doc_freq, n_docs, k1=k1, b=b, epsilon=epsilon),
+            moved=_place_new_terms({}, {}, doc_freq),
         )
+        return cls(stats, doc_freq)
+
+    def with_delta(
+        self, added: Iterable[Sequence[str]], removed: Iterable[Sequence[str]]
+    ) -> BM25Model:
+        """This model after documents were added and removed (each a list of terms); the average
+        length the documents are normalised with stays the lineage's."""
+        doc_freq = dict(self.doc_freqs)
+        n_docs, total = self.stats.n_docs, self.stats.total_terms
+        for document in removed:
+            n_docs -= 1
+            total -= len(document)
+            for word in set(document):
+                left = doc_freq[word] - 1
+                if left:
+                    doc_freq[word] = left
+                else:
+                    del doc_freq[word]
+        new_terms: dict[str, int] = {}
+        for document in added:
+            n_docs += 1
+            total += len(document)
+            for word in set(document):
+                if word not in doc_freq:
+                    new_terms[word] = 0
+                doc_freq[word] = doc_freq.get(word, 0) + 1
+        if n_docs <= 0:
+            raise ValueError("a version cannot be left with zero documents")
+        moved = {t: i for t, i in self.stats.moved.items() if t in doc_freq}
+        kept = {t: self.stats.index_of(t) for t in doc_freq if t not in new_terms}
+        moved.update(_place_new_terms(kept, moved, new_terms))
+        stats = replace(self.stats, n_docs=n_docs, total_terms=total, moved=moved)
+        return BM25Model(stats, doc_freq)
+
+    def rebased(self) -> BM25Model:
+        """The same corpus normalised with its real average length (a full build's)."""
+        return BM25Model(replace(self.stats, avgdl=self.stats.real_avgdl), self.doc_freqs)
 
     def index_of(self, term: str) -> int:
-        moved = self.moved.get(term)
-        return term_index(term) if moved is None else moved
+        return self.stats.index_of(term)
 
     def document_vector(self, terms: Sequence[str]) -> SparseVector:
-        """Each distinct term's Okapi weight in this document, in rank-bm25's float64 expression."""
-        if not self.idf:
-            raise ValueError("this BM25 model has no IDF table: it can encode queries only")
-        k1, b = self.k1, self.b
-        norm = k1 * (1 - b + b * len(terms) / self.avgdl)
-        weights: dict[int, float] = {}
-        for term, tf in Counter(terms).items():
-            idf = self.idf.get(term)
-            if idf is None:
-                raise KeyError(f"term {term!r} is not in this version's vocabulary")
-            weights[self.index_of(term)] = idf * (tf * (k1 + 1) / (tf + norm))
-        return _sorted_vector(weights)
+        return self.stats.document_vector(terms)
 
     def query_vector(self, terms: Sequence[str]) -> SparseVector:
-        """How often each term occurs in the query: rank-bm25 adds a repeated term again."""
-        counts: dict[int, float] = {}
+        """Each query term's count x its IDF (rank-bm25 adds a repeated term again). A term of no
+        document adds nothing and is left out; a term whose IDF is 0 (in half the documents) is
+        kept with weight 0, so the documents holding it still come back, last, as before."""
+        weights: dict[int, float] = {}
         for term in terms:
-            index = self.index_of(term)
-            counts[index] = counts.get(index, 0.0) + 1.0
-        return _sorted_vector(counts)
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "n_docs": self.n_docs,
-            "avgdl": self.avgdl,
-            "k1": self.k1,
-            "b": self.b,
-            "epsilon": self.epsilon,
-            "tokenizer": self.tokenizer,
-            "moved": dict(self.moved),
-        }
-
-    @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> BM25Model:
-        if data.get("tokenizer") != TOKENIZER_NAME:
-            raise ValueError(
-                f"this version's BM25 was built with tokenizer {data.get('tokenizer')!r}, this "
-                f"rag-retriever uses {TOKENIZER_NAME!r}; re-ingest the collection"
-            )
-        return cls(
-            n_docs=int(data["n_docs"]),
-            avgdl=float(data["avgdl"]),
-            k1=float(data["k1"]),
-            b=float(data["b"]),
-            epsilon=float(data["epsilon"]),
-            tokenizer=str(data["tokenizer"]),
-            moved={str(k): int(v) for k, v in dict(data.get("moved") or {}).items()},
-        )
+            idf = self.idf.get(term)
+            if idf is not None:
+                index = self.stats.index_of(term)
+                weights[index] = weights.get(index, 0.0) + idf
+        return _sorted_vector(weights)
 
 
-def _rank_bm25_idf(
-    doc_freq: dict[str, int], n_docs: int, *, k1: float, b: float, epsilon: float
-) -> dict[str, float]:
-    """IDF exactly as rank-bm25 computes it: its own `_calc_idf` over the document frequencies.
-
-    `BM25Okapi(corpus)` would also keep a dict per document (gigabytes at a million chunks);
-    the IDF needs only the document frequencies, so only they are handed over.
-    """
-    reference = BM25Okapi.__new__(BM25Okapi)
-    reference.k1, reference.b, reference.epsilon = k1, b, epsilon
-    reference.corpus_size = n_docs
-    reference.idf = {}
-    reference._calc_idf(doc_freq)
-    return dict(reference.idf)
-
-
-def _resolve_collisions(vocabulary: Iterable[str]) -> dict[str, int]:
-    """Give every term its own index: the later of two same-hash terms (sorted) moves to the next
-    free index. Returns only the terms that moved."""
-    owner: dict[int, str] = {}
+def _place_new_terms(
+    kept: Mapping[str, int], moved: Mapping[str, int], new_terms: Iterable[str]
+) -> dict[str, int]:
+    """Indices for terms entering a vocabulary whose terms hold `kept` (term -> index): each new
+    term (in sorted order) takes its hash, or the next free index when that is taken. Returns the
+    new terms that moved."""
+    owner = set(kept.values()) | set(moved.values())
+    placed: dict[str, int] = {}
     clashing: list[str] = []
-    for term in sorted(vocabulary):
+    for term in sorted(new_terms):
         index = term_index(term)
         if index in owner:
             clashing.append(term)
         else:
-            owner[index] = term
-    moved: dict[str, int] = {}
+            owner.add(index)
     for term in clashing:
         index = term_index(term)
         while index in owner:
             index = (index + 1) % INDEX_SPACE
-        owner[index] = term
-        moved[term] = index
-    return moved
+        owner.add(index)
+        placed[term] = index
+    return placed

@@ -49,6 +49,7 @@ WRITE = (
     "chunk_overlap_tokens",
     "keep_versions",
     "retention_grace_s",
+    "bm25_rebase_drift",
     "max_document_chars",
     "qdrant_shards",
     "qdrant_replicas",
@@ -102,7 +103,7 @@ def cmd_ingest(args: argparse.Namespace) -> int:
     from rag_retriever.encoder import load_encoder
     from rag_retriever.ingest.loaders import load_documents
     from rag_retriever.ingest.writer import ingest_documents
-    from rag_retriever.retriever import serving_metadata
+    from rag_retriever.retriever import serving_record
     from rag_retriever.store import open_store
 
     settings = _settings(args)
@@ -118,7 +119,7 @@ def cmd_ingest(args: argparse.Namespace) -> int:
     )
     store = open_store(settings)
     # a re-ingest keeps the collection's model unless the settings name one
-    encoder = load_encoder(settings, serving_metadata(store, settings.collection))
+    encoder = load_encoder(settings, serving_record(store, settings.collection))
     gate = None
     if args.gate is not None:
         from rag_retriever.eval.gate import make_gate
@@ -138,14 +139,8 @@ def cmd_ingest(args: argparse.Namespace) -> int:
             alias=settings.collection,
             encoder=encoder,
             store=store,
-            lock_dir=settings.data_dir,
-            chunk_tokens=settings.chunk_tokens,
-            overlap_tokens=settings.chunk_overlap_tokens,
-            keep_versions=settings.keep_versions,
-            retention_grace_s=settings.retention_grace_s,
-            promote=not args.no_promote,
-            gate=gate,
-            progress=not args.no_progress,
+            full=args.full,
+            options=_write_options(settings, args, gate=gate, lock_wait_s=0),
         )
     except GateRejected as exc:
         if exc.report is not None:
@@ -156,20 +151,82 @@ def cmd_ingest(args: argparse.Namespace) -> int:
     return 0
 
 
+def _write_options(
+    settings: Settings, args: argparse.Namespace, *, gate: Any = None, lock_wait_s: float
+) -> Any:
+    from rag_retriever.ingest.writer import WriteOptions
+
+    return WriteOptions.from_settings(
+        settings,
+        lock_wait_s=lock_wait_s,
+        promote=not args.no_promote,
+        gate=gate,
+        progress=not args.no_progress,
+    )
+
+
+def cmd_update(args: argparse.Namespace) -> int:
+    from rag_retriever.encoder import load_encoder
+    from rag_retriever.ingest.loaders import read_delete_ids, read_upserts
+    from rag_retriever.ingest.writer import update_documents
+    from rag_retriever.retriever import serving_record
+    from rag_retriever.store import open_store
+
+    settings = _settings(args)
+    try:
+        check_alias(settings.collection)
+    except ValueError as exc:
+        raise ConfigError(f"{exc}; update writes a new version of an alias: name it") from None
+    if not args.upsert and not args.delete and args.delete_ids is None:
+        raise ConfigError(
+            "nothing to do: give --upsert FILE_OR_FOLDER, --delete ID or --delete-ids FILE"
+        )
+    # every input is read and validated before anything is loaded or written
+    upserts = read_upserts(args.upsert, max_chars=settings.max_document_chars)
+    deletes = [*args.delete, *(read_delete_ids(args.delete_ids) if args.delete_ids else [])]
+    store = open_store(settings)
+    live = serving_record(store, settings.collection)
+    encoder = load_encoder(settings, live)
+    report = update_documents(
+        upserts,
+        deletes,
+        alias=settings.collection,
+        encoder=encoder,
+        store=store,
+        source=", ".join(str(p) for p in args.upsert) or "delete",
+        options=_write_options(settings, args, lock_wait_s=settings.lock_wait_s),
+    )
+    _print_ingest(report.to_dict(), args.json)
+    return 0
+
+
 def _print_ingest(report: dict[str, Any], as_json: bool) -> None:
     if as_json:
         print(json.dumps(report, indent=2))
         return
-    state = "now serving" if report["promoted"] else "built, NOT promoted"
-    print(f"collection  {report['collection']}  ({state} as {report['alias']!r})")
+    if report["kind"] == "unchanged":
+        print(
+            f"collection  {report['collection']}  (unchanged: no new version; still serving as "
+            f"{report['alias']!r})"
+        )
+    else:
+        state = "now serving" if report["promoted"] else "built, NOT promoted"
+        print(f"collection  {report['collection']}  ({state} as {report['alias']!r})")
+    made = {
+        "full": "full build" + (f" ({report['full_reason']})" if report["full_reason"] else ""),
+        "delta": f"delta on {report['base']}",
+        "unchanged": "nothing to write",
+    }[report["kind"]]
+    print(f"made        {made}")
     print(f"model       {report['fingerprint']}")
     print(
-        f"documents   {report['documents']} ingested, {report['skipped_empty']} empty skipped\n"
-        f"chunks      {report['chunks']} ({report['tokens']} tokens, "
-        f"{report['truncated']} truncated)\n"
+        f"documents   {report['upserted']} upserted, {report['deleted']} deleted, "
+        f"{report['unchanged']} unchanged, {report['not_found']} not found "
+        f"({report['documents']} in the version, {report['skipped_empty']} empty skipped)\n"
+        f"chunks      {report['chunks']} in the version; written {report['encoded'] + report['reused']} "
+        f"({report['tokens']} tokens, {report['truncated']} truncated), removed {report['removed']}\n"
         f"vectors     {report['encoded']} encoded, {report['reused']} reused from "
-        f"{report['previous'] or '-'}, {report['removed']} removed\n"
-        f"unchanged   {report.get('reused_documents', 0)} documents (their chunks reused)"
+        f"{report['previous'] or '-'}"
     )
     if report.get("skipped_files"):
         kinds = ", ".join(f"{n} {k}" for k, n in sorted(report["skipped_files"].items()))
@@ -232,8 +289,8 @@ def format_result(result: SearchResult, width: int = 100) -> str:
 
 def cmd_collections(args: argparse.Namespace) -> int:
     from rag_retriever.fusion import Fusion
-    from rag_retriever.ingest.versions import describe_collections
     from rag_retriever.store import open_store
+    from rag_retriever.store.catalog import describe_collections
 
     out = describe_collections(open_store(_settings(args)))
     if args.json:
@@ -245,18 +302,27 @@ def cmd_collections(args: argparse.Namespace) -> int:
         print(f"{alias} -> {info['serving'] or '(no alias)'}")
         for v in info["versions"]:
             mark = "*" if v["serving"] else " "
+            lineage = v.get("lineage") or {}
+            made = (
+                f"delta {lineage['deltas']} on v{lineage['base'].rsplit('__v', 1)[-1]}"
+                if lineage.get("base")
+                else "full build"
+            )
             print(
                 f"  {mark} v{v['version']:<3} {v['status']:<9} {v['points']:>7} points  "
-                f"{v['model']}@{v['fingerprint']}  {v['created_at']}  {v['collection']}"
+                f"{v['model']}@{v['fingerprint']}  {made:<14} {v['created_at']}  "
+                f"{v['collection']}"
             )
+            if v.get("problem"):
+                print(f"         {v['problem']}")
             if v.get("fusion"):
                 print(f"         fusion tuned: {Fusion.from_json(v['fusion']).describe()}")
     return 0
 
 
 def cmd_rollback(args: argparse.Namespace) -> int:
-    from rag_retriever.ingest.versions import rollback
     from rag_retriever.store import open_store
+    from rag_retriever.store.catalog import rollback
 
     store = open_store(_settings(args))
     name = rollback(store, args.name)
@@ -265,8 +331,8 @@ def cmd_rollback(args: argparse.Namespace) -> int:
 
 
 def cmd_promote(args: argparse.Namespace) -> int:
-    from rag_retriever.ingest.versions import promote_version
     from rag_retriever.store import open_store
+    from rag_retriever.store.catalog import promote_version
 
     store = open_store(_settings(args))
     name = promote_version(store, args.name, args.version)
@@ -513,6 +579,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     _add_ingest(sub)
+    _add_update(sub)
     _add_search(sub)
     _add_versions(sub)
     _add_train_embedder(sub)
@@ -545,11 +612,47 @@ def _add_ingest(sub: Any) -> None:
         action="store_true",
         help="ingest files that a folder links to outside itself (refused by default)",
     )
+    p.add_argument(
+        "--full",
+        action="store_true",
+        help="rebuild every chunk into a new collection (default: a delta from the live version "
+        "when its model and chunking are unchanged)",
+    )
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     # The gate evaluates in the query path's primary mode, so the query settings apply.
     _setting_flags(p, "collection", *WRITE, *MODEL, *QUERY, *STORE)
     p.set_defaults(func=cmd_ingest)
+
+
+def _add_update(sub: Any) -> None:
+    """`update`: upsert and delete documents of a collection as a new (delta) version."""
+    p = sub.add_parser(
+        "update",
+        help="upsert and delete documents: a new version made from the live one plus the change",
+    )
+    p.add_argument(
+        "--upsert",
+        type=Path,
+        action="append",
+        default=[],
+        metavar="FILE_OR_FOLDER",
+        help="documents to add or replace: a .jsonl or a folder, as for ingest (repeatable)",
+    )
+    group = p.add_mutually_exclusive_group()
+    group.add_argument(
+        "--delete", action="append", default=[], metavar="ID", help="a document id to delete"
+    )
+    group.add_argument(
+        "--delete-ids", type=Path, metavar="FILE", help="a file of document ids, one per line"
+    )
+    p.add_argument(
+        "--no-promote", action="store_true", help="build the version, do not move the alias"
+    )
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    _setting_flags(p, "collection", *WRITE, "lock_wait_s", *MODEL, *STORE)
+    p.set_defaults(func=cmd_update)
 
 
 def _add_search(sub: Any) -> None:
@@ -803,7 +906,9 @@ def _add_serve(sub: Any) -> None:
         help="interface to bind (default 127.0.0.1, this machine only; 0.0.0.0 for all)",
     )
     p.add_argument("--port", type=int, default=8000, help="port (default 8000)")
-    _setting_flags(p, "collection", *QUERY, *LIMITS, *MODEL, *STORE)
+    _setting_flags(
+        p, "collection", *QUERY, *LIMITS, *MODEL, *STORE, "write_window_ms", "lock_wait_s"
+    )
     p.set_defaults(func=_cmd_serve)
 
 

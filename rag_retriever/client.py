@@ -28,11 +28,12 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Generic, Self, TypedDict, TypeVar, Unpack
+from urllib.parse import quote
 
 import httpx
 
 from rag_retriever.errors import RagError
-from rag_retriever.records import Hit, Mode, SearchFilter, SearchResult
+from rag_retriever.records import Document, Hit, Mode, SearchFilter, SearchResult
 
 T = TypeVar("T")
 # Statuses that mean "a proxy or the server could not answer just now"; a retry may succeed.
@@ -144,6 +145,11 @@ class _Call(Generic[T]):
     path: str
     read: Callable[[httpx.Response], T]
     json: Any = None
+    # the write key, for the document write calls (the read key is the client's default header)
+    write: bool = False
+    # seconds the server may hold the answer (a write waiting for its version): added to the
+    # client's timeout for this call
+    wait_s: float = 0.0
 
 
 # The API, written once; RetrieverClient and AsyncRetrieverClient send these calls.
@@ -169,6 +175,64 @@ def _search_batch(queries: Sequence[str], options: SearchOptions) -> _Call[list[
 
 def _collections() -> _Call[dict[str, Any]]:
     return _Call("GET", "/v1/collections", lambda r: dict(r.json()))
+
+
+@dataclass(frozen=True)
+class ChangeStatus:
+    """Where a document write stands: `committed` (the version that serves it), `pending` (poll
+    with `change`), or `failed` (`detail` says why)."""
+
+    change_id: str
+    status: str
+    collection: str | None = None
+    version: int | None = None
+    kind: str | None = None
+    grouped_requests: int = 0
+    report: Mapping[str, Any] | None = None
+    detail: str | None = None
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> ChangeStatus:
+        return cls(
+            change_id=str(data["change_id"]),
+            status=str(data["status"]),
+            collection=data.get("collection"),
+            version=data.get("version"),
+            kind=data.get("kind"),
+            grouped_requests=int(data.get("grouped_requests") or 0),
+            report=data.get("report"),
+            detail=data.get("detail"),
+        )
+
+
+def _change_status(response: httpx.Response) -> ChangeStatus:
+    return ChangeStatus.from_dict(response.json())
+
+
+def _documents_json(documents: Sequence[Document]) -> list[dict[str, Any]]:
+    return [
+        {"id": d.id, "title": d.title, "text": d.text, "metadata": dict(d.metadata)}
+        for d in documents
+    ]
+
+
+def _upsert_documents(
+    documents: Sequence[Document], collection: str, wait: float
+) -> _Call[ChangeStatus]:
+    body = {"documents": _documents_json(documents), "wait": wait}
+    path = f"/v1/collections/{quote(collection, safe='')}/documents"
+    return _Call("PUT", path, _change_status, body, write=True, wait_s=wait)
+
+
+def _delete_documents(ids: Sequence[str], collection: str, wait: float) -> _Call[ChangeStatus]:
+    path = f"/v1/collections/{quote(collection, safe='')}/documents:delete"
+    body = {"ids": list(ids), "wait": wait}
+    return _Call("POST", path, _change_status, body, write=True, wait_s=wait)
+
+
+def _change(change_id: str, wait: float) -> _Call[ChangeStatus]:
+    path = f"/v1/changes/{quote(change_id, safe='')}?wait={wait:g}"
+    return _Call("GET", path, _change_status, write=True, wait_s=wait)
 
 
 def _headers(api_key: str | None) -> dict[str, str]:
@@ -229,11 +293,24 @@ def _results(response: httpx.Response) -> list[SearchResult]:
 class _Client:
     """What both clients hold: where the server is and how to retry."""
 
-    def __init__(self, base_url: str, retries: int, backoff: float) -> None:
+    def __init__(
+        self, base_url: str, retries: int, backoff: float, write_api_key: str | None
+    ) -> None:
         _check_retry_settings(retries, backoff)
         self.base_url = base_url
         self.retries = retries
         self.backoff = backoff
+        self._write_headers = _headers(write_api_key)
+
+    def _options(self, call: _Call[Any], timeout: float) -> dict[str, Any]:
+        """Per-call request options: the write key for a write call (it replaces the read key's
+        header), a timeout that covers the server's wait."""
+        options: dict[str, Any] = {}
+        if call.write and self._write_headers:
+            options["headers"] = self._write_headers
+        if call.wait_s:
+            options["timeout"] = timeout + call.wait_s
+        return options
 
     def _url(self, call: _Call[Any]) -> str:
         return f"{self.base_url.rstrip('/')}{call.path}"
@@ -247,12 +324,14 @@ class RetrieverClient(_Client):
         base_url: str,
         *,
         api_key: str | None = None,
+        write_api_key: str | None = None,
         timeout: float = 10.0,
         retries: int = 3,
         backoff: float = 0.2,
         transport: httpx.BaseTransport | None = None,
     ) -> None:
-        super().__init__(base_url, retries, backoff)
+        super().__init__(base_url, retries, backoff, write_api_key)
+        self._timeout = timeout
         self._http = httpx.Client(
             base_url=base_url, headers=_headers(api_key), timeout=timeout, transport=transport
         )
@@ -280,6 +359,23 @@ class RetrieverClient(_Client):
     def collections(self) -> dict[str, Any]:
         """{"default_collection": alias, "collections": {alias: {"serving", "versions"}}}."""
         return self._send(_collections())
+
+    def upsert_documents(
+        self, documents: Sequence[Document], *, collection: str, wait: float = 30.0
+    ) -> ChangeStatus:
+        """Add or replace documents of an alias (needs the write key); waits up to `wait`
+        seconds for the version that serves them, else returns a `pending` status to poll."""
+        return self._send(_upsert_documents(documents, collection, wait))
+
+    def delete_documents(
+        self, ids: Sequence[str], *, collection: str, wait: float = 30.0
+    ) -> ChangeStatus:
+        """Delete documents of an alias by id (needs the write key); as upsert_documents."""
+        return self._send(_delete_documents(ids, collection, wait))
+
+    def change(self, change_id: str, *, wait: float = 0.0) -> ChangeStatus:
+        """A write's state, waiting up to `wait` seconds for it to be committed."""
+        return self._send(_change(change_id, wait))
 
     def health(self) -> bool:
         """True when the process answers /healthz; False when nothing answers (no retries)."""
@@ -313,7 +409,9 @@ class RetrieverClient(_Client):
         for attempt in range(self.retries + 1):
             response, error = None, None
             try:
-                response = self._http.request(call.method, call.path, json=call.json)
+                response = self._http.request(
+                    call.method, call.path, json=call.json, **self._options(call, self._timeout)
+                )
             except httpx.TransportError as exc:
                 error = exc
             done = _judge(attempt, self.retries, (call.method, self._url(call)), response, error)
@@ -331,12 +429,14 @@ class AsyncRetrieverClient(_Client):
         base_url: str,
         *,
         api_key: str | None = None,
+        write_api_key: str | None = None,
         timeout: float = 10.0,
         retries: int = 3,
         backoff: float = 0.2,
         transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
-        super().__init__(base_url, retries, backoff)
+        super().__init__(base_url, retries, backoff, write_api_key)
+        self._timeout = timeout
         self._http = httpx.AsyncClient(
             base_url=base_url, headers=_headers(api_key), timeout=timeout, transport=transport
         )
@@ -359,6 +459,19 @@ class AsyncRetrieverClient(_Client):
 
     async def collections(self) -> dict[str, Any]:
         return await self._send(_collections())
+
+    async def upsert_documents(
+        self, documents: Sequence[Document], *, collection: str, wait: float = 30.0
+    ) -> ChangeStatus:
+        return await self._send(_upsert_documents(documents, collection, wait))
+
+    async def delete_documents(
+        self, ids: Sequence[str], *, collection: str, wait: float = 30.0
+    ) -> ChangeStatus:
+        return await self._send(_delete_documents(ids, collection, wait))
+
+    async def change(self, change_id: str, *, wait: float = 0.0) -> ChangeStatus:
+        return await self._send(_change(change_id, wait))
 
     async def health(self) -> bool:
         return await self._probe("/healthz")
@@ -390,7 +503,9 @@ class AsyncRetrieverClient(_Client):
         for attempt in range(self.retries + 1):
             response, error = None, None
             try:
-                response = await self._http.request(call.method, call.path, json=call.json)
+                response = await self._http.request(
+                    call.method, call.path, json=call.json, **self._options(call, self._timeout)
+                )
             except httpx.TransportError as exc:
                 error = exc
             done = _judge(attempt, self.retries, (call.method, self._url(call)), response, error)

@@ -17,10 +17,10 @@ import contextlib
 import hashlib
 import json
 import logging
-from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import asdict, dataclass
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -29,56 +29,20 @@ from tqdm.auto import tqdm
 
 from rag_retriever.device import Precision, choose_precision, inference
 from rag_retriever.errors import ModelLoadError
-from rag_retriever.profiles import ModelProfile, ResolvedModel, model_slug, resolve_model
+from rag_retriever.profiles import (
+    Fingerprint,
+    ModelProfile,
+    ResolvedModel,
+    resolve_model,
+)
 from rag_retriever.settings import Settings
+
+if TYPE_CHECKING:  # the record is the store's; only its type is needed here
+    from rag_retriever.store.record import VersionRecord
 
 log = logging.getLogger(__name__)
 
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
-
-
-@dataclass(frozen=True)
-class Fingerprint:
-    """The identity of an embedding space: two encoders with equal fingerprints give equal vectors.
-
-    Stored with every collection; the query path refuses a collection whose fingerprint differs
-    from the loaded encoder's.
-    """
-
-    model: str
-    weights_sha256: str
-    pooling: str
-    query_prefix: str
-    passage_prefix: str
-    dim: int
-    max_seq_length: int
-
-    @property
-    def id(self) -> str:
-        blob = json.dumps(asdict(self), sort_keys=True).encode("utf-8")
-        return hashlib.sha256(blob).hexdigest()[:16]
-
-    @property
-    def slug(self) -> str:
-        return model_slug(self.model, self.dim)
-
-    def describe(self) -> str:
-        return f"{self.model}@{self.id}"
-
-    def to_json(self) -> dict[str, Any]:
-        return {**asdict(self), "id": self.id}
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> Fingerprint:
-        return cls(
-            model=str(data["model"]),
-            weights_sha256=str(data["weights_sha256"]),
-            pooling=str(data["pooling"]),
-            query_prefix=str(data["query_prefix"]),
-            passage_prefix=str(data["passage_prefix"]),
-            dim=int(data["dim"]),
-            max_seq_length=int(data["max_seq_length"]),
-        )
 
 
 @dataclass(frozen=True)
@@ -318,11 +282,11 @@ def embed_batch(
 MODEL_SETTINGS = frozenset({"embed_model", "query_prefix", "passage_prefix", "pooling"})
 
 
-def load_encoder(settings: Settings, version: Mapping[str, Any] | None = None) -> Encoder:
+def load_encoder(settings: Settings, version: VersionRecord | None = None) -> Encoder:
     """The embedding model the settings describe (RAG_EMBED_MODEL and the profile overrides);
-    when they name none and `version` (a collection version's metadata) records the model that
-    built it, that model."""
-    if version and version.get("model_source") and not MODEL_SETTINGS & settings.model_fields_set:
+    when they name none and `version` (a collection version's record) says where the model that
+    built it was loaded from, that model."""
+    if version and version.model_source and not MODEL_SETTINGS & settings.model_fields_set:
         return encoder_of_version(version, settings)
     resolved = resolve_model(
         settings.embed_model,
@@ -338,22 +302,22 @@ def load_encoder(settings: Settings, version: Mapping[str, Any] | None = None) -
     )
 
 
-def encoder_of_version(meta: Mapping[str, Any], settings: Settings) -> Encoder:
+def encoder_of_version(version: VersionRecord, settings: Settings) -> Encoder:
     """The model that embedded a collection version (its `model_source` and fingerprint)."""
-    fingerprint = meta.get("fingerprint") or {}
-    source = meta.get("model_source")
-    name = f"{meta.get('alias')} version {meta.get('version')}"
+    fingerprint = version.fingerprint
+    source = version.model_source
+    name = f"{version.alias} version {version.version}"
     if not source:
         raise ModelLoadError(
-            f"{name} was embedded with {fingerprint.get('model')} and its model location was "
+            f"{name} was embedded with {fingerprint.model} and its model location was "
             f"not recorded; set RAG_EMBED_MODEL to that model"
         )
     profile = ModelProfile(
-        name=str(fingerprint["model"]),
-        query_prefix=str(fingerprint["query_prefix"]),
-        passage_prefix=str(fingerprint["passage_prefix"]),
-        pooling=str(fingerprint["pooling"]),
-        max_seq_length=int(fingerprint["max_seq_length"]),
+        name=fingerprint.model,
+        query_prefix=fingerprint.query_prefix,
+        passage_prefix=fingerprint.passage_prefix,
+        pooling=fingerprint.pooling,
+        max_seq_length=fingerprint.max_seq_length,
     )
     encoder = Encoder.load(
         ResolvedModel(str(source), profile),
@@ -361,9 +325,9 @@ def encoder_of_version(meta: Mapping[str, Any], settings: Settings) -> Encoder:
         dtype=settings.dtype,
         batch_size=settings.embed_batch_size,
     )
-    if encoder.fingerprint.id != fingerprint.get("id"):
+    if encoder.fingerprint.id != fingerprint.id:
         raise ModelLoadError(
             f"the model at {source} no longer matches the fingerprint of {name} "
-            f"({encoder.fingerprint.describe()} vs {fingerprint.get('model')}@{fingerprint.get('id')})"
+            f"({encoder.fingerprint.describe()} vs {fingerprint.describe()})"
         )
     return encoder

@@ -72,3 +72,27 @@ class GateRejected(RagError):
     def __init__(self, message: str, report: object = None) -> None:
         super().__init__(message)
         self.report = report
+
+
+class VersionIncompatible(RagError):
+    """A collection version was written under another record schema, tokenizer, term-hash or
+    BM25 weighting scheme than this rag-retriever reads; the fix is to re-ingest it."""
+
+    http_status = 409
+    code = "version_incompatible"
+
+
+class UpdateRefused(RagError, ValueError):
+    """A document update cannot be applied as a delta (no live version, or the model or chunking
+    changed); the message says which command to run instead."""
+
+    http_status = 409
+    code = "update_refused"
+
+
+class StoreUnavailable(RagError):
+    """The Qdrant engine failed or cannot be reached; nothing of the engine's own error types
+    leaves the store."""
+
+    http_status = 503
+    code = "vector_store_unavailable"

@@ -14,6 +14,7 @@ This module only reads small JSON files; it does not load weights.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 from dataclasses import asdict, dataclass
@@ -173,3 +174,47 @@ def model_slug(name: str, dim: int) -> str:
     """`all-MiniLM-L6-v2`, 384 -> `all-minilm-l6-v2-384` (the model part of a collection name)."""
     base = re.sub(r"[^a-z0-9]+", "-", name.split("/")[-1].lower()).strip("-") or "model"
     return f"{base[:40]}-{dim}"
+
+
+@dataclass(frozen=True)
+class Fingerprint:
+    """The identity of an embedding space: two encoders with equal fingerprints give equal vectors.
+
+    Stored with every collection; the query path refuses a collection whose fingerprint differs
+    from the loaded encoder's.
+    """
+
+    model: str
+    weights_sha256: str
+    pooling: str
+    query_prefix: str
+    passage_prefix: str
+    dim: int
+    max_seq_length: int
+
+    @property
+    def id(self) -> str:
+        blob = json.dumps(asdict(self), sort_keys=True).encode("utf-8")
+        return hashlib.sha256(blob).hexdigest()[:16]
+
+    @property
+    def slug(self) -> str:
+        return model_slug(self.model, self.dim)
+
+    def describe(self) -> str:
+        return f"{self.model}@{self.id}"
+
+    def to_json(self) -> dict[str, Any]:
+        return {**asdict(self), "id": self.id}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Fingerprint:
+        return cls(
+            model=str(data["model"]),
+            weights_sha256=str(data["weights_sha256"]),
+            pooling=str(data["pooling"]),
+            query_prefix=str(data["query_prefix"]),
+            passage_prefix=str(data["passage_prefix"]),
+            dim=int(data["dim"]),
+            max_seq_length=int(data["max_seq_length"]),
+        )

@@ -18,10 +18,10 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 import torch
@@ -31,6 +31,9 @@ from rag_retriever.device import Precision, choose_precision, inference
 from rag_retriever.encoder import quiet_transformers
 from rag_retriever.errors import ModelLoadError
 from rag_retriever.settings import Settings
+
+if TYPE_CHECKING:  # the record is the store's; only its type is needed here
+    from rag_retriever.store.record import VersionRecord
 
 log = logging.getLogger(__name__)
 
@@ -97,14 +100,14 @@ class CrossEncoderReranker:
 
     @classmethod
     def from_settings(
-        cls, settings: Settings, version: Mapping[str, Any] | None = None
+        cls, settings: Settings, version: VersionRecord | None = None
     ) -> CrossEncoderReranker | None:
         """RAG_RERANK_MODEL loaded with the RAG_RERANK_* settings. When the setting is not given,
         the reranker that `version` (a collection version's metadata) names, if any (`improve`
         records the one it trained); None for no reranker."""
         source = settings.rerank_model
         if source is None and "rerank_model" not in settings.model_fields_set and version:
-            source = (version.get("reranker") or {}).get("source")
+            source = (version.reranker or {}).get("source")
         if not source:
             return None
         return cls.load(

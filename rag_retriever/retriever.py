@@ -26,15 +26,20 @@ import dataclasses
 import logging
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
-from typing import TYPE_CHECKING, Any, get_args
+from typing import TYPE_CHECKING, get_args
 
 import numpy as np
 
 from rag_retriever.bm25 import BM25Model, Tokenizer
 from rag_retriever.chunk_table import ChunkCache
-from rag_retriever.errors import CollectionNotFound, FingerprintMismatch, InvalidRequest
+from rag_retriever.errors import (
+    CollectionNotFound,
+    FingerprintMismatch,
+    InvalidRequest,
+    VersionIncompatible,
+)
 from rag_retriever.fusion import Fusion, rrf
 from rag_retriever.records import (
     Chunk,
@@ -47,7 +52,7 @@ from rag_retriever.records import (
 )
 from rag_retriever.reranker import Scorer
 from rag_retriever.settings import RerankFusion, Settings
-from rag_retriever.store import DENSE, SPARSE, StageQuery, Store, open_store
+from rag_retriever.store import DENSE, SPARSE, StageQuery, Store, VersionRecord, open_store
 
 if TYPE_CHECKING:
     from rag_retriever.encoder import Encoder
@@ -95,12 +100,13 @@ class RetrievalConfig:
         return cls(**{f.name: getattr(s, f.name) for f in fields(cls) if f.name in _SETTINGS})
 
 
-def serving_metadata(store: Store, alias_or_name: str) -> Mapping[str, Any]:
-    """The metadata of the version an alias serves; empty when there is none yet."""
+def serving_record(store: Store, alias_or_name: str) -> VersionRecord | None:
+    """The record of the version an alias serves; None when there is none yet (or it cannot be
+    read: opening it for a query then says why)."""
     try:
-        return store.metadata(store.resolve(alias_or_name))
-    except CollectionNotFound:
-        return {}
+        return store.record(store.resolve(alias_or_name))
+    except (CollectionNotFound, VersionIncompatible):
+        return None
 
 
 @dataclass
@@ -141,7 +147,7 @@ class OpenCollection:
 
     name: str
     bm25: BM25Model
-    meta: Mapping[str, object]
+    record: VersionRecord
     # The version's own fusion when it was tuned (`tune-fusion`), else None (the settings').
     tuned_fusion: Fusion | None = None
     opened_at: float = 0.0
@@ -181,7 +187,7 @@ class Retriever:
         from rag_retriever.reranker import CrossEncoderReranker
 
         store = open_store(settings)
-        version = serving_metadata(store, settings.collection)
+        version = serving_record(store, settings.collection)
         return cls(
             encoder=load_encoder(settings, version),
             store=store,
@@ -328,16 +334,10 @@ class Retriever:
         name = self.store.resolve(alias_or_name)
         opened = self._opened.get(name)
         if opened is None or time.monotonic() - opened.opened_at > METADATA_TTL_S:
-            meta = self.store.metadata(name)
-            if "bm25" not in meta:
-                raise CollectionNotFound(
-                    f"collection {name!r} has no BM25 statistics: it was not written by this "
-                    f"version of rag-retriever; re-ingest it"
-                )
-            tuned = Fusion.from_json(meta["fusion"]) if meta.get("fusion") else None
-            opened = OpenCollection(
-                name, BM25Model.from_json(meta["bm25"]), meta, tuned, time.monotonic()
-            )
+            record = self.store.record(name)
+            bm25 = self._bm25_of(name, record)
+            tuned = Fusion.from_json(record.fusion) if record.fusion else None
+            opened = OpenCollection(name, bm25, record, tuned, time.monotonic())
             with self._open_lock:
                 self._opened[name] = opened
         if mode != "bm25":
@@ -384,12 +384,19 @@ class Retriever:
                 f"{self.config.max_query_chars} (RAG_MAX_QUERY_CHARS)"
             )
 
+    def _bm25_of(self, name: str, record: VersionRecord) -> BM25Model:
+        """The version's BM25 query side; the document frequencies of a version are read once
+        (a version never changes them), the record's tuned parts again after METADATA_TTL_S."""
+        cached = self._opened.get(name)
+        if cached is not None:
+            return cached.bm25
+        return BM25Model(record.bm25, self.store.doc_freqs(name))
+
     def _check_fingerprint(self, requested: str, opened: OpenCollection) -> None:
-        stored = opened.meta.get("fingerprint") or {}
-        assert isinstance(stored, Mapping)
+        stored = opened.record.fingerprint
         ours = self.encoder.fingerprint
-        if stored.get("id") != ours.id:
-            theirs = f"{stored.get('model', 'an unknown model')}@{stored.get('id', '?')}"
+        if stored.id != ours.id:
+            theirs = stored.describe()
             raise FingerprintMismatch(
                 f"collection {requested!r} ({opened.name}) was embedded with {theirs}, but the "
                 f"query encoder is {ours.describe()}; re-ingest the collection with this model, "

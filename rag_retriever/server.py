@@ -9,7 +9,9 @@ Example:
 
 Endpoints: `POST /v1/search`, `POST /v1/search/batch`, `GET /v1/collections`, `GET /healthz`
 (the process answers), `GET /readyz` (the default collection opens with the loaded encoder),
-OpenAPI docs at `/docs`. Every error is JSON `{"error": code, "detail": message}`; a `RagError`
+OpenAPI docs at `/docs`; with `RAG_WRITE_API_KEY` set, the document write endpoints of
+writes.py too (`PUT /v1/collections/{alias}/documents`, `POST .../documents:delete`,
+`GET /v1/changes/{id}`), behind that key. Every error is JSON `{"error": code, "detail": message}`; a `RagError`
 keeps its own status and message, an unexpected exception is logged here and answered with a
 generic 500. Limits come from Settings: query length, k, batch size, body size (the body is
 counted as it streams in, so a missing or false Content-Length cannot get past the limit).
@@ -26,7 +28,6 @@ module does not do TLS, rate limiting or multi-tenant keys: put a reverse proxy 
 
 from __future__ import annotations
 
-import hmac
 import importlib.metadata
 import ipaddress
 import json
@@ -43,15 +44,16 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, field_validator
-from qdrant_client.http.exceptions import ResponseHandlingException, UnexpectedResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from rag_retriever.auth import authorised, header
 from rag_retriever.errors import ConfigError, InvalidRequest, RagError
-from rag_retriever.ingest.versions import describe_collections
 from rag_retriever.records import BLANK_CHARS, MAX_EXACT_INT, Mode, SearchFilter
 from rag_retriever.retriever import Retriever
 from rag_retriever.settings import Settings
+from rag_retriever.store.catalog import describe_collections
+from rag_retriever.writes import add_write_routes, is_write_path
 
 log = logging.getLogger(__name__)
 
@@ -172,7 +174,7 @@ def _errors(*statuses: int) -> dict[int | str, dict[str, Any]]:
         400: "malformed request (e.g. a body that is not JSON)",
         401: "missing or wrong API key (when RAG_API_KEY is set)",
         404: "unknown collection or route",
-        409: "the collection was embedded with another model",
+        409: "the collection was embedded with another model, or written under another scheme",
         413: "body over RAG_MAX_BODY_BYTES",
         422: "invalid request: names the field, the value and the fix",
         500: "an unexpected error (details only in the server log)",
@@ -209,6 +211,8 @@ def create_app(retriever: Retriever, settings: Settings) -> FastAPI:
     _add_search_routes(app, retriever, settings)
     _add_collections_route(app, retriever)
     _add_probes(app, retriever, settings)
+    if settings.write_api_key:  # absent from the app (and its schema) without a write key
+        add_write_routes(app, retriever, settings)
     _add_error_handlers(app)
     _add_middleware(app, settings)
     return app
@@ -290,7 +294,7 @@ def _add_probes(app: FastAPI, retriever: Retriever, settings: Settings) -> None:
     )
     def readyz(request: Request) -> JSONResponse:
         ready, report = check_ready(retriever)
-        if settings.api_key and not _authorised(request.scope, settings.api_key.encode()):
+        if settings.api_key and not authorised(request.scope, settings.api_key.encode()):
             # Open to orchestrators, but what it serves is for key holders only.
             report = {"status": report["status"]}
         return JSONResponse(report, status_code=200 if ready else 503)
@@ -305,8 +309,6 @@ def _add_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(RagError, _rag_error)
     app.add_exception_handler(RequestValidationError, _validation_error)
     app.add_exception_handler(StarletteHTTPException, _http_error)
-    app.add_exception_handler(ResponseHandlingException, _qdrant_unreachable)
-    app.add_exception_handler(UnexpectedResponse, _qdrant_unreachable)
 
 
 def _add_middleware(app: FastAPI, settings: Settings) -> None:
@@ -319,7 +321,7 @@ def _add_middleware(app: FastAPI, settings: Settings) -> None:
 
 
 def check_ready(retriever: Retriever) -> tuple[bool, dict[str, Any]]:
-    """Open the default collection (alias, fingerprint, BM25 sidecar) and say whether it worked.
+    """Open the default collection (alias, record, fingerprint, BM25) and say whether it worked.
 
     The first successful check also opens the served version, so later searches do not pay for it.
     """
@@ -333,9 +335,6 @@ def check_ready(retriever: Retriever) -> tuple[bool, dict[str, Any]]:
         opened = retriever.open_collection(alias, retriever.default_mode)
     except RagError as exc:
         return False, {"status": "not_ready", "error": exc.code, "detail": str(exc), **base}
-    except (ResponseHandlingException, UnexpectedResponse) as exc:
-        code, detail = _qdrant_problem(exc)
-        return False, {"status": "not_ready", "error": code, "detail": detail, **base}
     except Exception:
         # A probe must answer, whatever broke; the traceback stays in the server log.
         log.exception("readiness check failed")
@@ -345,7 +344,7 @@ def check_ready(retriever: Retriever) -> tuple[bool, dict[str, Any]]:
             "detail": "the readiness check failed unexpectedly; see the server log",
             **base,
         }
-    chunks = opened.meta.get("chunks")
+    chunks = opened.record.chunks
     return True, {"status": "ready", "serving": opened.name, "chunks": chunks, **base}
 
 
@@ -397,26 +396,6 @@ async def _http_error(request: Request, exc: Exception) -> Any:
     assert isinstance(exc, StarletteHTTPException)
     code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
     return _error(exc.status_code, code, str(exc.detail), dict(exc.headers or {}) or None)
-
-
-async def _qdrant_unreachable(request: Request, exc: Exception) -> Any:
-    assert isinstance(exc, ResponseHandlingException | UnexpectedResponse)
-    code, detail = _qdrant_problem(exc)
-    log.error("%s %s: %s", request.method, request.url.path, detail)
-    return _error(503, code, detail)
-
-
-def _qdrant_problem(exc: ResponseHandlingException | UnexpectedResponse) -> tuple[str, str]:
-    if isinstance(exc, ResponseHandlingException):
-        # `source` is the transport error, e.g. "[Errno 111] Connection refused".
-        return "vector_store_unavailable", (
-            f"Qdrant is unreachable: {exc.source or type(exc.source).__name__}; check that the "
-            f"Qdrant server at RAG_QDRANT_URL is running"
-        )
-    return "vector_store_error", (
-        f"Qdrant answered {exc.status_code} {exc.reason_phrase}; check RAG_QDRANT_URL, "
-        f"RAG_QDRANT_API_KEY and the Qdrant server log"
-    )
 
 
 # -- ASGI middleware (plain ASGI: they see the raw byte stream, unlike BaseHTTPMiddleware) -----
@@ -471,7 +450,7 @@ class _BodyLimit:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        declared = _header(scope, b"content-length")
+        declared = header(scope, b"content-length")
         if declared is not None:
             if not declared.isdigit():
                 await _send_json(
@@ -548,7 +527,8 @@ class _ApiKey:
         self.key = key.encode()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["path"] in PUBLIC_PATHS:
+        if scope["type"] != "http" or scope["path"] in PUBLIC_PATHS or is_write_path(scope["path"]):
+            # the probes are open; the write routes check the write key themselves
             await self.app(scope, receive, send)
             return
         if self._authorised(scope):
@@ -566,28 +546,7 @@ class _ApiKey:
         )
 
     def _authorised(self, scope: Scope) -> bool:
-        return _authorised(scope, self.key)
-
-
-def _authorised(scope: Scope, key: bytes) -> bool:
-    offered: list[str] = []
-    authorization = _header(scope, b"authorization")
-    if authorization is not None:
-        scheme, _, token = authorization.partition(" ")
-        if scheme.lower() == "bearer":
-            offered.append(token.strip())
-    api_key = _header(scope, b"x-api-key")
-    if api_key is not None:
-        offered.append(api_key.strip())
-    # Constant-time comparison: the time taken says nothing about how much of the key matched.
-    return any(hmac.compare_digest(o.encode("utf-8", "replace"), key) for o in offered)
-
-
-def _header(scope: Scope, name: bytes) -> str | None:
-    for key, value in scope["headers"]:
-        if key.lower() == name:
-            return bytes(value).decode("latin-1")
-    return None
+        return authorised(scope, self.key)
 
 
 # -- running it --------------------------------------------------------------------------------

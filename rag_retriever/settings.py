@@ -41,7 +41,9 @@ RERANK_FUSIONS: tuple[RerankFusion, ...] = get_args(RerankFusion)
 _TWO_WEIGHTS = "must be two non-negative numbers, not both 0 (dense,bm25)"
 # Read from the environment only: secrets (a flag would show them in the process list) and the
 # overrides of a model's profile (they belong with the model, not with one command).
-ENV_ONLY = frozenset({"api_key", "qdrant_api_key", "query_prefix", "passage_prefix", "pooling"})
+ENV_ONLY = frozenset(
+    {"api_key", "write_api_key", "qdrant_api_key", "query_prefix", "passage_prefix", "pooling"}
+)
 # Settings whose empty value is a value ("no prefix"); elsewhere an empty variable is unset.
 _EMPTY_IS_A_VALUE = frozenset({"query_prefix", "passage_prefix"})
 
@@ -144,10 +146,31 @@ class Settings(BaseSettings):
     retention_grace_s: NonNegativeInt = _setting(
         60, "seconds a version that stopped serving is kept before retention may delete it"
     )
+    # BM25's document side is normalised with the average chunk length of the lineage's last full
+    # build; deltas keep it, so scores are rank-bm25's with that average. Past this relative drift
+    # of the real average, the next update re-bases with a full build (vectors reused).
+    bm25_rebase_drift: Annotated[float, Field(gt=0, le=1)] = _setting(
+        0.02, "relative drift of the average chunk length after which an update rebuilds BM25 fully"
+    )
+    # A write that finds another write of the same alias running waits this long for it (two
+    # updates in a row each see the other's documents: no lost update).
+    lock_wait_s: NonNegativeInt = _setting(
+        600, "seconds an update waits for another write of the same alias (0 = fail at once)"
+    )
 
     # HTTP service.
     api_key: str | None = _setting(
         None, "when set, the HTTP service requires it on every endpoint but the health probes"
+    )
+    write_api_key: str | None = _setting(
+        None,
+        "when set, the HTTP service offers the document write endpoints, which require this key "
+        "(the read key does not allow writes); unset = no write endpoints",
+    )
+    # Writes that arrive within this window are committed as one version (group commit): a burst
+    # of single-document edits costs one version, not one each.
+    write_window_ms: NonNegativeInt = _setting(
+        200, "milliseconds the HTTP service gathers document writes into one version"
     )
     max_batch_size: PositiveInt = _setting(64, "most questions in one batch request")
     max_body_bytes: PositiveInt = _setting(1_000_000, "largest accepted HTTP request body")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -19,8 +20,17 @@ from qdrant_client import QdrantClient
 from rank_bm25 import BM25Okapi
 
 from rag_retriever import bm25 as bm25_module
-from rag_retriever.bm25 import BM25Model, SparseVector, Tokenizer, sparse_dot, term_index
+from rag_retriever.bm25 import (
+    BM25Model,
+    BM25Stats,
+    SparseVector,
+    Tokenizer,
+    sparse_dot,
+    term_index,
+)
+from rag_retriever.errors import VersionIncompatible
 from rag_retriever.store import SPARSE, EdgeStore, ServerStore, StageQuery, Store
+from rag_retriever.store.record import bare_record
 from tests.conftest import shared_data
 
 CORPUS = [["red", "apple"], ["green", "apple", "apple"], ["red", "wine", "red"], ["blue"]]
@@ -53,16 +63,29 @@ def test_equals_rank_bm25_including_negative_idf_floor_and_repeats() -> None:
         np.testing.assert_allclose(scores(model, CORPUS, query), ref.get_scores(query), rtol=1e-12)
 
 
-def test_query_vector_counts_repeats_and_documents_hold_distinct_terms() -> None:
+def test_query_side_holds_counts_times_idf_and_documents_their_saturated_tf() -> None:
+    """The IDF is the query's: a document's weights do not depend on the other documents."""
     model = BM25Model.build(CORPUS)
-    q = model.query_vector(["red", "red", "apple"])
+    q = model.query_vector(["wine", "wine", "blue", "red", "never-seen"])
+    # red's IDF is 0 (in half the documents): kept at 0; never-seen is in none: left out
     assert sorted(zip(q.indices, q.values, strict=True)) == sorted(
-        [(term_index("red"), 2.0), (term_index("apple"), 1.0)]
+        [
+            (term_index("wine"), 2 * model.idf["wine"]),
+            (term_index("blue"), model.idf["blue"]),
+            (term_index("red"), 0.0),
+        ]
     )
+    k1, b, avgdl = 1.5, 0.75, 9 / 4
     doc = model.document_vector(["red", "wine", "red"])
-    assert list(doc.indices) == sorted({term_index("red"), term_index("wine")})
-    with pytest.raises(KeyError):
-        model.document_vector(["never-seen"])
+    sat = {tf: tf * (k1 + 1) / (tf + k1 * (1 - b + b * 3 / avgdl)) for tf in (1, 2)}
+    assert dict(zip(doc.indices, doc.values, strict=True)) == pytest.approx(
+        {term_index("red"): sat[2], term_index("wine"): sat[1]}
+    )
+    # the same document in a bigger corpus with the same average length: the same weights
+    extra = [["red", "wine", "kiwi"], ["pear", "fig"], ["plum", "fig"], ["kiwi", "pear"]]
+    other = BM25Model.build([*CORPUS, *extra])
+    assert other.stats.avgdl == model.stats.avgdl
+    assert other.document_vector(["red", "wine", "red"]) == doc
 
 
 def test_colliding_terms_get_their_own_index(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -71,24 +94,79 @@ def test_colliding_terms_get_their_own_index(monkeypatch: pytest.MonkeyPatch) ->
     monkeypatch.setattr(bm25_module, "term_index", lambda term: real(term) % 2)
     model = BM25Model.build(CORPUS)
     indices = [model.index_of(t) for t in ("red", "apple", "green", "wine", "blue")]
-    assert len(set(indices)) == 5 and len(model.moved) == 3
+    assert len(set(indices)) == 5 and len(model.stats.moved) == 3
     ref = BM25Okapi(CORPUS)
     for query in (["apple"], ["red", "wine"], ["blue", "green"]):
         np.testing.assert_allclose(scores(model, CORPUS, query), ref.get_scores(query), rtol=1e-12)
-    # the moves travel with the version's metadata
-    again = BM25Model.from_json(json.loads(json.dumps(model.to_json())))
+    # the moves travel with the version's statistics
+    stats = BM25Stats.from_json(json.loads(json.dumps(model.stats.to_json())))
+    again = BM25Model(stats, model.doc_freqs)
     assert again.query_vector(["green"]) == model.query_vector(["green"])
+    # a term entering the vocabulary later does not take an index that is in use
+    grown = model.with_delta(added=[["kiwi", "plum", "fig"]], removed=[])
+    vocabulary = [*model.doc_freqs, "kiwi", "plum", "fig"]
+    assert len({grown.index_of(t) for t in vocabulary}) == len(vocabulary)
+    assert all(grown.index_of(t) == model.index_of(t) for t in model.doc_freqs)
 
 
-def test_metadata_round_trip_encodes_queries_only() -> None:
+def test_statistics_round_trip_and_refuse_another_scheme() -> None:
     model = BM25Model.build(CORPUS)
-    loaded = BM25Model.from_json(model.to_json())
-    assert loaded == model
-    assert loaded.query_vector(["red"]) == model.query_vector(["red"])
-    with pytest.raises(ValueError, match="queries only"):
-        loaded.document_vector(["red"])
-    with pytest.raises(ValueError, match="tokenizer"):
-        BM25Model.from_json({**model.to_json(), "tokenizer": "other"})
+    stats = BM25Stats.from_json(model.stats.to_json())
+    assert stats == model.stats
+    loaded = BM25Model(stats, dict(model.doc_freqs))
+    assert loaded.query_vector(["red", "wine"]) == model.query_vector(["red", "wine"])
+    for key in ("tokenizer", "term_hash", "weighting"):
+        with pytest.raises(VersionIncompatible, match=f"{key}.*re-ingest"):
+            BM25Stats.from_json({**model.stats.to_json(), key: "other"})
+
+
+def test_a_corpus_without_terms_is_refused_with_a_reason() -> None:
+    with pytest.raises(ValueError, match="no document has a searchable term"):
+        BM25Model.build([[], []])
+
+
+@given(
+    start=st.lists(st.lists(st.sampled_from("abcdefgh"), max_size=8), min_size=1, max_size=12),
+    steps=st.lists(
+        st.tuples(
+            st.lists(st.lists(st.sampled_from("abcdefghij"), max_size=8), max_size=4),
+            st.lists(st.integers(0, 30), max_size=3),
+        ),
+        max_size=5,
+    ),
+    query=st.lists(st.sampled_from("abcdefghij"), min_size=1, max_size=4),
+)
+def test_deltas_score_as_rank_bm25_on_the_current_corpus_with_the_recorded_avgdl(
+    start: list[list[str]], steps: list[tuple[list[list[str]], list[int]]], query: list[str]
+) -> None:
+    """A random sequence of additions and removals: the document frequencies are those of the
+    corpus as it is now, and the scores are rank-bm25's with the lineage's average length."""
+    if not any(start):
+        return
+    model = BM25Model.build(start)
+    corpus = [list(d) for d in start]
+    for added, removed_at in steps:
+        gone = sorted({i % len(corpus) for i in removed_at}, reverse=True)
+        if len(gone) >= len(corpus) + len(added):
+            continue
+        removed = [corpus.pop(i) for i in gone]
+        corpus.extend(added)
+        model = model.with_delta(added=added, removed=removed)
+    if not any(corpus):
+        return
+    ref = BM25Okapi(corpus)
+    ref.avgdl = model.stats.avgdl  # the lineage's, as recorded
+    assert dict(model.doc_freqs) == {
+        t: n for t, n in Counter(t for d in corpus for t in set(d)).items()
+    }
+    assert model.stats.n_docs == len(corpus)
+    assert model.stats.total_terms == sum(map(len, corpus))
+    np.testing.assert_allclose(
+        scores(model, corpus, query), ref.get_scores(query), rtol=1e-9, atol=1e-12
+    )
+    # re-based, it is a full build of the corpus as it is now
+    full = BM25Model.build(corpus)
+    assert model.rebased().stats.avgdl == pytest.approx(full.stats.avgdl)
 
 
 def test_tokenizer_stems_lowercases_and_drops_stopwords() -> None:
@@ -108,7 +186,7 @@ def engine_scores(store: Store, corpus: list[list[str]], queries: list[list[str]
     """Index `corpus` as sparse vectors in a real collection; every query's scores by row."""
     model = BM25Model.build(corpus)
     ids = [f"00000000-0000-0000-0000-{i:012d}" for i in range(len(corpus))]
-    store.create("t__x__v1", 1, {"status": "building"})
+    store.create("t__x__v1", 1, bare_record("t__x__v1", dim=1, bm25=model.stats))
     store.upsert(
         "t__x__v1",
         ids,
@@ -119,10 +197,12 @@ def engine_scores(store: Store, corpus: list[list[str]], queries: list[list[str]
     store.seal("t__x__v1", {})
     vectors = [model.query_vector(q) for q in queries]
     requests = [StageQuery(SPARSE, v, len(corpus)) for v in vectors if not v.is_empty]
-    out = []
-    for found in store.search("t__x__v1", requests):
-        out.append({int(pid[-12:]): score for pid, score in found})
-    return out
+    results = iter(store.search("t__x__v1", requests))
+    # a query of terms in no document (or of IDF 0) has no vector: it scores nothing
+    return [
+        {} if v.is_empty else {int(pid[-12:]): score for pid, score in next(results)}
+        for v in vectors
+    ]
 
 
 WORD = st.sampled_from(["ant", "bee", "cat", "dog", "eel", "fox", "gnu", "hen", "ibis", "jay"])
@@ -183,7 +263,7 @@ def test_identical_top_100_on_a_real_corpus(tmp_path: Path) -> None:
     model = BM25Model.build(corpus)
     store = EdgeStore(tmp_path)
     ids = [f"00000000-0000-0000-0000-{i:012d}" for i in range(len(corpus))]
-    store.create("t__x__v1", 1, {})
+    store.create("t__x__v1", 1, bare_record("t__x__v1", dim=1, bm25=model.stats))
     for start in range(0, len(corpus), 1000):
         part = corpus[start : start + 1000]
         store.upsert(

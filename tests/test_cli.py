@@ -48,6 +48,9 @@ def test_ingest_search_collections_rollback(
     for _ in range(2):
         assert main(["ingest", str(corpus), "--collection", "kb", "--no-progress"]) == 0
     out = capsys.readouterr().out
+    assert "unchanged: no new version" in out and "kb__tiny-bert-32__v2" not in out
+    assert main(["ingest", str(corpus), "--collection", "kb", "--no-progress", "--full"]) == 0
+    out = capsys.readouterr().out
     assert "kb__tiny-bert-32__v2" in out and "2 reused" in out
     assert (
         main(

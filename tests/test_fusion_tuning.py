@@ -14,11 +14,11 @@ from rag_retriever.errors import InvalidRequest
 from rag_retriever.eval.questions import Question, load_questions
 from rag_retriever.fusion import Fusion
 from rag_retriever.ingest.loaders import LoadedCorpus
-from rag_retriever.ingest.versions import rollback
 from rag_retriever.ingest.writer import ingest_documents
 from rag_retriever.records import Document
 from rag_retriever.retriever import Retriever
 from rag_retriever.store import Store
+from rag_retriever.store.catalog import rollback
 from rag_retriever.training.fusion import split_by_document, tune_fusion
 from tests.conftest import write_jsonl
 
@@ -46,6 +46,7 @@ def retriever(store: Store, tiny_encoder: Encoder) -> Retriever:
             alias="kb",
             encoder=tiny_encoder,
             store=store,
+            full=True,  # a second version of the same corpus
             retention_grace_s=0,
         )
     return Retriever(encoder=tiny_encoder, store=store, collection="kb")
@@ -70,8 +71,8 @@ def test_tuned_fusion_is_stored_served_shown_and_rolled_back(
     assert report.stored, report.to_json()
     assert best.recall1 > default.recall1
     served = retriever.store.aliases()["kb"]
-    meta = retriever.store.metadata(served)
-    assert Fusion.from_json(meta["fusion"]) == report.best
+    fusion = retriever.store.record(served).fusion
+    assert fusion is not None and Fusion.from_json(fusion) == report.best
     # the query path applies it: hybrid equals the stored fusion of the two lists (oracle)
     retriever._opened.clear()
     query = "kwab city hills"

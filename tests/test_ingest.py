@@ -18,12 +18,12 @@ from rag_retriever.encoder import Encoded, Encoder
 from rag_retriever.errors import CollectionNotFound, ConfigError, IngestLocked, InvalidRequest
 from rag_retriever.ingest.loaders import LoadedCorpus
 from rag_retriever.ingest.lock import IngestLock
-from rag_retriever.ingest.versions import promote_version, rollback
 from rag_retriever.ingest.writer import ingest_documents
 from rag_retriever.profiles import ModelProfile, write_profile_file
 from rag_retriever.records import Document, chunk_point_id
-from rag_retriever.retriever import Retriever
-from rag_retriever.store import STATUS_BUILDING, EdgeStore, Store
+from rag_retriever.store import EdgeStore, Store
+from rag_retriever.store.catalog import promote_version, rollback
+from rag_retriever.store.record import bare_record
 
 DOCS = (
     Document("a", "Apples", "Red apples grow on trees.\n\nGreen apples are sour.", {"lang": "en"}),
@@ -37,6 +37,9 @@ def corpus(docs: Sequence[Document] = DOCS) -> LoadedCorpus:
 
 
 def run(store: Store, encoder: Encoder, tmp_path: Path, docs: Sequence[Document] = DOCS, **kw):
+    """A full build (a new version even of an unchanged corpus, which is what these tests of
+    versions need; the delta path has its own tests in test_update.py)."""
+    kw.setdefault("full", True)
     return ingest_documents(corpus(docs), alias="kb", encoder=encoder, store=store, **kw)
 
 
@@ -46,8 +49,8 @@ def test_first_ingest_writes_a_complete_version_behind_the_alias(
     report = run(store, tiny_encoder, tmp_path)
     assert report.collection == "kb__tiny-bert-32__v1"
     assert store.aliases() == {"kb": report.collection}
-    meta = store.metadata(report.collection)
-    assert meta["status"] == "complete" and meta["fingerprint"]["id"] == tiny_encoder.fingerprint.id
+    record = store.record(report.collection)
+    assert record.status == "complete" and record.fingerprint.id == tiny_encoder.fingerprint.id
     assert store.count(report.collection) == report.chunks == report.encoded
     index = ChunkTable.load(store, report.collection)
     assert index is not None and len(index) == report.chunks
@@ -111,7 +114,7 @@ def test_retention_spares_a_version_retired_within_the_grace_period(
     """A reader that resolved v1 just before the swap to v2 can finish; v1 goes later."""
     reports = [run(store, tiny_encoder, tmp_path, keep_versions=1) for _ in range(2)]
     assert reports[1].deleted_versions == ()
-    assert store.metadata(reports[0].collection)["retired_at"] > 0
+    assert (store.record(reports[0].collection).retired_at or 0) > 0
     later = run(store, tiny_encoder, tmp_path, keep_versions=1, retention_grace_s=0)
     assert set(later.deleted_versions) == {reports[0].collection, reports[1].collection}
     assert [i.name for i in store.versions("kb")] == [later.collection]
@@ -163,7 +166,7 @@ def test_orphans_of_a_killed_ingest_are_removed_next_time(
 ) -> None:
     good = run(store, tiny_encoder, tmp_path)
     orphan = "kb__tiny-bert-32__v7"
-    store.create(orphan, 32, {"alias": "kb", "version": 7, "status": STATUS_BUILDING})
+    store.create(orphan, 32, bare_record(orphan, dim=32, bm25=store.record(good.collection).bm25))
     report = run(store, tiny_encoder, tmp_path)
     assert report.orphans_removed == (orphan,)
     assert report.version == 2  # computed after the orphan was removed
@@ -182,8 +185,8 @@ def test_another_model_never_writes_into_the_old_collection(
     assert second.collection == "kb__other-bert-32__v2"
     assert (second.reused, second.encoded) == (0, second.chunks)  # same text, new model: all new
     assert (
-        store.metadata(first.collection)["fingerprint"]["id"]
-        != store.metadata(second.collection)["fingerprint"]["id"]
+        store.record(first.collection).fingerprint.id
+        != store.record(second.collection).fingerprint.id
     )
 
 
@@ -206,7 +209,7 @@ def test_second_ingest_of_the_same_alias_is_refused(
 ) -> None:
     with (
         IngestLock(tmp_path, "kb"),
-        pytest.raises(IngestLocked, match="another ingest of 'kb' is running"),
+        pytest.raises(IngestLocked, match="another write of 'kb' is running"),
     ):
         run(store, tiny_encoder, tmp_path)
     run(store, tiny_encoder, tmp_path)  # released: works
@@ -261,24 +264,3 @@ def test_links_inside_the_data_dir_cannot_lead_writes_outside(tmp_path: Path) ->
     with pytest.raises(ConfigError, match="leads outside the data dir"), IngestLock(data, "kb"):
         pass
     assert list(outside.iterdir()) == []  # nothing was written there
-
-
-def test_bm25_weights_are_the_same_whether_terms_are_kept_or_recomputed(
-    tmp_path: Path, tiny_encoder: Encoder, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    kept = EdgeStore(tmp_path / "kept")
-    ingest_documents(corpus(DOCS), alias="kb", encoder=tiny_encoder, store=kept)
-    monkeypatch.setattr("rag_retriever.ingest.writer.KEEP_TERMS_UP_TO", 0)
-    again = EdgeStore(tmp_path / "again")
-    ingest_documents(corpus(DOCS), alias="kb", encoder=tiny_encoder, store=again)
-    for query in ("river", "city of kings", "the mountain"):
-        hits = [
-            [
-                (h.chunk_id, h.score)
-                for h in Retriever(encoder=tiny_encoder, store=s, collection="kb").search(
-                    query, mode="bm25"
-                )
-            ]
-            for s in (kept, again)
-        ]
-        assert hits[0] == hits[1]

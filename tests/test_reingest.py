@@ -42,6 +42,7 @@ def questions(tmp_path: Path) -> Path:
 
 
 def ingest(store: Store, encoder: Encoder, root: Path, docs, **kw):
+    kw.setdefault("full", True)  # a new version to judge, even of the same corpus
     return ingest_documents(
         LoadedCorpus(tuple(docs), 0, "t"),
         alias="kb",
@@ -152,7 +153,7 @@ sys.exit(cli.main(sys.argv[2:]))
 KILL_POINTS = [
     ("upsert", 1, False),  # vectors half written
     ("seal", 1, False),  # indexed, flushed and optimized, still marked building
-    ("update_metadata", 2, False),  # marked complete (call 1 wrote `building`), alias not moved
+    ("write_meta", 2, False),  # marked complete (call 1 wrote `building`), alias not moved
     ("point_alias", 1, True),  # alias moved, the old version not yet stamped retired
 ]
 
@@ -180,7 +181,7 @@ def test_sigkill_at_each_write_step_never_breaks_the_alias(
         "RAG_EMBED_MODEL": str(tiny_encoder_dir),
         "RAG_DEVICE": "cpu",
     }
-    args = ["ingest", str(corpus), "--collection", "kb", "--no-progress"]
+    args = ["ingest", str(corpus), "--collection", "kb", "--no-progress", "--full"]
     cmd = [sys.executable, "-m", "rag_retriever.cli", *args]
     first = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     assert first.returncode == 0, first.stderr
@@ -189,9 +190,9 @@ def test_sigkill_at_each_write_step_never_breaks_the_alias(
         store = EdgeStore(tmp_path / "data" / "edge")
         try:
             name = store.aliases()["kb"]
-            meta = store.metadata(name)
-            assert meta["status"] == STATUS_COMPLETE
-            assert meta["chunks"] >= 300 and store.count(name) == meta["chunks"]
+            record = store.record(name)
+            assert record.status == STATUS_COMPLETE
+            assert record.chunks >= 300 and store.count(name) == record.chunks
             return name, [i.name for i in store.versions("kb") if i.status != STATUS_COMPLETE]
         finally:
             store.close()
@@ -255,7 +256,7 @@ def test_a_signal_mid_write_stops_cleanly_within_two_seconds(
         "RAG_EMBED_MODEL": str(tiny_encoder_dir),
         "RAG_DEVICE": "cpu",
     }
-    args = ["ingest", str(corpus), "--collection", "kb", "--no-progress"]
+    args = ["ingest", str(corpus), "--collection", "kb", "--no-progress", "--full"]
     first = subprocess.run(
         [sys.executable, "-m", "rag_retriever.cli", *args],
         env=env,

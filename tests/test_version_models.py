@@ -3,6 +3,7 @@ with the embedder that built it and the reranker recorded for it."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -58,9 +59,8 @@ def test_a_version_names_its_reranker_unless_the_settings_do(
 ) -> None:
     name = _ingest(tmp_path / "data", tiny_encoder_dir)
     store = EdgeStore(tmp_path / "data" / "edge")
-    store.update_metadata(
-        name, {**store.metadata(name), "reranker": {"source": str(tiny_reranker_dir)}}
-    )
+    record = store.record(name)
+    store.put_record(name, dataclasses.replace(record, reranker={"source": str(tiny_reranker_dir)}))
     store.close()
     settings = _settings(tmp_path / "data", RAG_COLLECTION="kb")
     retriever = Retriever.from_settings(settings)

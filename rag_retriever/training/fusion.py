@@ -16,6 +16,7 @@ Not handled: fusions of more than the two lists, and learning-to-rank.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import random
 from collections.abc import Hashable, Iterator, Sequence
@@ -230,9 +231,9 @@ def _best_fusion(
 
 def _store_fusion(retriever: Retriever, report: TuningReport) -> None:
     """Record the best fusion, with the report that chose it, in the version's metadata."""
-    meta = dict(retriever.store.metadata(report.collection))
-    meta["fusion"] = {**report.best.to_json(), "tuning": report.to_json()}
-    retriever.store.update_metadata(report.collection, meta)
+    record = retriever.store.record(report.collection)
+    fusion = {**report.best.to_json(), "tuning": report.to_json()}
+    retriever.store.put_record(report.collection, dataclasses.replace(record, fusion=fusion))
 
 
 def _first_stage_lists(

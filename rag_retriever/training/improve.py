@@ -32,6 +32,7 @@ that cannot fit is skipped. Models are kept under `<data dir>/models/<alias>/<ru
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import time
@@ -46,13 +47,14 @@ from rag_retriever.encoder import Encoder, encoder_of_version
 from rag_retriever.errors import ConfigError
 from rag_retriever.eval.evaluation import EvalRun, evaluate, primary_mode
 from rag_retriever.eval.questions import Question, file_sha256, load_questions
-from rag_retriever.ingest.versions import apply_retention, documents_of, point_alias
+from rag_retriever.ingest.versions import documents_of
 from rag_retriever.ingest.writer import ingest_documents
 from rag_retriever.profiles import ResolvedModel, resolve_model
 from rag_retriever.reranker import CrossEncoderReranker
 from rag_retriever.retriever import RetrievalConfig, Retriever
 from rag_retriever.settings import Settings
 from rag_retriever.store import Store, open_store
+from rag_retriever.store.catalog import apply_retention, point_alias
 from rag_retriever.training.common import PeakMemory, write_question_subset
 from rag_retriever.training.embedder import EmbedderTrainingConfig, train_embedder
 from rag_retriever.training.fusion import (
@@ -248,10 +250,10 @@ class Improve:
     def _retriever(self, name: str) -> Retriever:
         """A retriever of version `name` with the models it names (and no other)."""
         if name not in self._retrievers:
-            meta = self.store.metadata(name)
-            encoder = encoder_of_version(meta, self.settings)
+            record = self.store.record(name)
+            encoder = encoder_of_version(record, self.settings)
             # only the version's reranker (None pins "no reranker" when it names none)
-            source = (meta.get("reranker") or {}).get("source")
+            source = (record.reranker or {}).get("source")
             reranker = CrossEncoderReranker.from_settings(
                 self.settings.replace(rerank_model=source)
             )
@@ -281,14 +283,9 @@ class Improve:
         )
         return _figures(run)
 
-    def _update_metadata(self, name: str, **changes: Any) -> None:
-        meta = dict(self.store.metadata(name))
-        for key, value in changes.items():
-            if value is None:
-                meta.pop(key, None)
-            else:
-                meta[key] = value
-        self.store.update_metadata(name, meta)
+    def _update_record(self, name: str, **changes: Any) -> None:
+        """Replace what is tuned for version `name` (its fusion, its reranker)."""
+        self.store.put_record(name, dataclasses.replace(self.store.record(name), **changes))
         self._forget(name)
 
     # -- steps --------------------------------------------------------------------------------
@@ -309,8 +306,7 @@ class Improve:
         if max_questions is None:
             return {"kept": False, "summary": "skipped: the time budget is too small"}
         out = self._models_dir() / "embedder"
-        meta = self.store.metadata(live)
-        base = ResolvedModel(str(meta["model_source"]), retriever.encoder.profile)
+        base = ResolvedModel(str(self.store.record(live).model_source), retriever.encoder.profile)
         trained = train_embedder(
             retriever,
             self._questions_file("train"),
@@ -357,7 +353,7 @@ class Improve:
 
     def _build(self, model: str | None) -> tuple[str, dict[str, Any], Any]:
         live = self.state["identity"]["live"]
-        meta = self.store.metadata(live)
+        record = self.store.record(live)
         if model is not None:
             encoder = Encoder.load(
                 resolve_model(model),
@@ -367,12 +363,13 @@ class Improve:
             )
         else:
             encoder = self._retriever(live).encoder  # the live vectors are copied, not encoded
-        chunking = meta.get("chunking") or {}
+        chunking = record.chunking
         report = ingest_documents(
             documents_of(self.store, live),
             alias=self.alias,
             encoder=encoder,
             store=self.store,
+            full=True,  # a new, unpromoted version to judge, even from the same model
             lock_dir=self.settings.data_dir,
             chunk_tokens=int(chunking.get("chunk_tokens", self.settings.chunk_tokens)),
             overlap_tokens=int(chunking.get("overlap_tokens", self.settings.chunk_overlap_tokens)),
@@ -380,9 +377,7 @@ class Improve:
             progress=self.options.progress,
         )
         # It starts with what the live version serves with (each step may replace it).
-        self._update_metadata(
-            report.collection, fusion=meta.get("fusion"), reranker=meta.get("reranker")
-        )
+        self._update_record(report.collection, fusion=record.fusion, reranker=record.reranker)
         return report.collection, self._evaluate(report.collection), report
 
     def _built(self, name: str, figures: dict[str, Any], report: Any, how: str) -> dict[str, Any]:
@@ -428,14 +423,14 @@ class Improve:
             store=False,
             progress=self.options.progress,
         )
-        previous = self.store.metadata(name).get("fusion")
-        self._update_metadata(name, fusion={**report.best.to_json(), "tuning": report.to_json()})
+        previous = self.store.record(name).fusion
+        self._update_record(name, fusion={**report.best.to_json(), "tuning": report.to_json()})
         after = self._evaluate(name)
         kept = _better(after, before)
         if kept:
             verdict = f"kept {report.best.describe()}"
         else:
-            self._update_metadata(name, fusion=previous)
+            self._update_record(name, fusion=previous)
             verdict = f"dropped {report.best.describe()} (held-out {_describe(after)})"
         figures = after if kept else before
         return {
@@ -454,7 +449,7 @@ class Improve:
         if max_questions is None:
             return {"kept": False, "summary": "skipped: the time budget is too small"}
         out = self._models_dir() / "reranker"
-        source = str(self.store.metadata(name).get("model_source"))
+        source = str(self.store.record(name).model_source)
         train_reranker(
             retriever,
             self._questions_file("train"),
@@ -469,14 +464,12 @@ class Improve:
             overwrite=True,
             progress=self.options.progress,
         )
-        previous = self.store.metadata(name).get("reranker")
-        self._update_metadata(
-            name, reranker={"source": str(out.resolve()), "trained_by": "improve"}
-        )
+        previous = self.store.record(name).reranker
+        self._update_record(name, reranker={"source": str(out.resolve()), "trained_by": "improve"})
         after = self._evaluate(name, mode="rerank")
         kept = _better(after, before)
         if not kept:
-            self._update_metadata(name, reranker=previous)
+            self._update_record(name, reranker=previous)
         verdict = "kept" if kept else "dropped (the version serves without it)"
         return {
             "kept": kept,
@@ -540,7 +533,7 @@ class Improve:
         per_pass = _seconds_per_pass(encoder)
         fixed = 0.0
         if step == "embedder":  # the new version re-embeds every chunk
-            chunks = int(self.store.metadata(self.state["identity"]["live"]).get("chunks") or 0)
+            chunks = self.store.record(self.state["identity"]["live"]).chunks
             fixed = chunks * per_pass
         if step == "reranker":  # the held-out part is evaluated reranked
             pairs = self.state["split"]["held_out"] * self.settings.rerank_candidates

@@ -423,7 +423,7 @@ def train_reranker(
         name=name,
         base_model=source,
         collection=mined.collection,
-        collection_fingerprint=retriever.store.metadata(mined.collection).get("fingerprint") or {},
+        collection_fingerprint=retriever.store.record(mined.collection).fingerprint.to_json(),
         fresh_head=fresh_head,
         pooler_reset_to_identity=pooler_reset,
         pairs_per_step=config.batch_size * (1 + config.negatives),

@@ -1,0 +1,158 @@
+"""Versions of an alias: list them, remove orphans, apply retention, promote, roll back.
+
+Example:
+    >>> rollback(store, "docs")        # doctest: +SKIP
+    'docs__all-minilm-l6-v2-384__v2'
+
+Only `complete` versions are ever served: promote and rollback refuse anything else. When the
+alias moves, the version it leaves is stamped `retired_at`; retention deletes a retired version
+only after a grace period, so a process that resolved the alias just before the move can finish
+its queries (and follows the alias on its next one). Shards that several versions share (deltas,
+see edge.py) are deleted with the last version that names them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from rag_retriever.errors import CollectionNotFound, InvalidRequest
+from rag_retriever.settings import default_of
+from rag_retriever.store.base import CollectionInfo, Store, parse_collection_name, retired_for
+from rag_retriever.store.record import STATUS_COMPLETE
+
+log = logging.getLogger(__name__)
+
+DEFAULT_KEEP_VERSIONS: int = default_of("keep_versions")
+DEFAULT_RETENTION_GRACE_S: float = default_of("retention_grace_s")
+
+
+def remove_orphans(store: Store, alias: str) -> list[str]:
+    """Delete collections of `alias` that never completed and are not served."""
+    served = set(store.aliases().values())
+    removed = []
+    for info in store.versions(alias):
+        if info.status != STATUS_COMPLETE and info.name not in served:
+            log.warning("removing incomplete collection %s left by an interrupted write", info.name)
+            store.delete(info.name)
+            removed.append(info.name)
+    return removed
+
+
+def apply_retention(
+    store: Store,
+    alias: str,
+    keep: int = DEFAULT_KEEP_VERSIONS,
+    *,
+    grace_s: float = DEFAULT_RETENTION_GRACE_S,
+) -> list[str]:
+    """Keep the `keep` newest complete versions and the served one; delete older ones that
+    stopped serving at least `grace_s` seconds ago."""
+    served = set(store.aliases().values())
+    complete = [i for i in store.versions(alias) if i.status == STATUS_COMPLETE]
+    now = time.time()
+    doomed = []
+    for info in complete[: max(0, len(complete) - keep)]:
+        retired = retired_for(info.record, now) if info.record is not None else None
+        if info.name not in served and (retired is None or retired >= grace_s):
+            doomed.append(info)
+    for info in doomed:
+        store.delete(info.name)
+    return [i.name for i in doomed]
+
+
+def point_alias(store: Store, alias: str, name: str) -> None:
+    """Move `alias` to `name` and stamp the version it leaves as retired now."""
+    previous = store.aliases().get(alias)
+    store.point_alias(alias, name)
+    if previous is not None and previous != name:
+        with contextlib.suppress(CollectionNotFound):
+            record = store.record(previous)
+            store.put_record(previous, dataclasses.replace(record, retired_at=time.time()))
+    with contextlib.suppress(CollectionNotFound):
+        record = store.record(name)
+        if record.retired_at is not None:
+            store.put_record(name, dataclasses.replace(record, retired_at=None))
+
+
+def promote_version(store: Store, alias: str, version: int) -> str:
+    """Point `alias` at its complete version `version`; returns the collection name."""
+    infos = store.versions(alias)
+    match = [i for i in infos if i.version == version]
+    if not match:
+        known = ", ".join(str(i.version) for i in infos) or "none"
+        raise CollectionNotFound(f"{alias!r} has no version {version}; versions: {known}")
+    info = match[0]
+    if info.status != STATUS_COMPLETE or info.record is None:
+        raise InvalidRequest(
+            f"{info.name} is {info.status!r}, not complete; only complete versions can be served"
+            + (f" ({info.problem})" if info.problem else "")
+        )
+    point_alias(store, alias, info.name)
+    return info.name
+
+
+def rollback(store: Store, alias: str) -> str:
+    """Point `alias` at the newest complete version older than the one it serves now."""
+    served = store.aliases().get(alias)
+    if served is None:
+        raise CollectionNotFound(f"alias {alias!r} does not exist; nothing to roll back")
+    infos = store.versions(alias)
+    current = next((i.version for i in infos if i.name == served), None)
+    older = [
+        i
+        for i in infos
+        if i.status == STATUS_COMPLETE
+        and i.record is not None
+        and current is not None
+        and i.version < current
+    ]
+    if not older:
+        raise InvalidRequest(
+            f"{alias!r} serves {served} and no older complete version is kept "
+            f"(RAG_KEEP_VERSIONS keeps the newest versions after each ingest)"
+        )
+    point_alias(store, alias, older[-1].name)
+    return older[-1].name
+
+
+def describe_versions(infos: Sequence[CollectionInfo], served: str | None) -> list[dict[str, Any]]:
+    out = []
+    for i in infos:
+        r = i.record
+        out.append(
+            {
+                "collection": i.name,
+                "version": i.version,
+                "status": i.status,
+                "points": i.points,
+                "serving": i.name == served,
+                "fingerprint": r.fingerprint.id if r else None,
+                "model": r.fingerprint.model if r else None,
+                # a fusion tuned for this version (`tune-fusion`), else null: the settings' RRF
+                "fusion": dict(r.fusion) if r and r.fusion is not None else None,
+                "created_at": r.created_at if r else None,
+                # which version it was made from, and deltas since the last full build
+                "lineage": r.lineage.to_json() if r else None,
+                "documents": r.documents if r else None,
+                "problem": i.problem,
+            }
+        )
+    return out
+
+
+def describe_collections(store: Store) -> dict[str, dict[str, Any]]:
+    """{alias: {"serving": collection or None, "versions": [...]}} for every versioned alias."""
+    aliases = store.aliases()
+    groups = sorted({p[0] for n in store.collection_names() if (p := parse_collection_name(n))})
+    return {
+        alias: {
+            "serving": aliases.get(alias),
+            "versions": describe_versions(store.versions(alias), aliases.get(alias)),
+        }
+        for alias in groups
+    }

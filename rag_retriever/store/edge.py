@@ -1,0 +1,610 @@
+"""Qdrant Edge, the embedded default: a version is an immutable manifest of shards.
+
+Example:
+    >>> store = EdgeStore(Path("rag-data/edge"))                        # doctest: +SKIP
+    >>> store.derive("docs__m-384__v4", "docs__m-384__v3", record, drop=changed_ids)  # doctest: +SKIP
+
+Edge has no collections or aliases. Layout under `root`:
+
+    collections/<name>/meta.json       the version record (status building -> complete)
+    collections/<name>/manifest.json   the shards it reads, each with the ids it no longer serves
+    collections/<name>/doc_freqs.json  its BM25 document frequencies
+    segments/<alias>--<id>/            one Edge shard (no WAL): written by one version, then
+                                       read-only, shared by every version whose manifest names it
+    aliases/<alias>.json               {"collection": <name>}, replaced atomically
+
+LSM-style versions. A full build writes one shard. A delta (`derive`) writes a manifest that names
+the base version's shards, adds the ids it replaces or deletes to their tombstones, and one new
+shard for what it adds; the base's shards and their HNSW graphs are never rewritten, so a small
+delta costs what it changes, whatever the corpus size. A query runs one batched call per shard
+(tombstoned ids excluded by a `must_not has_id` filter) and merges by score: dense scores are
+cosines and BM25's IDF is on the query side, so scores from different shards compare. Delta
+shards are merged like a binary counter (MERGE_RATIO, at most MAX_DELTA_SHARDS; cost: the deltas'
+points); when the deltas hold more than BASE_MERGE_FRACTION of the base, everything is merged
+into a new base (a full HNSW build, vectors copied, nothing re-encoded).
+
+Readers: any number of processes open sealed shards at once; shards are opened on first use and
+kept open (a serving process keeps the base shard open across deltas). Retention deletes a
+version's directory (renamed out of sight first), then every shard of that alias that no kept
+manifest names. A process killed at any step leaves a `building` version and maybe an unnamed
+shard: the next write of the alias removes both.
+
+Does not do: replication, or writes from two processes to one version (the writer holds the
+alias's lock).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import re
+import shutil
+import threading
+import uuid
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from rag_retriever.bm25 import SparseVector
+from rag_retriever.errors import CollectionNotFound, ConfigError, InvalidRequest
+from rag_retriever.records import ALIAS_PATTERN, SearchFilter, check_alias
+from rag_retriever.store.base import (
+    DENSE,
+    HNSW_EF_PER_RESULT,
+    SPARSE,
+    IndexKind,
+    Record,
+    StageQuery,
+    Store,
+    best_first,
+    check_lengths,
+    engine_errors,
+    make_record,
+    metadata_path,
+    parse_collection_name,
+    read_json,
+    write_atomic,
+)
+from rag_retriever.store.record import VersionRecord
+
+log = logging.getLogger(__name__)
+
+# What a version's directory or a shard may be called: a plain file name that cannot leave the
+# store.
+_SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,199}")
+# Delta shards are merged like a binary counter: the newest two whenever the older one holds at
+# most MERGE_RATIO times the newer one's points. For equal deltas that keeps at most ~5 delta
+# shards and copies each delta point ~6 times over 100 deltas (simulated), so merges stay small.
+MERGE_RATIO = 2
+# And never more than this many delta shards: each costs one engine call per query (~0.3 ms).
+MAX_DELTA_SHARDS = 4
+# When the delta shards' points (live or tombstoned in the base) exceed this share of the base's,
+# everything is merged into a new base, so tombstone filters and shard counts stay bounded.
+BASE_MERGE_FRACTION = 0.25
+# Points per write call when shards are merged.
+MERGE_BATCH = 512
+
+
+@dataclass(frozen=True)
+class Segment:
+    """One shard as a version reads it: its id, its points, and the ids it no longer serves."""
+
+    id: str
+    points: int
+    deleted: frozenset[str] = frozenset()
+
+    @property
+    def live(self) -> int:
+        return self.points - len(self.deleted)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"id": self.id, "points": self.points, "deleted": sorted(self.deleted)}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Segment:
+        return cls(str(data["id"]), int(data["points"]), frozenset(data.get("deleted") or ()))
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """The shards of a version, oldest (the base) first; `own` is the one this version writes."""
+
+    segments: tuple[Segment, ...] = ()
+    own: str | None = None
+    merges: tuple[str, ...] = field(default=(), compare=False)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"segments": [s.to_json() for s in self.segments], "own": self.own}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Manifest:
+        return cls(tuple(Segment.from_json(s) for s in data["segments"]), data.get("own"))
+
+
+class EdgeStore(Store):
+    """Versions as manifests of Qdrant Edge shards under `root` (see the module docstring)."""
+
+    embedded = True
+
+    def __init__(self, root: Path) -> None:
+        import qdrant_edge
+
+        self._edge = qdrant_edge
+        self.root = root
+        self._collections = root / "collections"
+        self._segments = root / "segments"
+        self._aliases = root / "aliases"
+        for folder in (self._collections, self._segments, self._aliases):
+            folder.mkdir(parents=True, exist_ok=True)
+            # Everything the store writes stays under its root: a link that leads out is refused.
+            if not folder.resolve().is_relative_to(root.resolve()):
+                raise ConfigError(
+                    f"{folder} leads outside the data dir (to {folder.resolve()}); the store "
+                    f"writes only under {root}: remove the link"
+                )
+        self._shards: dict[str, Any] = {}
+        self._manifests: dict[str, Manifest] = {}
+        # (version, shard) -> its tombstone condition, built once: a query reuses it
+        self._excluded: dict[tuple[str, str], Any] = {}
+        self._dims: dict[str, int] = {}
+        self._lock = threading.Lock()
+
+    # -- names, records, manifests ------------------------------------------------------------
+
+    def _dir(self, name: str) -> Path:
+        """The directory of a version. A name that is not a plain file name (no '/', no leading
+        '.', no '..') is refused before any path is built from it."""
+        if not _SAFE_NAME.fullmatch(name):
+            raise CollectionNotFound(f"{name!r} is not a collection name of this store")
+        return self._collections / name
+
+    def _alias_file(self, alias: str) -> Path:
+        try:
+            return self._aliases / f"{check_alias(alias)}.json"
+        except ValueError as exc:
+            raise InvalidRequest(str(exc)) from None
+
+    def collection_names(self) -> list[str]:
+        return sorted(
+            p.name
+            for p in self._collections.iterdir()
+            if not p.name.startswith(".") and (p / "meta.json").is_file()
+        )
+
+    def exists(self, name: str) -> bool:
+        return (self._dir(name) / "meta.json").is_file()
+
+    def aliases(self) -> dict[str, str]:
+        out = {}
+        for path in self._aliases.glob("*.json"):
+            with contextlib.suppress(FileNotFoundError, ValueError, KeyError):
+                out[path.stem] = str(read_json(path)["collection"])
+        return out
+
+    def resolve(self, alias_or_name: str) -> str:
+        # One small read per query: a serving process follows a moved alias at once.
+        if ALIAS_PATTERN.fullmatch(alias_or_name):
+            path = self._aliases / f"{alias_or_name}.json"
+            with contextlib.suppress(FileNotFoundError, ValueError, KeyError, OSError):
+                return str(read_json(path)["collection"])
+        return super().resolve(alias_or_name)
+
+    def _read(self, name: str, file: str) -> Any:
+        try:
+            return read_json(self._dir(name) / file)
+        except FileNotFoundError:
+            raise CollectionNotFound(f"collection {name!r} does not exist") from None
+
+    def _write(self, name: str, file: str, data: Any) -> None:
+        if not self._dir(name).is_dir():
+            raise CollectionNotFound(f"collection {name!r} does not exist")
+        write_atomic(self._dir(name) / file, json.dumps(data).encode())
+
+    def read_meta(self, name: str) -> dict[str, Any]:
+        return dict(self._read(name, "meta.json"))
+
+    def write_meta(self, name: str, meta: Mapping[str, Any]) -> None:
+        self._write(name, "meta.json", dict(meta))
+
+    def doc_freqs(self, name: str) -> dict[str, int]:
+        return dict(self._read(name, "doc_freqs.json"))
+
+    def put_doc_freqs(self, name: str, doc_freqs: Mapping[str, int]) -> None:
+        self._write(name, "doc_freqs.json", dict(doc_freqs))
+
+    def manifest(self, name: str) -> Manifest:
+        manifest = self._manifests.get(name)
+        if manifest is None:
+            try:
+                manifest = Manifest.from_json(self._read(name, "manifest.json"))
+            except CollectionNotFound:
+                if self.exists(name):  # killed between its record and its manifest
+                    return Manifest()
+                raise
+            self._manifests[name] = manifest
+        return manifest
+
+    def _put_manifest(self, name: str, manifest: Manifest) -> None:
+        self._write(name, "manifest.json", manifest.to_json())
+        self._manifests[name] = manifest
+        self._excluded = {k: v for k, v in self._excluded.items() if k[0] != name}
+
+    def _tombstones(self, name: str, seg: Segment) -> Any:
+        """The `must_not has_id` condition of a shard's tombstones in version `name` (or None)."""
+        if not seg.deleted:
+            return None
+        key = (name, seg.id)
+        condition = self._excluded.get(key)
+        if condition is None:
+            condition = self._excluded[key] = self._edge.HasIdCondition(set(seg.deleted))
+        return condition
+
+    # -- writing ------------------------------------------------------------------------------
+
+    def create(self, name: str, dim: int, record: VersionRecord) -> None:
+        self._dir(name).mkdir(parents=True)
+        self.put_record(name, record)
+        self._start_own(name, dim, Manifest())
+
+    def derive(self, name: str, base: str, record: VersionRecord, drop: Iterable[str]) -> None:
+        old = self.manifest(base)
+        drop = set(drop)
+        segments = []
+        for seg in old.segments:
+            # Tombstones name only ids the shard holds, so counts stay exact.
+            held = {r.id for r in self._retrieve_segment(seg.id, sorted(drop - seg.deleted))}
+            segments.append(Segment(seg.id, seg.points, seg.deleted | held))
+        self._dir(name).mkdir(parents=True)
+        self.put_record(name, record)
+        self._start_own(name, record.fingerprint.dim, Manifest(tuple(segments)))
+
+    def _start_own(self, name: str, dim: int, manifest: Manifest) -> None:
+        """Name a new shard in the manifest first (so that cleaning up never misses it), then
+        create it."""
+        alias = name.split("__", 1)[0]
+        own = f"{alias}--{uuid.uuid4().hex[:12]}"
+        self._put_manifest(name, Manifest((*manifest.segments, Segment(own, 0)), own))
+        self._dims[name] = dim
+        self._create_shard(own, dim)
+
+    def _create_shard(self, segment: str, dim: int) -> None:
+        edge = self._edge
+        config = edge.EdgeConfig(
+            vectors={DENSE: edge.EdgeVectorParams(size=dim, distance=edge.Distance.Cosine)},
+            sparse_vectors={SPARSE: edge.EdgeSparseVectorParams()},
+            # No WAL: a shard is written once by one process, and durable once flushed; a
+            # shard without WAL can be opened by any number of processes at once.
+            wal_enabled=False,
+        )
+        directory = self._segment_dir(segment)
+        with self._lock, engine_errors(f"creating shard {segment}"):
+            self._shards[segment] = edge.EdgeShard.create(str(directory), config)
+
+    def _own(self, name: str) -> str:
+        own = self.manifest(name).own
+        if own is None:
+            raise InvalidRequest(f"{name} is not being written; a sealed version is read-only")
+        return own
+
+    def upsert(
+        self,
+        name: str,
+        ids: Sequence[str],
+        dense: np.ndarray,
+        sparse: Sequence[SparseVector],
+        payloads: Sequence[Mapping[str, Any]],
+    ) -> None:
+        check_lengths(ids, dense, sparse, payloads)
+        self._upsert_segment(self._own(name), ids, dense, sparse, payloads)
+
+    def _upsert_segment(
+        self,
+        segment: str,
+        ids: Sequence[str],
+        dense: np.ndarray,
+        sparse: Sequence[SparseVector],
+        payloads: Sequence[Mapping[str, Any]],
+    ) -> None:
+        edge = self._edge
+        points = [
+            edge.Point(
+                pid,
+                {
+                    DENSE: vec.tolist(),
+                    SPARSE: edge.SparseVector(list(sp.indices), list(sp.values)),
+                },
+                dict(payload),
+            )
+            for pid, vec, sp, payload in zip(ids, dense, sparse, payloads, strict=True)
+        ]
+        with engine_errors(f"writing to shard {segment}"):
+            self._shard(segment).update(edge.UpdateOperation.upsert_points(points))
+
+    def seal(self, name: str, indexes: Mapping[str, IndexKind]) -> None:
+        own = self._own(name)
+        points = self._seal_segment(own, indexes)
+        manifest = self.manifest(name)
+        segments = tuple(
+            Segment(s.id, points, s.deleted) if s.id == own else s for s in manifest.segments
+        )
+        compacted = self._compact(name, segments, indexes)
+        self._put_manifest(name, Manifest(compacted, None))
+        if compacted != segments:  # this version's own shard may be merged away: not kept
+            self.collect_garbage(name.split("__", 1)[0])
+
+    def _seal_segment(self, segment: str, indexes: Mapping[str, IndexKind]) -> int:
+        """Payload indexes, flush, optimize; returns the shard's point count."""
+        edge = self._edge
+        kinds = {
+            "keyword": edge.PayloadSchemaType.Keyword,
+            "integer": edge.PayloadSchemaType.Integer,
+            "bool": edge.PayloadSchemaType.Bool,
+        }
+        shard = self._shard(segment)
+        with engine_errors(f"sealing shard {segment}"):
+            for path, kind in indexes.items():
+                shard.update(edge.UpdateOperation.create_field_index(path, kinds[kind]))
+            shard.flush()
+            shard.optimize()
+            shard.flush()
+            return int(shard.count(edge.CountRequest(exact=True)))
+
+    def _compact(
+        self, name: str, segments: tuple[Segment, ...], indexes: Mapping[str, IndexKind]
+    ) -> tuple[Segment, ...]:
+        """Merge the newest delta shards while the older is not much bigger (MERGE_RATIO), all of
+        them past MAX_DELTA_SHARDS, or everything when the deltas outgrow the base."""
+        if len(segments) < 2:
+            return segments
+        base, deltas = segments[0], list(segments[1:])
+        if sum(s.points for s in deltas) + len(base.deleted) > BASE_MERGE_FRACTION * base.points:
+            log.info(
+                "%s: the deltas outgrew the base; merging %d shards into a new base",
+                name,
+                len(segments),
+            )
+            return (self._merge(name, segments, indexes),)
+        while len(deltas) >= 2 and deltas[-2].live <= MERGE_RATIO * deltas[-1].live:
+            deltas[-2:] = [self._merge(name, deltas[-2:], indexes)]
+        if len(deltas) > MAX_DELTA_SHARDS:
+            log.info("%s: merging %d delta shards into one", name, len(deltas))
+            deltas = [self._merge(name, deltas, indexes)]
+        return (base, *deltas)
+
+    def _merge(
+        self, name: str, segments: Sequence[Segment], indexes: Mapping[str, IndexKind]
+    ) -> Segment:
+        """One new shard holding the live points of `segments` (vectors copied as they are)."""
+        alias = name.split("__", 1)[0]
+        merged = f"{alias}--{uuid.uuid4().hex[:12]}"
+        manifest = self.manifest(name)
+        # Named first, so that a kill during the merge leaves nothing unnamed behind.
+        self._put_manifest(name, Manifest((*manifest.segments, Segment(merged, 0)), manifest.own))
+        self._create_shard(merged, self._dim_of(name, segments))
+        for seg in segments:
+            ids: list[str] = []
+            for record in self._scroll_segment(seg, None, self._tombstones(name, seg)):
+                ids.append(record.id)
+                if len(ids) == MERGE_BATCH:
+                    self._copy(seg.id, merged, ids)
+                    ids = []
+            self._copy(seg.id, merged, ids)
+        points = self._seal_segment(merged, indexes)
+        return Segment(merged, points)
+
+    def _dim_of(self, name: str, segments: Sequence[Segment]) -> int:
+        if name in self._dims:
+            return self._dims[name]
+        return self.record(name).fingerprint.dim
+
+    def _copy(self, source: str, target: str, ids: Sequence[str]) -> None:
+        if not ids:
+            return
+        records = self._retrieve_segment(source, ids, dense=True, sparse=True)
+        self._upsert_segment(
+            target,
+            [r.id for r in records],
+            np.stack([r.dense for r in records if r.dense is not None]),
+            [r.sparse for r in records if r.sparse is not None],
+            [r.payload for r in records],
+        )
+
+    def delete(self, name: str) -> None:
+        """Remove a version (renamed out of sight first, so no reader sees half of it), then the
+        shards of its alias that no remaining version names."""
+        directory = self._dir(name)
+        self._manifests.pop(name, None)
+        trash = self._collections / f".deleted-{name}-{uuid.uuid4().hex[:8]}"
+        try:
+            directory.rename(trash)
+        except FileNotFoundError:
+            return
+        shutil.rmtree(trash, ignore_errors=True)
+        parsed = parse_collection_name(name)
+        self.collect_garbage(parsed[0] if parsed else name)
+
+    def collect_garbage(self, alias: str) -> list[str]:
+        """Delete the shards of `alias` that no version's manifest names; returns their ids."""
+        named: set[str] = set()
+        for version in self.collection_names():
+            with contextlib.suppress(CollectionNotFound):
+                manifest = Manifest.from_json(self._read(version, "manifest.json"))
+                named.update(s.id for s in manifest.segments)
+        removed = []
+        for directory in self._segments.glob(f"{alias}--*"):
+            if directory.name in named:
+                continue
+            with self._lock:
+                shard = self._shards.pop(directory.name, None)
+            if shard is not None:
+                shard.close()
+            trash = self._segments / f".deleted-{directory.name}"
+            with contextlib.suppress(FileNotFoundError):
+                directory.rename(trash)
+                shutil.rmtree(trash, ignore_errors=True)
+                removed.append(directory.name)
+        return removed
+
+    def point_alias(self, alias: str, name: str) -> None:
+        if not self.exists(name):
+            raise CollectionNotFound(f"collection {name!r} does not exist")
+        write_atomic(self._alias_file(alias), json.dumps({"collection": name}).encode())
+
+    def remove_alias(self, alias: str) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            self._alias_file(alias).unlink()
+
+    # -- reading ------------------------------------------------------------------------------
+
+    def _segment_dir(self, segment: str) -> Path:
+        if not _SAFE_NAME.fullmatch(segment):
+            raise CollectionNotFound(f"{segment!r} is not a shard of this store")
+        return self._segments / segment
+
+    def _shard(self, segment: str) -> Any:
+        directory = self._segment_dir(segment)
+        shard = self._shards.get(segment)
+        if shard is not None:
+            if not directory.is_dir():  # removed by another process
+                with self._lock:
+                    self._shards.pop(segment, None)
+                raise CollectionNotFound(f"shard {segment!r} no longer exists")
+            return shard
+        with self._lock:
+            shard = self._shards.get(segment)
+            if shard is None:
+                if not directory.is_dir():
+                    raise CollectionNotFound(f"shard {segment!r} does not exist")
+                try:
+                    shard = self._edge.EdgeShard.load(str(directory))
+                except Exception as exc:
+                    if not directory.is_dir():
+                        raise CollectionNotFound(f"shard {segment!r} no longer exists") from None
+                    raise ConfigError(
+                        f"cannot open the Qdrant Edge shard {directory}: {exc}"
+                    ) from exc
+                self._shards[segment] = shard
+            return shard
+
+    def count(self, name: str) -> int:
+        edge = self._edge
+        total = 0
+        for seg in self.manifest(name).segments:
+            with engine_errors(f"counting {name}"):
+                total += int(
+                    self._shard(seg.id).count(
+                        edge.CountRequest(
+                            exact=True, filter=self._filter(None, self._tombstones(name, seg))
+                        )
+                    )
+                )
+        return total
+
+    def search(self, name: str, queries: Sequence[StageQuery]) -> list[list[tuple[str, float]]]:
+        if not queries:
+            return []
+        segments = self.manifest(name).segments
+        merged: list[list[tuple[str, float]]] = [[] for _ in queries]
+        for seg in segments:
+            with engine_errors(f"searching {name}"):
+                results = self._shard(seg.id).query_batch(
+                    self._edge.QueryBatchRequest(
+                        [self._request(q, self._tombstones(name, seg)) for q in queries]
+                    )
+                )
+            for out, points in zip(merged, results, strict=True):
+                out.extend((str(p.id), float(p.score)) for p in points)
+        if len(segments) == 1:
+            return [best_first(out) for out in merged]
+        return [best_first(out, q.limit) for out, q in zip(merged, queries, strict=True)]
+
+    def _request(self, q: StageQuery, excluded: Any) -> Any:
+        edge = self._edge
+        if isinstance(q.vector, SparseVector):
+            vector: Any = edge.SparseVector(list(q.vector.indices), list(q.vector.values))
+        else:
+            vector = q.vector.tolist()
+        return edge.QueryRequest(
+            limit=q.limit,
+            query=edge.Query.Nearest(vector, using=q.using),
+            filter=self._filter(q.flt, excluded),
+            params=edge.SearchParams(hnsw_ef=HNSW_EF_PER_RESULT * q.limit)
+            if q.using == DENSE
+            else None,
+            with_payload=False,
+            with_vector=False,
+        )
+
+    def retrieve(
+        self, name: str, ids: Sequence[str], *, with_dense: bool = False, with_sparse: bool = False
+    ) -> list[Record]:
+        if not ids:
+            return []
+        out: list[Record] = []
+        for seg in self.manifest(name).segments:
+            found = self._retrieve_segment(seg.id, ids, dense=with_dense, sparse=with_sparse)
+            out.extend(r for r in found if r.id not in seg.deleted)
+        return out
+
+    def _retrieve_segment(
+        self, segment: str, ids: Sequence[str], *, dense: bool = False, sparse: bool = False
+    ) -> list[Record]:
+        if not ids:
+            return []
+        vectors = [v for v, wanted in ((DENSE, dense), (SPARSE, sparse)) if wanted]
+        with engine_errors(f"reading shard {segment}"):
+            records = self._shard(segment).retrieve(
+                list(ids), with_payload=True, with_vector=vectors or False
+            )
+        return [make_record(r.id, r.payload, r.vector, dense=dense, sparse=sparse) for r in records]
+
+    def scroll(self, name: str, *, flt: SearchFilter | None = None) -> Iterator[Record]:
+        for seg in self.manifest(name).segments:
+            yield from self._scroll_segment(seg, flt, self._tombstones(name, seg))
+
+    def _scroll_segment(
+        self, seg: Segment, flt: SearchFilter | None, excluded: Any = None
+    ) -> Iterator[Record]:
+        edge = self._edge
+        offset: Any = None
+        while True:
+            with engine_errors(f"reading shard {seg.id}"):
+                records, offset = self._shard(seg.id).scroll(
+                    edge.ScrollRequest(
+                        offset=offset,
+                        limit=1024,
+                        filter=self._filter(flt, excluded),
+                        with_payload=True,
+                    )
+                )
+            for r in records:
+                yield Record(str(r.id), dict(r.payload or {}))
+            if offset is None:
+                return
+
+    def _filter(self, flt: SearchFilter | None, excluded: Any = None) -> Any:
+        edge = self._edge
+        must: list[Any] = []
+        if flt is not None and not flt.is_empty:
+            if flt.doc_ids is not None:
+                must.append(
+                    edge.FieldCondition(key="doc_id", match=edge.MatchAny(list(flt.doc_ids)))
+                )
+            for key, value in flt.equals.items():
+                must.append(
+                    edge.FieldCondition(key=metadata_path(key), match=edge.MatchValue(value))
+                )
+        must_not = [excluded] if excluded is not None else None
+        if not must and not must_not:
+            return None
+        return edge.Filter(must=must or None, must_not=must_not)
+
+    def close(self) -> None:
+        with self._lock:
+            shards, self._shards = self._shards, {}
+        for shard in shards.values():
+            shard.close()

@@ -1,0 +1,319 @@
+"""Document writes over HTTP: upsert and delete by id, grouped into versions (group commit).
+
+Example:
+    $ curl -s -X PUT localhost:8000/v1/collections/docs/documents \\
+        -H "Authorization: Bearer $RAG_WRITE_API_KEY" -H 'content-type: application/json' \\
+        -d '{"documents": [{"id": "faq-7", "title": "Refunds", "text": "..."}]}'
+    {"change_id": "...", "status": "committed", "collection": "docs__...__v8", "kind": "delta", ...}
+
+Only present when `RAG_WRITE_API_KEY` is set (the read key does not allow writes). Each request
+is validated on its own (a bad one fails alone, 422, nothing written); valid requests that arrive
+within `RAG_WRITE_WINDOW_MS` of the first pending one are merged in arrival order (a later upsert
+or delete of the same id wins) and committed as one new version of the alias by
+`update_documents`, so a burst of single-document edits costs one version. A request waits up to
+`wait` seconds for its version: 200 with the version that now serves the change, else 202 with
+the change id to poll (`GET /v1/changes/{id}?wait=S`). A failed commit fails every request of
+its group with the writer's error (status and message). One committer thread per alias; the
+alias's write lock also serialises writes from other processes (`update`, `ingest`).
+
+Does not do: durability of a change before its version is committed (a pending change is lost if
+the process dies; the client sees no 200 for it and can send it again: upserts and deletes are
+idempotent).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import uuid
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ConfigDict, Field
+
+from rag_retriever.auth import authorised as _authorised
+from rag_retriever.errors import CollectionNotFound, InvalidRequest, RagError
+from rag_retriever.ingest.loaders import validate_documents
+from rag_retriever.ingest.writer import IngestReport, WriteOptions, update_documents
+from rag_retriever.records import Document, check_alias
+from rag_retriever.retriever import Retriever
+from rag_retriever.settings import Settings
+
+log = logging.getLogger(__name__)
+
+# Committed or failed changes remembered for polling.
+KEEP_CHANGES = 1000
+
+# (alias, documents to upsert, ids to delete) -> the report of the version that holds them
+Commit = Callable[[str, Sequence[Document], Sequence[str]], IngestReport]
+
+
+@dataclass
+class Change:
+    """One write request: pending until its group is committed (`report`) or failed (`error`)."""
+
+    id: str
+    alias: str
+    upserts: tuple[Document, ...]
+    deletes: tuple[str, ...]
+    received: float = field(default_factory=time.time)
+    done: threading.Event = field(default_factory=threading.Event)
+    report: IngestReport | None = None
+    error: RagError | None = None
+    grouped: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"change_id": self.id, "alias": self.alias}
+        if not self.done.is_set():
+            return {**out, "status": "pending", "poll": f"/v1/changes/{self.id}"}
+        if self.error is not None:
+            return {**out, "status": "failed", "error": self.error.code, "detail": str(self.error)}
+        assert self.report is not None
+        report = self.report
+        return {
+            **out,
+            "status": "committed",
+            "collection": report.collection,
+            "version": report.version,
+            "kind": report.kind,
+            "serving": report.promoted or report.kind == "unchanged",
+            # requests committed together in this version (group commit)
+            "grouped_requests": self.grouped,
+            "report": report.to_dict(),
+        }
+
+
+class GroupCommitter:
+    """Gathers changes per alias for `window_s`, then commits them as one version."""
+
+    def __init__(self, commit: Commit, *, window_s: float) -> None:
+        self._commit = commit
+        self.window_s = window_s
+        self._pending: dict[str, list[Change]] = {}
+        self._workers: dict[str, threading.Thread] = {}
+        self._changes: OrderedDict[str, Change] = OrderedDict()
+        self._cond = threading.Condition()
+
+    def submit(self, alias: str, upserts: Sequence[Document], deletes: Sequence[str]) -> Change:
+        """Queue one request's change (validated here: a bad request fails alone)."""
+        validate_documents(upserts, source="documents")
+        change = Change(uuid.uuid4().hex, alias, tuple(upserts), tuple(deletes))
+        with self._cond:
+            self._pending.setdefault(alias, []).append(change)
+            self._changes[change.id] = change
+            while len(self._changes) > KEEP_CHANGES:
+                self._changes.popitem(last=False)
+            if alias not in self._workers:
+                worker = threading.Thread(
+                    target=self._run, args=(alias,), name=f"commit-{alias}", daemon=True
+                )
+                self._workers[alias] = worker
+                worker.start()
+            self._cond.notify_all()
+        return change
+
+    def get(self, change_id: str) -> Change:
+        with self._cond:
+            change = self._changes.get(change_id)
+        if change is None:
+            raise CollectionNotFound(
+                f"no change {change_id!r} is known here (the last {KEEP_CHANGES} are kept, per "
+                f"serving process)"
+            )
+        return change
+
+    def _run(self, alias: str) -> None:
+        while True:
+            with self._cond:
+                while not self._pending.get(alias):
+                    self._cond.wait()
+            time.sleep(self.window_s)  # let the rest of the burst arrive
+            with self._cond:
+                group = self._pending.pop(alias, [])
+            if group:
+                self._commit_group(alias, group)
+
+    def _commit_group(self, alias: str, group: list[Change]) -> None:
+        upserts, deletes = merge(group)
+        try:
+            report = self._commit(alias, list(upserts.values()), sorted(deletes))
+        except RagError as exc:
+            for change in group:
+                change.error = exc
+        except Exception as exc:
+            log.exception("committing %d change(s) to %s failed", len(group), alias)
+            error = RagError(
+                f"the write failed unexpectedly ({type(exc).__name__}); see the server log"
+            )
+            for change in group:
+                change.error = error
+        else:
+            log.info(
+                "committed %d change(s) to %s as %s (%s)",
+                len(group),
+                alias,
+                report.collection,
+                report.kind,
+            )
+            for change in group:
+                change.report = report
+        for change in group:
+            change.grouped = len(group)
+            change.done.set()
+
+
+def merge(group: Sequence[Change]) -> tuple[dict[str, Document], set[str]]:
+    """The changes of a group in arrival order: a later upsert or delete of an id wins."""
+    upserts: dict[str, Document] = {}
+    deletes: set[str] = set()
+    for change in group:
+        for doc in change.upserts:
+            deletes.discard(doc.id)
+            upserts[doc.id] = doc
+        for doc_id in change.deletes:
+            upserts.pop(doc_id, None)
+            deletes.add(doc_id)
+    return upserts, deletes
+
+
+# -- the HTTP routes ----------------------------------------------------------------------------
+
+# How long a write request waits for its version by default, and at most.
+DEFAULT_WAIT_S = 30.0
+MAX_WAIT_S = 300.0
+
+
+def is_write_path(path: str) -> bool:
+    """The paths that need the write key (and not the read key)."""
+    return path.startswith("/v1/changes/") or (
+        path.startswith("/v1/collections/") and path.endswith(("/documents", "/documents:delete"))
+    )
+
+
+class DocumentIn(BaseModel):
+    """One document, as a line of an ingested .jsonl (metadata explicit here)."""
+
+    model_config = ConfigDict(strict=True, extra="forbid")
+
+    id: str = Field(min_length=1, description="the document id (a later upsert replaces it)")
+    title: str | None = Field(default=None, description="default: the id")
+    text: str = Field(description="the document's text (chunked like ingest's)")
+    metadata: dict[str, Any] = Field(default_factory=dict, description="filterable fields")
+
+
+class UpsertBody(BaseModel):
+    model_config = ConfigDict(strict=True, extra="forbid")
+
+    documents: list[DocumentIn] = Field(min_length=1, description="documents to add or replace")
+    wait: float = Field(
+        default=DEFAULT_WAIT_S,
+        ge=0,
+        le=MAX_WAIT_S,
+        description="seconds to wait for the version that serves the change (else 202)",
+    )
+
+
+class DeleteBody(BaseModel):
+    model_config = ConfigDict(strict=True, extra="forbid")
+
+    ids: list[str] = Field(
+        min_length=1, description="document ids to delete (absent ones are counted)"
+    )
+    wait: float = Field(default=DEFAULT_WAIT_S, ge=0, le=MAX_WAIT_S)
+
+
+_WRITE_ERRORS: dict[int | str, dict[str, Any]] = {
+    status: {"description": meaning}
+    for status, meaning in {
+        202: "accepted, not yet committed: poll /v1/changes/{change_id}",
+        401: "missing or wrong write key (RAG_WRITE_API_KEY; the read key does not allow writes)",
+        404: "unknown alias",
+        409: "the alias cannot take a delta (no live version, another model): run ingest",
+        413: "body over RAG_MAX_BODY_BYTES",
+        422: "invalid documents or ids: every problem, with its position",
+        503: "Qdrant is unreachable",
+    }.items()
+}
+
+
+def add_write_routes(app: FastAPI, retriever: Retriever, settings: Settings) -> GroupCommitter:
+    """`PUT /v1/collections/{alias}/documents`, `POST /v1/collections/{alias}/documents:delete`,
+    `GET /v1/changes/{change_id}`; behind the write key (checked here, see server._ApiKey)."""
+    assert settings.write_api_key, "write routes need RAG_WRITE_API_KEY"
+    key = settings.write_api_key.encode()
+
+    def commit(alias: str, upserts: Sequence[Document], deletes: Sequence[str]) -> IngestReport:
+        return update_documents(
+            upserts,
+            deletes,
+            alias=alias,
+            encoder=retriever.encoder,
+            store=retriever.store,
+            source="HTTP",
+            options=WriteOptions.from_settings(settings),
+        )
+
+    committer = GroupCommitter(commit, window_s=settings.write_window_ms / 1000)
+    app.state.committer = committer
+
+    def authorised(request: Request) -> None:
+        if not _authorised(request.scope, key):
+            raise _WriteKeyMissing()
+
+    def answer(change: Change, wait: float) -> JSONResponse:
+        change.done.wait(wait)
+        if change.done.is_set() and change.error is not None:
+            raise change.error
+        return JSONResponse(change.to_dict(), status_code=200 if change.done.is_set() else 202)
+
+    def alias_of(alias: str) -> str:
+        try:
+            return check_alias(alias)
+        except ValueError as exc:
+            raise InvalidRequest(str(exc)) from None
+
+    @app.put(
+        "/v1/collections/{alias}/documents",
+        summary="Upsert documents (a new version made from the live one plus the change)",
+        responses=_WRITE_ERRORS,
+    )
+    def upsert(alias: str, body: UpsertBody, request: Request) -> JSONResponse:
+        authorised(request)
+        docs = [Document(d.id, d.title or d.id, d.text, d.metadata) for d in body.documents]
+        return answer(committer.submit(alias_of(alias), docs, ()), body.wait)
+
+    @app.post(
+        "/v1/collections/{alias}/documents:delete",
+        summary="Delete documents by id (a new version without them)",
+        responses=_WRITE_ERRORS,
+    )
+    def delete(alias: str, body: DeleteBody, request: Request) -> JSONResponse:
+        authorised(request)
+        return answer(committer.submit(alias_of(alias), (), body.ids), body.wait)
+
+    @app.get(
+        "/v1/changes/{change_id}",
+        summary="A write's state: committed (its version), pending, or failed",
+        responses=_WRITE_ERRORS,
+    )
+    def change(change_id: str, request: Request, wait: float = 0.0) -> JSONResponse:
+        authorised(request)
+        return answer(committer.get(change_id), min(max(wait, 0.0), MAX_WAIT_S))
+
+    return committer
+
+
+class _WriteKeyMissing(RagError):
+    http_status = 401
+    code = "unauthorized"
+
+    def __init__(self) -> None:
+        super().__init__(
+            "missing or wrong write key; send 'Authorization: Bearer <key>' or 'X-API-Key: <key>' "
+            "with the key the server has in RAG_WRITE_API_KEY (the read key does not allow writes)"
+        )

@@ -1,0 +1,468 @@
+"""Document updates as incremental versions: a delta costs what it changes.
+
+Oracles: rank-bm25 on the corpus as it is after a random sequence of upserts and deletes (with
+the lineage's recorded average length), on Qdrant Edge and on the server code path; the bytes of
+the base version's shards before and after a delta; the documents each version must serve.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import random
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+from qdrant_client import QdrantClient
+from rank_bm25 import BM25Okapi
+
+from rag_retriever.bm25 import BM25Model, Tokenizer
+from rag_retriever.encoder import Encoder
+from rag_retriever.errors import DocumentError, UpdateRefused
+from rag_retriever.ingest.loaders import LoadedCorpus
+from rag_retriever.ingest.writer import ingest_documents, update_documents
+from rag_retriever.profiles import ModelProfile, write_profile_file
+from rag_retriever.records import Document, embed_text
+from rag_retriever.retriever import Retriever
+from rag_retriever.store import SPARSE, EdgeStore, ServerStore, StageQuery, Store
+from rag_retriever.store import edge as edge_module
+
+WORDS = [
+    "alpha",
+    "bravo",
+    "charlie",
+    "delta",
+    "echo",
+    "foxtrot",
+    "golf",
+    "hotel",
+    "india",
+    "juliet",
+    "kilo",
+    "lima",
+    "river",
+    "city",
+]
+
+
+def doc(i: int, rng: random.Random, n: int = 6) -> Document:
+    return Document(f"d{i}", f"doc {i}", " ".join(rng.choice(WORDS) for _ in range(n)))
+
+
+@pytest.fixture(params=["edge", "server"])
+def any_store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
+    """Every engine runs the same contract."""
+    if request.param == "edge":
+        store: Store = EdgeStore(tmp_path / "edge")
+    else:
+        store = ServerStore(QdrantClient(":memory:"))
+    yield store
+    store.close()
+
+
+def write(store: Store, encoder: Encoder, tmp_path: Path, docs: list[Document], **kw):
+    kw.setdefault("lock_dir", tmp_path)
+    return ingest_documents(
+        LoadedCorpus(tuple(docs), 0, "t"), alias="kb", encoder=encoder, store=store, **kw
+    )
+
+
+def update(store: Store, encoder: Encoder, tmp_path: Path, upsert=(), delete=(), **kw):
+    kw.setdefault("lock_dir", tmp_path)
+    kw.setdefault("rebase_drift", 1.0)  # these tests follow deltas; the re-base has its own
+    return update_documents(
+        list(upsert), list(delete), alias="kb", encoder=encoder, store=store, **kw
+    )
+
+
+def served_docs(store: Store) -> set[str]:
+    name = store.aliases()["kb"]
+    return {str(r.payload["doc_id"]) for r in store.scroll(name)}
+
+
+def test_an_update_is_a_delta_version_with_its_report(
+    any_store: Store, tiny_encoder: Encoder, tmp_path: Path
+) -> None:
+    rng = random.Random(0)
+    docs = [doc(i, rng) for i in range(20)]
+    first = write(any_store, tiny_encoder, tmp_path, docs)
+    changed = dataclasses.replace(docs[3], text="qdrant vector search apple pear")
+    new = Document("new", "new one", "kilo lima river")
+    report = update(any_store, tiny_encoder, tmp_path, [changed, new, docs[4]], ["d5", "absent"])
+    assert report.kind == "delta" and report.base == first.collection
+    assert (report.upserted, report.deleted, report.unchanged, report.not_found) == (2, 1, 1, 1)
+    assert (report.encoded, report.chunks) == (2, 20)  # only the two new texts were encoded
+    record = any_store.record(report.collection)
+    assert record.lineage.base == first.collection and record.lineage.deltas == 1
+    assert record.lineage.full_build == first.collection
+    assert any_store.count(report.collection) == record.chunks == 20
+    assert served_docs(any_store) == {d.id for d in docs} - {"d5"} | {"new"}
+    texts = {r.payload["doc_id"]: r.payload["text"] for r in any_store.scroll(report.collection)}
+    assert texts["d3"] == changed.text
+    # the previous version still serves what it served (rollback target)
+    assert {r.payload["doc_id"] for r in any_store.scroll(first.collection)} == {d.id for d in docs}
+    retriever = Retriever(encoder=tiny_encoder, store=any_store, collection="kb")
+    assert retriever.search("qdrant apple", mode="bm25", k=1)[0].doc_id == "d3"
+
+
+def test_an_unchanged_upsert_writes_nothing(
+    any_store: Store, tiny_encoder: Encoder, tmp_path: Path
+) -> None:
+    rng = random.Random(1)
+    docs = [doc(i, rng) for i in range(5)]
+    first = write(any_store, tiny_encoder, tmp_path, docs)
+    report = update(any_store, tiny_encoder, tmp_path, docs[:2], ["nope"])
+    assert report.kind == "unchanged" and report.collection == first.collection
+    assert (report.unchanged, report.not_found, report.promoted) == (2, 1, False)
+    assert [i.name for i in any_store.versions("kb")] == [first.collection]
+
+
+@pytest.mark.parametrize("engine", ["edge", "server"])
+def test_bm25_after_random_deltas_equals_rank_bm25_on_the_current_corpus(
+    engine: str, tiny_encoder: Encoder, tmp_path: Path
+) -> None:
+    """Upserts and deletes at random; the engine's BM25 scores are rank-bm25's on the corpus as
+    it is now, with the lineage's recorded average length, to 1e-5."""
+    store: Store = (
+        EdgeStore(tmp_path / "edge") if engine == "edge" else ServerStore(QdrantClient(":memory:"))
+    )
+    rng = random.Random(7)
+    corpus = {f"d{i}": doc(i, rng, rng.randint(2, 9)) for i in range(30)}
+    write(store, tiny_encoder, tmp_path, list(corpus.values()))
+    for step in range(6):
+        upserts = [doc(rng.randint(0, 45), rng, rng.randint(2, 9)) for _ in range(4)]
+        upserts = list({d.id: d for d in upserts}.values())
+        deletes = rng.sample(sorted(set(corpus) - {d.id for d in upserts}), 2)
+        report = update(store, tiny_encoder, tmp_path, upserts, deletes)
+        assert report.kind == "delta", step
+        corpus.update({d.id: d for d in upserts})
+        for gone in deletes:
+            del corpus[gone]
+    name = store.aliases()["kb"]
+    record = store.record(name)
+    assert record.lineage.deltas == 6
+    tok = Tokenizer()
+    ids = sorted(corpus)
+    terms = [tok.tokenize(embed_text(corpus[i].title, corpus[i].text)) for i in ids]
+    ref = BM25Okapi(terms)
+    ref.avgdl = record.bm25.avgdl
+    model = BM25Model(record.bm25, store.doc_freqs(name))
+    doc_of = {r.id: str(r.payload["doc_id"]) for r in store.scroll(name)}
+    queries = [rng.sample(WORDS, 2) for _ in range(8)]
+    vectors = [model.query_vector(tok.tokenize(" ".join(q))) for q in queries]
+    results = store.search(name, [StageQuery(SPARSE, v, 100) for v in vectors])
+    for q, found in zip(queries, results, strict=True):
+        expected = dict(zip(ids, ref.get_scores(tok.tokenize(" ".join(q))), strict=True))
+        got = {doc_of[pid]: score for pid, score in found}
+        assert got.keys() == {i for i, s in expected.items() if s > 0}
+        for doc_id, score in got.items():
+            np.testing.assert_allclose(score, expected[doc_id], rtol=1e-5, atol=1e-5)
+    store.close()
+
+
+def _files(root: Path) -> dict[str, str]:
+    return {
+        str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(root.rglob("*"))
+        if p.is_file()
+    }
+
+
+def test_a_delta_never_writes_into_the_base_version_s_shards(
+    tiny_encoder: Encoder, tmp_path: Path
+) -> None:
+    store = EdgeStore(tmp_path / "edge")
+    rng = random.Random(2)
+    docs = [doc(i, rng) for i in range(40)]
+    first = write(store, tiny_encoder, tmp_path, docs)
+    base = store.manifest(first.collection).segments[0].id
+    before = _files(tmp_path / "edge" / "segments" / base)
+    report = update(store, tiny_encoder, tmp_path, [doc(3, rng), doc(99, rng)], ["d7"])
+    assert report.kind == "delta"
+    assert _files(tmp_path / "edge" / "segments" / base) == before
+    segments = store.manifest(report.collection).segments
+    assert segments[0].id == base and len(segments) == 2
+    assert len(segments[0].deleted) == 2  # d3 replaced, d7 deleted: tombstones, not rewrites
+    store.close()
+
+
+def test_delta_shards_are_merged_and_unnamed_shards_collected(
+    tiny_encoder: Encoder, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(edge_module, "MAX_DELTA_SHARDS", 2)
+    monkeypatch.setattr(edge_module, "BASE_MERGE_FRACTION", 10.0)
+    store = EdgeStore(tmp_path / "edge")
+    rng = random.Random(3)
+    docs = {f"d{i}": doc(i, rng) for i in range(30)}
+    write(store, tiny_encoder, tmp_path, list(docs.values()))
+    for i in range(5):
+        changed = doc(i, rng)
+        docs[changed.id] = changed
+        update(store, tiny_encoder, tmp_path, [changed], retention_grace_s=0, keep_versions=1)
+    name = store.aliases()["kb"]
+    assert len(store.manifest(name).segments) <= 3  # base + at most MAX_DELTA_SHARDS deltas
+    assert served_docs(store) == set(docs)
+    texts = {r.payload["doc_id"]: r.payload["text"] for r in store.scroll(name)}
+    assert all(texts[k] == d.text for k, d in docs.items())
+    # retention kept one version: only the shards it names are left on disk
+    named = {s.id for s in store.manifest(name).segments}
+    assert {p.name for p in (tmp_path / "edge" / "segments").iterdir()} == named
+    store.close()
+
+
+def test_the_deltas_outgrowing_the_base_are_merged_into_a_new_base(
+    tiny_encoder: Encoder, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(edge_module, "BASE_MERGE_FRACTION", 0.1)
+    store = EdgeStore(tmp_path / "edge")
+    rng = random.Random(4)
+    docs = [doc(i, rng) for i in range(20)]
+    write(store, tiny_encoder, tmp_path, docs)
+    report = update(store, tiny_encoder, tmp_path, [doc(1, rng), doc(2, rng), doc(50, rng)], ["d9"])
+    segments = store.manifest(report.collection).segments
+    assert len(segments) == 1 and not segments[0].deleted and segments[0].points == 20
+    assert store.count(report.collection) == 20
+    store.close()
+
+
+def test_average_length_drift_re_bases_with_a_full_build(
+    tiny_encoder: Encoder, store: Store, tmp_path: Path
+) -> None:
+    rng = random.Random(5)
+    docs = [doc(i, rng, 4) for i in range(10)]
+    write(store, tiny_encoder, tmp_path, docs)
+    long_doc = Document("long", "long", " ".join(rng.choice(WORDS) for _ in range(60)))
+    report = update(store, tiny_encoder, tmp_path, [long_doc], rebase_drift=0.02)
+    assert report.kind == "full" and report.full_reason and "drifted" in report.full_reason
+    assert (report.upserted, report.reused) == (1, 10)  # the other vectors were reused
+    record = store.record(report.collection)
+    assert record.lineage.deltas == 0 and record.bm25.drift == 0.0
+
+
+def test_ingest_of_a_whole_corpus_takes_the_delta_path(
+    any_store: Store, tiny_encoder: Encoder, tmp_path: Path
+) -> None:
+    rng = random.Random(6)
+    docs = [doc(i, rng) for i in range(12)]
+    write(any_store, tiny_encoder, tmp_path, docs)
+    docs[0] = dataclasses.replace(docs[0], text="alpha alpha bravo charlie delta echo")
+    report = write(any_store, tiny_encoder, tmp_path, docs[:-1], rebase_drift=1.0)
+    assert report.kind == "delta"
+    assert (report.upserted, report.deleted, report.unchanged, report.encoded) == (1, 1, 10, 1)
+    assert served_docs(any_store) == {d.id for d in docs[:-1]}
+    full = write(any_store, tiny_encoder, tmp_path, docs[:-1], full=True)
+    assert full.kind == "full" and full.full_reason == "--full was asked"
+
+
+def test_updates_are_refused_where_only_ingest_can_help(
+    store: Store, tiny_encoder: Encoder, tiny_encoder_dir: Path, tmp_path: Path
+) -> None:
+    rng = random.Random(8)
+    with pytest.raises(UpdateRefused, match=r"no live version.*rag-retriever ingest"):
+        update(store, tiny_encoder, tmp_path, [doc(1, rng)])
+    write(store, tiny_encoder, tmp_path, [doc(i, rng) for i in range(4)])
+    other_dir = tmp_path / "other"
+    import shutil
+
+    shutil.copytree(tiny_encoder_dir, other_dir)
+    write_profile_file(other_dir, ModelProfile("other-bert", "", "", "mean", 64))
+    other = Encoder.load(str(other_dir), device="cpu", dtype="fp32")
+    with pytest.raises(UpdateRefused, match=r"embedded with.*run `rag-retriever ingest"):
+        update(store, other, tmp_path, [doc(1, rng)])
+    with pytest.raises(UpdateRefused, match="chunked with"):
+        update(store, tiny_encoder, tmp_path, [doc(1, rng)], chunk_tokens=50, overlap_tokens=10)
+    assert len(store.versions("kb")) == 1
+
+
+def test_invalid_documents_are_all_reported_and_nothing_is_written(
+    store: Store, tiny_encoder: Encoder, tmp_path: Path
+) -> None:
+    rng = random.Random(9)
+    first = write(store, tiny_encoder, tmp_path, [doc(i, rng) for i in range(4)])
+    bad = [
+        Document("x", "t", "   "),
+        Document("y", "t", "ok text"),
+        Document("y", "t", "twice"),
+        Document("z", "t", "bad \ud800 text"),
+    ]
+    with pytest.raises(DocumentError) as info:
+        update(store, tiny_encoder, tmp_path, bad, ["q"])
+    message = str(info.value)
+    assert "[0]" in message and "no text" in message
+    assert "duplicate id 'y'" in message and "[3]" in message and "Unicode" in message
+    with pytest.raises(DocumentError, match="both upserted and deleted"):
+        update(store, tiny_encoder, tmp_path, [doc(1, rng)], ["d1"])
+    assert [i.name for i in store.versions("kb")] == [first.collection]
+
+
+# (the Store call to kill the `update` after, which call of it, whether the alias moved then)
+UPDATE_KILL_POINTS = [
+    ("derive", 1, False),  # the new version's manifest written, nothing added yet
+    ("upsert", 1, False),  # the delta half written
+    ("seal", 1, False),  # sealed, still marked building
+    ("write_meta", 2, False),  # marked complete, alias not moved
+    ("point_alias", 1, True),  # alias moved
+]
+
+
+def _cli_env(tmp_path: Path, encoder_dir: Path) -> dict[str, str]:
+    import os
+
+    return {
+        **os.environ,
+        "RAG_DATA_DIR": str(tmp_path / "data"),
+        "RAG_EMBED_MODEL": str(encoder_dir),
+        "RAG_DEVICE": "cpu",
+        "RAG_BM25_REBASE_DRIFT": "1",
+        "RAG_LOG_LEVEL": "WARNING",
+    }
+
+
+def _write_corpus(path: Path, docs: list[Document]) -> Path:
+    import json
+
+    path.write_text(
+        "".join(json.dumps({"id": d.id, "title": d.title, "text": d.text}) + "\n" for d in docs),
+        encoding="utf-8",
+    )
+    return path
+
+
+@pytest.mark.slow
+def test_sigkill_at_each_step_of_an_update_leaves_a_complete_version_served(
+    tiny_encoder_dir: Path, tmp_path: Path
+) -> None:
+    """A real `rag-retriever update` subprocess, killed with SIGKILL after each named step; the
+    alias always serves a complete version and the next update succeeds."""
+    import signal
+    import subprocess
+    import sys
+
+    from tests.test_reingest import KILLABLE_INGEST
+
+    rng = random.Random(11)
+    env = _cli_env(tmp_path, tiny_encoder_dir)
+    corpus = _write_corpus(tmp_path / "corpus.jsonl", [doc(i, rng) for i in range(50)])
+    cli = [sys.executable, "-m", "rag_retriever.cli"]
+    first = subprocess.run(
+        [*cli, "ingest", str(corpus), "--collection", "kb", "--no-progress"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert first.returncode == 0, first.stderr
+
+    def served() -> str:
+        store = EdgeStore(tmp_path / "data" / "edge")
+        try:
+            name = store.aliases()["kb"]
+            record = store.record(name)
+            assert record.status == "complete" and store.count(name) == record.chunks
+            return name
+        finally:
+            store.close()
+
+    before = served()
+    for i, (method, nth, moved) in enumerate(UPDATE_KILL_POINTS):
+        change = _write_corpus(tmp_path / f"change{i}.jsonl", [doc(100 + i, rng), doc(i, rng)])
+        args = [
+            "update",
+            "--collection",
+            "kb",
+            "--upsert",
+            str(change),
+            "--delete",
+            f"d{20 + i}",
+            "--no-progress",
+        ]
+        proc = subprocess.Popen(
+            [sys.executable, "-c", KILLABLE_INGEST, method, *args],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        assert proc.stderr is not None
+        seen = 0
+        for line in proc.stderr:
+            seen += line.strip() == f"kill-point {method}"
+            if seen == nth:
+                break
+        assert seen == nth, f"update ended before {method} #{nth}"
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        proc.stderr.close()
+        now = served()
+        assert (now != before) == moved, method
+        before = now
+    final = subprocess.run(
+        [
+            *cli,
+            "update",
+            "--collection",
+            "kb",
+            "--upsert",
+            str(tmp_path / "change0.jsonl"),
+            "--no-progress",
+            "--json",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert final.returncode == 0, final.stderr
+    store = EdgeStore(tmp_path / "data" / "edge")
+    try:
+        assert all(i.status == "complete" for i in store.versions("kb"))  # orphans removed
+        named = {s.id for i in store.versions("kb") for s in store.manifest(i.name).segments}
+        assert {p.name for p in (tmp_path / "data" / "edge" / "segments").iterdir()} == named
+        assert "d100" in served_docs(store)
+    finally:
+        store.close()
+
+
+@pytest.mark.slow
+def test_two_updates_at_once_from_two_processes_lose_nothing(
+    tiny_encoder_dir: Path, tmp_path: Path
+) -> None:
+    import subprocess
+    import sys
+
+    rng = random.Random(12)
+    env = _cli_env(tmp_path, tiny_encoder_dir)
+    corpus = _write_corpus(tmp_path / "corpus.jsonl", [doc(i, rng) for i in range(20)])
+    cli = [sys.executable, "-m", "rag_retriever.cli"]
+    first = subprocess.run(
+        [*cli, "ingest", str(corpus), "--collection", "kb", "--no-progress"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert first.returncode == 0, first.stderr
+    procs = []
+    for name in ("left", "right"):
+        change = _write_corpus(
+            tmp_path / f"{name}.jsonl", [Document(name, name, f"{name} golf hotel")]
+        )
+        procs.append(
+            subprocess.Popen(
+                [*cli, "update", "--collection", "kb", "--upsert", str(change), "--no-progress"],
+                env=env,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+        )
+    for proc in procs:
+        _, err = proc.communicate(timeout=300)
+        assert proc.returncode == 0, err
+    store = EdgeStore(tmp_path / "data" / "edge")
+    try:
+        assert {"left", "right"} <= set(served_docs(store))
+        assert store.record(store.aliases()["kb"]).lineage.deltas == 2
+    finally:
+        store.close()

@@ -1,0 +1,265 @@
+"""The document write API: PUT/POST behind the write key, group commit, both clients.
+
+Runs the real app on qdrant-client's in-process server API (and Qdrant Edge for the live-server
+client test) with the tiny encoder; answers are checked against what the store then serves.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from fastapi.testclient import TestClient
+from qdrant_client import QdrantClient
+
+from rag_retriever.client import AsyncRetrieverClient, RetrieverClient, Unauthorized
+from rag_retriever.encoder import Encoder
+from rag_retriever.ingest.loaders import LoadedCorpus
+from rag_retriever.ingest.writer import ingest_documents
+from rag_retriever.records import Document
+from rag_retriever.retriever import Retriever
+from rag_retriever.server import create_app, serve_in_thread
+from rag_retriever.settings import Settings
+from rag_retriever.store import EdgeStore, ServerStore, Store
+from rag_retriever.writes import Change, merge
+
+DOCS = tuple(
+    Document(f"d{i}", f"doc {i}", f"alpha bravo {w} river city king queen {w}")
+    for i, w in enumerate(["apple", "pear", "wine", "rollo", "paris", "london"])
+)
+READ, WRITE = "read-key", "write-key"
+
+
+def make_app(tmp_path: Path, encoder: Encoder, **settings: object) -> tuple[TestClient, Store]:
+    store = ServerStore(QdrantClient(":memory:"))
+    ingest_documents(
+        LoadedCorpus(DOCS, 0, "t"), alias="kb", encoder=encoder, store=store, lock_dir=tmp_path
+    )
+    retriever = Retriever(encoder=encoder, store=store, collection="kb")
+    values = {
+        "data_dir": tmp_path,
+        "api_key": READ,
+        "write_api_key": WRITE,
+        "write_window_ms": 50,
+        "bm25_rebase_drift": 1.0,
+        **settings,
+    }
+    return TestClient(create_app(retriever, Settings(**values))), store
+
+
+@pytest.fixture
+def app(tmp_path: Path, tiny_encoder: Encoder) -> Iterator[tuple[TestClient, Store]]:
+    client, store = make_app(tmp_path, tiny_encoder)
+    with client:
+        yield client, store
+
+
+def auth(key: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {key}"}
+
+
+def served_docs(store: Store) -> dict[str, str]:
+    return {
+        str(r.payload["doc_id"]): str(r.payload["text"])
+        for r in store.scroll(store.aliases()["kb"])
+    }
+
+
+def test_upsert_and_delete_answer_with_the_version_that_serves_them(
+    app: tuple[TestClient, Store],
+) -> None:
+    http, store = app
+    before = store.aliases()["kb"]
+    doc = {"id": "d1", "title": "pear", "text": "qdrant vector search", "metadata": {"lang": "en"}}
+    r = http.put("/v1/collections/kb/documents", json={"documents": [doc]}, headers=auth(WRITE))
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["status"] == "committed" and body["kind"] == "delta"
+    assert body["collection"] == store.aliases()["kb"] != before
+    assert body["report"]["upserted"] == 1 and body["report"]["base"] == before
+    assert served_docs(store)["d1"] == "qdrant vector search"
+    hits = http.post(
+        "/v1/search", json={"query": "qdrant vector", "mode": "bm25"}, headers=auth(READ)
+    )
+    assert hits.json()["hits"][0]["doc_id"] == "d1"
+    r = http.post(
+        "/v1/collections/kb/documents:delete", json={"ids": ["d2", "nope"]}, headers=auth(WRITE)
+    )
+    assert r.status_code == 200, r.text
+    assert (r.json()["report"]["deleted"], r.json()["report"]["not_found"]) == (1, 1)
+    assert "d2" not in served_docs(store)
+    # the change can be looked up afterwards
+    again = http.get(f"/v1/changes/{r.json()['change_id']}", headers=auth(WRITE))
+    assert again.status_code == 200 and again.json()["collection"] == r.json()["collection"]
+
+
+def test_the_write_key_is_required_and_the_read_key_does_not_write(
+    app: tuple[TestClient, Store],
+) -> None:
+    http, store = app
+    body = {"documents": [{"id": "x", "text": "apple"}]}
+    for headers in ({}, auth(READ), auth("wrong")):
+        r = http.put("/v1/collections/kb/documents", json=body, headers=headers)
+        assert r.status_code == 401 and r.json()["error"] == "unauthorized", headers
+        assert "RAG_WRITE_API_KEY" in r.json()["detail"]
+    # and the write key does not read
+    assert http.post("/v1/search", json={"query": "apple"}, headers=auth(WRITE)).status_code == 401
+    assert len(store.versions("kb")) == 1
+
+
+def test_write_endpoints_are_absent_without_a_write_key(
+    tmp_path: Path, tiny_encoder: Encoder
+) -> None:
+    client, _ = make_app(tmp_path, tiny_encoder, write_api_key=None, api_key=None)
+    with client as http:
+        r = http.put("/v1/collections/kb/documents", json={"documents": [{"id": "x", "text": "a"}]})
+        assert r.status_code == 404
+        assert "/v1/collections/{alias}/documents" not in http.get("/openapi.json").json()["paths"]
+
+
+def test_the_schema_documents_the_write_endpoints(app: tuple[TestClient, Store]) -> None:
+    http, _ = app
+    paths = http.get("/openapi.json", headers=auth(READ)).json()["paths"]
+    put = paths["/v1/collections/{alias}/documents"]["put"]
+    assert {"200", "202", "401", "409", "413", "422"} <= set(put["responses"])
+    assert "post" in paths["/v1/collections/{alias}/documents:delete"]
+
+
+@pytest.mark.parametrize(
+    ("body", "where"),
+    [
+        ({"documents": []}, "documents"),
+        ({"documents": [{"id": "", "text": "x"}]}, "documents.0.id"),
+        ({"documents": [{"id": "a"}]}, "documents.0.text"),
+        ({"documents": [{"id": "a", "text": "x", "extra": 1}]}, "documents.0.extra"),
+        ({"documents": [{"id": "a", "text": "   "}]}, "no text"),
+        ({"documents": [{"id": "a", "text": "x"}, {"id": "a", "text": "y"}]}, "duplicate id 'a'"),
+        ({"documents": [{"id": "a", "text": "x"}], "wait": 1000}, "wait"),
+    ],
+)
+def test_bad_documents_are_422_and_nothing_is_written(
+    app: tuple[TestClient, Store], body: dict, where: str
+) -> None:
+    http, store = app
+    r = http.put("/v1/collections/kb/documents", json=body, headers=auth(WRITE))
+    assert r.status_code == 422, r.text
+    assert where in r.json()["detail"]
+    assert len(store.versions("kb")) == 1
+
+
+def test_a_write_to_an_alias_without_a_version_is_409_with_the_fix(
+    app: tuple[TestClient, Store],
+) -> None:
+    http, _ = app
+    r = http.put(
+        "/v1/collections/other/documents",
+        json={"documents": [{"id": "a", "text": "x"}]},
+        headers=auth(WRITE),
+    )
+    assert r.status_code == 409 and "rag-retriever ingest" in r.json()["detail"]
+    bad = http.put(
+        "/v1/collections/_bad/documents",
+        json={"documents": [{"id": "a", "text": "x"}]},
+        headers=auth(WRITE),
+    )
+    assert bad.status_code == 422
+
+
+def test_the_body_limit_applies_to_writes(tmp_path: Path, tiny_encoder: Encoder) -> None:
+    client, _ = make_app(tmp_path, tiny_encoder, max_body_bytes=2000)
+    with client as http:
+        big = {"documents": [{"id": "a", "text": "apple " * 1000}]}
+        r = http.put("/v1/collections/kb/documents", json=big, headers=auth(WRITE))
+        assert r.status_code == 413
+
+
+def test_writes_within_the_window_are_one_version(tmp_path: Path, tiny_encoder: Encoder) -> None:
+    client, store = make_app(tmp_path, tiny_encoder, write_window_ms=400)
+    with client as http:
+        answers: list[dict] = []
+
+        def send(i: int) -> None:
+            doc = {"id": f"new{i}", "text": f"golf hotel india {i}"}
+            r = http.put(
+                "/v1/collections/kb/documents", json={"documents": [doc]}, headers=auth(WRITE)
+            )
+            answers.append(r.json())
+
+        threads = [threading.Thread(target=send, args=(i,)) for i in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    assert {a["collection"] for a in answers} == {store.aliases()["kb"]}
+    assert all(a["grouped_requests"] == 4 for a in answers)
+    assert len(store.versions("kb")) == 2  # the first ingest and one grouped delta
+    assert {f"new{i}" for i in range(4)} <= set(served_docs(store))
+
+
+def test_a_write_that_outlasts_its_wait_is_202_then_committed(
+    tmp_path: Path, tiny_encoder: Encoder
+) -> None:
+    client, store = make_app(tmp_path, tiny_encoder, write_window_ms=300)
+    with client as http:
+        r = http.put(
+            "/v1/collections/kb/documents",
+            json={"documents": [{"id": "late", "text": "kilo lima"}], "wait": 0},
+            headers=auth(WRITE),
+        )
+        assert r.status_code == 202 and r.json()["status"] == "pending"
+        done = http.get(f"{r.json()['poll']}?wait=30", headers=auth(WRITE))
+        assert done.status_code == 200 and done.json()["status"] == "committed"
+        assert http.get("/v1/changes/unknown", headers=auth(WRITE)).status_code == 404
+    assert "late" in served_docs(store)
+
+
+def test_merge_keeps_the_last_word_on_each_id() -> None:
+    a, b = Document("x", "x", "one"), Document("x", "x", "two")
+    group = [
+        Change("1", "kb", (a,), ()),
+        Change("2", "kb", (), ("x", "y")),
+        Change("3", "kb", (b,), ()),
+    ]
+    upserts, deletes = merge(group)
+    assert upserts == {"x": b} and deletes == {"y"}
+
+
+def test_both_clients_write_with_the_write_key(tmp_path: Path, tiny_encoder: Encoder) -> None:
+    store = EdgeStore(tmp_path / "edge")
+    ingest_documents(
+        LoadedCorpus(DOCS, 0, "t"), alias="kb", encoder=tiny_encoder, store=store, lock_dir=tmp_path
+    )
+    retriever = Retriever(encoder=tiny_encoder, store=store, collection="kb")
+    settings = Settings(
+        data_dir=tmp_path,
+        api_key=READ,
+        write_api_key=WRITE,
+        write_window_ms=10,
+        bm25_rebase_drift=1.0,
+    )
+    with serve_in_thread(create_app(retriever, settings)) as url:
+        with RetrieverClient(url, api_key=READ, write_api_key=WRITE) as client:
+            status = client.upsert_documents(
+                [Document("c1", "c", "mike november")], collection="kb"
+            )
+            assert status.status == "committed" and status.kind == "delta"
+            assert client.search("mike november", mode="bm25", k=1)[0].doc_id == "c1"
+            gone = client.delete_documents(["c1"], collection="kb")
+            assert gone.report is not None and gone.report["deleted"] == 1
+            assert client.change(gone.change_id).collection == gone.collection
+        with RetrieverClient(url, api_key=READ) as reader, pytest.raises(Unauthorized):
+            reader.upsert_documents([Document("c2", "c", "x")], collection="kb")
+
+        async def run() -> str:
+            async with AsyncRetrieverClient(url, api_key=READ, write_api_key=WRITE) as client:
+                status = await client.upsert_documents(
+                    [Document("a1", "a", "oscar papa")], collection="kb"
+                )
+                return status.status
+
+        assert asyncio.run(run()) == "committed"
+    assert {"a1"} <= set(served_docs(store)) and "c1" not in served_docs(store)
+    store.close()
