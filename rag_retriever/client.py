@@ -17,6 +17,10 @@ or a 500 is never retried. Errors carry the server's code and message:
         UnprocessableRequest (422)  ServerError (5xx)
       RetrieverUnavailable          no answer after all retries: .attempts, .__cause__
 
+An HTTP error is also an instance of the in-process error its code names (rag_retriever.errors):
+a 404 `collection_not_found` is a NotFound and a CollectionNotFound, a 409 `version_incompatible`
+a Conflict and a VersionIncompatible, so one `except` serves both the Python API and HTTP.
+
 This module does not pool clients across threads or cache results.
 """
 
@@ -103,8 +107,37 @@ _BY_STATUS: dict[int, type[RetrieverHTTPError]] = {
 }
 
 
+def _errors_by_code() -> dict[str, type[RagError]]:
+    """Every error class of rag_retriever.errors by its code (the `error` field of a response)."""
+    out: dict[str, type[RagError]] = {}
+    todo: list[type[RagError]] = [RagError]
+    while todo:
+        cls = todo.pop()
+        todo.extend(cls.__subclasses__())
+        if cls.__module__ == "rag_retriever.errors":
+            out.setdefault(cls.code, cls)
+    return out
+
+
+_REMOTE: dict[tuple[type[RetrieverHTTPError], type[RagError]], type[RetrieverHTTPError]] = {}
+
+
+def _remote_class(by_status: type[RetrieverHTTPError], code: str) -> type[RetrieverHTTPError]:
+    """The class raised for a response: its status's class, and also the in-process error of its
+    code (e.g. NotFound and CollectionNotFound), so code written against the in-process retriever
+    catches the same exceptions over HTTP."""
+    local = _errors_by_code().get(code)
+    if local is None or local is RagError:
+        return by_status
+    key = (by_status, local)
+    if key not in _REMOTE:
+        _REMOTE[key] = type(by_status.__name__, (by_status, local), {"__module__": __name__})
+    return _REMOTE[key]
+
+
 def http_error(response: httpx.Response) -> RetrieverHTTPError:
-    """The typed error for an error response, with the server's `error` and `detail`."""
+    """The typed error for an error response, with the server's `error` and `detail`: an instance
+    of its status's class and of the in-process error its code names."""
     error, detail = f"http_{response.status_code}", response.text[:500]
     try:
         body = response.json()
@@ -115,7 +148,7 @@ def http_error(response: httpx.Response) -> RetrieverHTTPError:
         detail = str(body.get("detail", detail))
     status = response.status_code
     cls = _BY_STATUS.get(status, ServerError if status >= 500 else RetrieverHTTPError)
-    return cls(status, error, detail)
+    return _remote_class(cls, error)(status, error, detail)
 
 
 class SearchOptions(TypedDict, total=False):

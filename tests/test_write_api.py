@@ -263,3 +263,21 @@ def test_both_clients_write_with_the_write_key(tmp_path: Path, tiny_encoder: Enc
         assert asyncio.run(run()) == "committed"
     assert {"a1"} <= set(served_docs(store)) and "c1" not in served_docs(store)
     store.close()
+
+
+def test_client_errors_are_the_in_process_errors_of_their_code() -> None:
+    """Code written against the in-process retriever catches the same exceptions over HTTP."""
+    import httpx
+
+    from rag_retriever.client import NotFound, http_error
+    from rag_retriever.errors import CollectionNotFound, UpdateRefused, VersionIncompatible
+
+    def answer(status: int, code: str) -> Exception:
+        return http_error(httpx.Response(status, json={"error": code, "detail": "why"}))
+
+    missing = answer(404, "collection_not_found")
+    assert isinstance(missing, NotFound) and isinstance(missing, CollectionNotFound)
+    assert isinstance(answer(409, "version_incompatible"), VersionIncompatible)
+    assert isinstance(answer(409, "update_refused"), UpdateRefused)
+    assert not isinstance(answer(404, "not_found"), CollectionNotFound)  # a wrong URL
+    assert type(answer(404, "collection_not_found")) is type(missing)  # one class per pair
