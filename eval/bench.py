@@ -2,7 +2,7 @@
 the ratio. Results go to `<out>/bench.json` and `<out>/bench.txt`.
 
 Usage:
-    python eval/bench.py [--out bench-out] [--only bm25 engine ingest query load training]
+    python eval/bench.py [--out bench-out] [--only bm25 engine ingest update query load training]
         [--reranker DIR]
 
 Needs ../shared/data (SQuAD and SciFact). Takes about 20 minutes on 2 CPU cores (the engine at
@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-BENCHES = ("bm25", "engine", "ingest", "query", "load", "training")
+BENCHES = ("bm25", "engine", "ingest", "update", "query", "load", "training")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -52,6 +52,10 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--engine-sizes", type=int, nargs="+", default=[100_000], help="e.g. 100000 1000000"
     )
+    parser.add_argument(
+        "--update-sizes", type=int, nargs="+", default=[100_000], help="e.g. 100000 1000000"
+    )
+    parser.add_argument("--update-deltas", type=int, default=100, help="successive 1%% deltas")
     parser.add_argument("--load-seconds", type=float, default=20.0)
     parser.add_argument("--load-clients", type=int, default=8)
     return parser
@@ -90,6 +94,16 @@ def _run_standalone(args: argparse.Namespace, report: _Report) -> dict[str, Any]
 
         results["ingest"] = bench_ingest.run()
         report.emit(bench_ingest.report(results["ingest"]))
+
+    if "update" in args.only:
+        from rag_retriever.eval import bench_update
+
+        results["update"] = bench_update.run(tuple(args.update_sizes), args.update_deltas)
+        results["update_server"] = bench_update.run_server()
+        results["update_e2e"] = bench_update.run_e2e()
+        report.emit(
+            bench_update.report(results["update"], results["update_e2e"], results["update_server"])
+        )
     return results
 
 

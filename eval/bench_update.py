@@ -1,0 +1,355 @@
+"""Incremental versions: a delta against a full rebuild of the same corpus, in one run.
+
+Part 1, the engine with pre-computed vectors (`run`): documents of 5 paragraphs of real SciFact
+and SQuAD sentences, chunked by the real chunker (whitespace tokens), random unit 384-d vectors
+standing in for the encoder (the engine's cost does not depend on what vectors mean). Through the
+real writer (`ingest_documents`, `update_documents`) on Qdrant Edge, from the command to the alias
+serving the new version:
+- a full build of N chunks (the peer: what every change cost before incremental versions);
+- a 10-document delta, and a 1% delta (half of the touched documents changed, a quarter new, a
+  quarter deleted);
+- then `--deltas` successive 1% deltas: hybrid p50 (dense + BM25 in one batched call, real query
+  terms, random query vectors) and dense recall@100 against an exact search, before and after,
+  with the shards a version reads, its disk use and this process's RSS.
+
+Part 2, end to end with real text and the real model (`run_e2e`): SQuAD dev + SciFact ingested
+with all-MiniLM-L6-v2, then 1% of the documents changed (one sentence appended) through
+`update_documents`: time to served, next to the full ingest, encoding included.
+
+Usage: python eval/bench_update.py [--sizes 100000] [--deltas 100] [--e2e]
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import random
+import tempfile
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from rag_retriever.bm25 import Tokenizer
+from rag_retriever.encoder import Encoded
+from rag_retriever.eval.bench_common import percentile, read_jsonl, real_sentences, shared_path
+from rag_retriever.ingest.loaders import LoadedCorpus, load_documents
+from rag_retriever.ingest.writer import WriteOptions, ingest_documents, update_documents
+from rag_retriever.profiles import Fingerprint
+from rag_retriever.records import Document
+from rag_retriever.store import DENSE, SPARSE, EdgeStore, StageQuery
+
+DIM = 384
+PARAGRAPHS_PER_DOC = 5
+N_QUERIES = 100
+
+
+class RandomEncoder:
+    """Pre-computed vectors: a unit vector drawn from each text's hash (the same text, the same
+    vector), whitespace tokens for the chunker. Everything but the model is the product's."""
+
+    fingerprint = Fingerprint("random", "0", "mean", "", "", DIM, 256)
+    max_seq_length = 256
+    special_tokens = 2
+
+    def count_tokens(self, texts: Any) -> list[int]:
+        return [len(t.split()) for t in texts]
+
+    def encode_passages(self, passages: Any, *, progress: bool = False) -> Encoded:
+        rows = [_vector(p) for p in passages]
+        vectors = np.stack(rows) if rows else np.empty((0, DIM), np.float32)
+        return Encoded(vectors, 0, sum(self.count_tokens(passages)))
+
+
+def _vector(text: str) -> np.ndarray:
+    seed = int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little")
+    v = np.random.default_rng(seed).standard_normal(DIM).astype(np.float32)
+    return v / np.linalg.norm(v)
+
+
+class Corpus:
+    """Synthetic documents of real sentences; `change` draws a 1%-style delta."""
+
+    def __init__(self, n_chunks: int, seed: int = 0) -> None:
+        self.rng = random.Random(seed)
+        self.sentences = real_sentences()
+        self.next_id = 0
+        self.docs = {
+            d.id: d for d in (self.new_doc() for _ in range(n_chunks // PARAGRAPHS_PER_DOC))
+        }
+
+    def new_doc(self) -> Document:
+        paragraphs = []
+        for _ in range(PARAGRAPHS_PER_DOC):
+            start = self.rng.randrange(len(self.sentences) - 6)
+            paragraphs.append(" ".join(self.sentences[start : start + self.rng.randint(3, 6)]))
+        self.next_id += 1
+        return Document(f"doc{self.next_id}", f"Document {self.next_id}", "\n\n".join(paragraphs))
+
+    def change(self, n_docs: int) -> tuple[list[Document], list[str]]:
+        """n_docs touched: half edited, a quarter new, a quarter deleted; applied to self.docs."""
+        ids = self.rng.sample(sorted(self.docs), n_docs - n_docs // 4)
+        edited = [replace(self.docs[i], text=self.new_doc().text) for i in ids[: n_docs // 2]]
+        deleted = ids[n_docs // 2 :]
+        upserts = edited + [self.new_doc() for _ in range(n_docs // 4)]
+        for d in upserts:
+            self.docs[d.id] = d
+        for i in deleted:
+            del self.docs[i]
+        return upserts, deleted
+
+
+def _queries() -> list[list[str]]:
+    tok = Tokenizer()
+    rows = read_jsonl(shared_path("scifact", "questions_train.jsonl"), N_QUERIES // 2)
+    rows += read_jsonl(shared_path("squad_v11_dev", "questions_dev.jsonl"), N_QUERIES // 2)
+    return [tok.tokenize(r["question"]) for r in rows]
+
+
+def _latency_and_recall(store: EdgeStore, queries: list[list[str]]) -> dict[str, float]:
+    """Hybrid p50 (one batched dense + BM25 call) and dense recall@100 against exact search."""
+    from rag_retriever.bm25 import BM25Model
+
+    name = store.resolve("bench")
+    model = BM25Model(store.record(name).bm25, store.doc_freqs(name))
+    rng = np.random.default_rng(1)
+    vectors = rng.standard_normal((len(queries), DIM)).astype(np.float32)
+    vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
+    times = []
+    for terms, v in zip(queries, vectors, strict=True):
+        t0 = time.perf_counter()
+        store.search(
+            name, [StageQuery(DENSE, v, 100), StageQuery(SPARSE, model.query_vector(terms), 100)]
+        )
+        times.append((time.perf_counter() - t0) * 1000)
+    ids = [r.id for r in store.scroll(name)]
+    matrix = np.empty((len(ids), DIM), dtype=np.float32)
+    for at in range(0, len(ids), 2048):
+        part = {r.id: r.dense for r in store.retrieve(name, ids[at : at + 2048], with_dense=True)}
+        for j, pid in enumerate(ids[at : at + 2048]):
+            matrix[at + j] = part[pid]
+    recall = []
+    for v in vectors[:50]:
+        exact = {ids[i] for i in np.argsort(-(matrix @ v))[:100]}
+        found = {pid for pid, _ in store.search(name, [StageQuery(DENSE, v, 100)])[0]}
+        recall.append(len(found & exact) / 100)
+    return {
+        "hybrid_p50_ms": percentile(times[5:], 50),
+        "dense_recall_at_100": float(np.mean(recall)),
+        "shards": len(store.manifest(name).segments),
+        "points": len(ids),
+    }
+
+
+def run(sizes: tuple[int, ...] = (100_000,), deltas: int = 100) -> dict[str, Any]:
+    queries = _queries()
+    return {str(n): _run_size(n, deltas, queries) for n in sizes}
+
+
+def _run_size(n: int, deltas: int, queries: list[list[str]]) -> dict[str, Any]:
+    corpus = Corpus(n)
+    encoder = RandomEncoder()
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        store = EdgeStore(root / "edge")
+        # deltas only (no re-base), versions deleted as soon as they stop serving
+        opts = WriteOptions(lock_dir=root, retention_grace_s=0, keep_versions=2, rebase_drift=1.0)
+
+        def apply(n_docs: int) -> tuple[float, Any]:
+            upserts, deleted = corpus.change(n_docs)
+            t0 = time.perf_counter()
+            report = update_documents(
+                upserts, deleted, alias="bench", encoder=encoder, store=store, options=opts
+            )
+            return time.perf_counter() - t0, report
+
+        t0 = time.perf_counter()
+        full = ingest_documents(
+            LoadedCorpus(tuple(corpus.docs.values()), 0, "bench"),
+            alias="bench",
+            encoder=encoder,
+            store=store,
+            full=True,
+            options=opts,
+        )
+        row: dict[str, Any] = {
+            "chunks": full.chunks,
+            "full_s": time.perf_counter() - t0,
+            "full_stages_s": full.timings_s,
+        }
+        row["fresh"] = _latency_and_recall(store, queries)
+        one_pct = max(4, len(corpus.docs) // 100)
+        for label, n_docs in (("delta_10_docs", 10), ("delta_1pct", one_pct)):
+            seconds, report = apply(n_docs)
+            row[label] = {
+                "docs": n_docs,
+                "s": seconds,
+                "kind": report.kind,
+                "stages_s": report.timings_s,
+            }
+        many = [apply(one_pct)[0] for _ in range(deltas)]
+        if deltas:
+            row["after_deltas"] = {
+                "deltas": deltas,
+                "delta_s_p50": percentile(many, 50),
+                "delta_s_max": max(many),
+                **_latency_and_recall(store, queries),
+            }
+        row["disk_mb"] = sum(p.stat().st_size for p in root.rglob("*") if p.is_file()) / 2**20
+        row["rss_mb"] = _rss_mb()
+        store.close()
+    return row
+
+
+def run_server(n: int = 10_000) -> dict[str, Any]:
+    """The server code path (a delta = a new collection filled by copying the live points) on
+    qdrant-client's in-process implementation of the server API: full build vs 10-doc delta."""
+    from qdrant_client import QdrantClient
+
+    from rag_retriever.store import ServerStore
+
+    corpus = Corpus(n, seed=1)
+    encoder = RandomEncoder()
+    with tempfile.TemporaryDirectory() as tmp:
+        store = ServerStore(QdrantClient(path=str(Path(tmp) / "local")))
+        opts = WriteOptions(lock_dir=Path(tmp), retention_grace_s=0, rebase_drift=1.0)
+        t0 = time.perf_counter()
+        full = ingest_documents(
+            LoadedCorpus(tuple(corpus.docs.values()), 0, "bench"),
+            alias="bench",
+            encoder=encoder,
+            store=store,
+            full=True,
+            options=opts,
+        )
+        full_s = time.perf_counter() - t0
+        upserts, deleted = corpus.change(10)
+        t0 = time.perf_counter()
+        update_documents(
+            upserts, deleted, alias="bench", encoder=encoder, store=store, options=opts
+        )
+        delta_s = time.perf_counter() - t0
+        store.close()
+    return {"chunks": full.chunks, "full_s": full_s, "delta_10_docs_s": delta_s}
+
+
+def run_e2e() -> dict[str, Any]:
+    """SQuAD dev + SciFact with the real model: a full ingest, then a 1% change of documents."""
+    from rag_retriever.encoder import Encoder
+
+    docs: list[Document] = []
+    for name in ("squad_v11_dev", "scifact"):
+        docs.extend(load_documents(shared_path(name, "docs.jsonl")).documents)
+    encoder = Encoder.load("all-MiniLM-L6-v2")
+    rng = random.Random(0)
+    with tempfile.TemporaryDirectory() as tmp:
+        store = EdgeStore(Path(tmp) / "edge")
+        opts = WriteOptions(lock_dir=Path(tmp))
+        t0 = time.perf_counter()
+        full = ingest_documents(
+            LoadedCorpus(tuple(docs), 0, "e2e"),
+            alias="e2e",
+            encoder=encoder,
+            store=store,
+            full=True,
+            options=opts,
+        )
+        full_s = time.perf_counter() - t0
+        changed = [
+            replace(d, text=d.text + " This document was revised for the benchmark.")
+            for d in rng.sample(docs, max(1, len(docs) // 100))
+        ]
+        t0 = time.perf_counter()
+        delta = update_documents(
+            changed, [], alias="e2e", encoder=encoder, store=store, options=opts
+        )
+        delta_s = time.perf_counter() - t0
+        store.close()
+    return {
+        "documents": len(docs),
+        "chunks": full.chunks,
+        "full_s": full_s,
+        "changed_documents": len(changed),
+        "delta_s": delta_s,
+        "delta_kind": delta.kind,
+        "full_reason": delta.full_reason,
+        "encoded": delta.encoded,
+        "speedup": full_s / delta_s,
+        "delta_stages_s": delta.timings_s,
+    }
+
+
+def _rss_mb() -> float:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def report(
+    results: dict[str, Any],
+    e2e: dict[str, Any] | None = None,
+    server: dict[str, Any] | None = None,
+) -> list[str]:
+    lines = []
+    for n, r in results.items():
+        lines.append(
+            f"incremental versions at {int(n):,} chunks (Qdrant Edge, pre-computed vectors):"
+        )
+        lines.append(f"  full rebuild (the peer)        {r['full_s']:8.1f} s")
+        for key in ("delta_10_docs", "delta_1pct"):
+            d = r[key]
+            lines.append(
+                f"  {key:<30} {d['s']:8.2f} s  ({d['docs']} documents, {d['kind']}) -> "
+                f"{r['full_s'] / d['s']:.0f}x faster than the full rebuild"
+            )
+        fresh, after = r["fresh"], r.get("after_deltas")
+        lines.append(
+            f"  fresh: hybrid p50 {fresh['hybrid_p50_ms']:.2f} ms, dense recall@100 vs exact "
+            f"{fresh['dense_recall_at_100']:.4f}, {fresh['shards']} shard(s)"
+        )
+        if after:
+            lines.append(
+                f"  after {after['deltas']} successive 1% deltas (p50 {after['delta_s_p50']:.2f} s, "
+                f"max {after['delta_s_max']:.1f} s each): hybrid p50 {after['hybrid_p50_ms']:.2f} ms "
+                f"({after['hybrid_p50_ms'] / fresh['hybrid_p50_ms']:.2f}x fresh), dense recall@100 "
+                f"{after['dense_recall_at_100']:.4f} ({after['dense_recall_at_100'] - fresh['dense_recall_at_100']:+.4f}), "
+                f"{after['shards']} shard(s)"
+            )
+        lines.append(
+            f"  disk {r['disk_mb']:,.0f} MB (two kept versions), RSS {r['rss_mb']:,.0f} MB"
+        )
+    if server:
+        lines.append(
+            f"server code path (qdrant-client in-process, {server['chunks']:,} chunks): full build "
+            f"{server['full_s']:.1f} s, 10-document delta {server['delta_10_docs_s']:.1f} s (a copy "
+            f"of every point, no encoding) -> {server['full_s'] / server['delta_10_docs_s']:.1f}x"
+        )
+    if e2e:
+        lines.append(
+            f"end to end, SQuAD dev + SciFact ({e2e['documents']:,} documents, {e2e['chunks']:,} "
+            f"chunks, all-MiniLM-L6-v2): full ingest {e2e['full_s']:.1f} s; "
+            f"{e2e['changed_documents']} documents changed ({e2e['encoded']} chunks encoded) "
+            f"served in {e2e['delta_s']:.2f} s ({e2e['delta_kind']}) -> {e2e['speedup']:.0f}x faster"
+        )
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--sizes", type=int, nargs="+", default=[100_000])
+    parser.add_argument("--deltas", type=int, default=100)
+    parser.add_argument("--e2e", action="store_true", help="also the real-text, real-model run")
+    parser.add_argument("--server", type=int, default=0, help="also the server path at N chunks")
+    args = parser.parse_args(argv)
+    results = run(tuple(args.sizes), args.deltas)
+    server = run_server(args.server) if args.server else None
+    for text in report(results, run_e2e() if args.e2e else None, server):
+        print(text, flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
