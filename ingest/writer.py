@@ -49,7 +49,12 @@ from tqdm.auto import tqdm
 
 from rag_retriever.bm25 import BM25Model, Tokenizer
 from rag_retriever.encoder import Encoded, Fingerprint
-from rag_retriever.errors import DocumentError, GateRejected, UpdateRefused
+from rag_retriever.errors import (
+    DocumentError,
+    GateRejected,
+    UpdateRefused,
+    VersionIncompatible,
+)
 from rag_retriever.ingest.chunking import Chunker, ChunkingConfig
 from rag_retriever.ingest.loaders import LoadedCorpus, validate_documents
 from rag_retriever.ingest.lock import IngestLock
@@ -306,7 +311,14 @@ class _Job:
         self._clock = time.perf_counter()
         self.orphans = remove_orphans(store, alias)
         self.live_name = store.aliases().get(alias)
-        self.live = store.record(self.live_name) if self.live_name else None
+        self.live: VersionRecord | None = None
+        # a live version this rag-retriever cannot read: ingest rebuilds, update refuses
+        self.live_problem: VersionIncompatible | None = None
+        if self.live_name:
+            try:
+                self.live = store.record(self.live_name)
+            except VersionIncompatible as exc:
+                self.live_problem = exc
         self.lap("load_live")
 
     def lap(self, stage: str) -> None:
@@ -317,6 +329,8 @@ class _Job:
     def _delta_refusal(self) -> str | None:
         """Why the live version cannot be extended with this encoder and chunking (or None)."""
         live = self.live
+        if self.live_problem is not None:
+            return str(self.live_problem)
         if live is None:
             return f"{self.alias!r} has no live version"
         if live.fingerprint.id != self.encoder.fingerprint.id:
@@ -333,7 +347,8 @@ class _Job:
     def ingest(self, corpus: LoadedCorpus, *, full: bool) -> IngestReport:
         refusal = "--full was asked" if full else self._delta_refusal()
         if refusal is not None:
-            return self._full(corpus, reason=None if self.live is None else refusal)
+            first = self.live is None and self.live_problem is None
+            return self._full(corpus, reason=None if first else refusal)
         assert self.live_name is not None
         live = _LiveDocs()
         for point in self.store.scroll(self.live_name):

@@ -466,3 +466,32 @@ def test_two_updates_at_once_from_two_processes_lose_nothing(
         assert store.record(store.aliases()["kb"]).lineage.deltas == 2
     finally:
         store.close()
+
+
+def test_a_version_of_another_schema_is_refused_with_the_fix(
+    store: Store, tiny_encoder: Encoder, tmp_path: Path
+) -> None:
+    """A version written by rag-retriever 0.2 (an untyped record, IDF on the document side) is
+    listed as incompatible and refused at query time with a message to re-ingest (409)."""
+    import json
+
+    from rag_retriever.errors import VersionIncompatible
+
+    rng = random.Random(13)
+    report = write(store, tiny_encoder, tmp_path, [doc(i, rng) for i in range(3)])
+    meta_file = tmp_path / "edge" / "collections" / report.collection / "meta.json"
+    old = json.loads(meta_file.read_text())
+    del old["schema"]
+    meta_file.write_text(json.dumps(old))
+    info = store.versions("kb")[0]
+    assert info.status == "incompatible" and info.problem and "re-ingest" in info.problem
+    retriever = Retriever(encoder=tiny_encoder, store=store, collection="kb")
+    with pytest.raises(VersionIncompatible, match="schema 1.*re-ingest") as caught:
+        retriever.search("alpha")
+    assert caught.value.http_status == 409
+    with pytest.raises(UpdateRefused, match="schema 1.*re-ingest"):
+        update(store, tiny_encoder, tmp_path, [doc(1, rng)])
+    # ingest rebuilds it (the message's fix), reusing nothing it cannot read
+    again = write(store, tiny_encoder, tmp_path, [doc(i, rng) for i in range(3)])
+    assert again.kind == "full" and again.full_reason and "schema 1" in again.full_reason
+    assert retriever.search("alpha")

@@ -51,6 +51,8 @@ from rag_retriever.store.record import STATUS_COMPLETE, VersionRecord
 
 log = logging.getLogger(__name__)
 
+# The status the catalog shows for a version written under another record schema.
+INCOMPATIBLE: Final = "incompatible"
 DENSE: Final = "dense"
 SPARSE: Final = "bm25"
 _VERSIONED = re.compile(r"^(?P<alias>.+?)__(?P<slug>.+)__v(?P<version>\d+)$")
@@ -261,7 +263,7 @@ class Store(ABC):
             record = self.record(name)
         except VersionIncompatible as exc:
             meta = self.read_meta(name)
-            status = "incompatible" if meta.get("status") == STATUS_COMPLETE else "building"
+            status = INCOMPATIBLE if meta.get("status") == STATUS_COMPLETE else "building"
             return CollectionInfo(name, alias, version, status, 0, None, str(exc))
         points = record.chunks if record.status == STATUS_COMPLETE else 0
         return CollectionInfo(name, record.alias, record.version, record.status, points, record)

@@ -20,9 +20,15 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from rag_retriever.errors import CollectionNotFound, InvalidRequest
+from rag_retriever.errors import CollectionNotFound, InvalidRequest, VersionIncompatible
 from rag_retriever.settings import default_of
-from rag_retriever.store.base import CollectionInfo, Store, parse_collection_name, retired_for
+from rag_retriever.store.base import (
+    INCOMPATIBLE,
+    CollectionInfo,
+    Store,
+    parse_collection_name,
+    retired_for,
+)
 from rag_retriever.store.record import STATUS_COMPLETE
 
 log = logging.getLogger(__name__)
@@ -53,7 +59,8 @@ def apply_retention(
     """Keep the `keep` newest complete versions and the served one; delete older ones that
     stopped serving at least `grace_s` seconds ago."""
     served = set(store.aliases().values())
-    complete = [i for i in store.versions(alias) if i.status == STATUS_COMPLETE]
+    # versions this rag-retriever cannot read (another schema) age out like complete ones
+    complete = [i for i in store.versions(alias) if i.status in (STATUS_COMPLETE, INCOMPATIBLE)]
     now = time.time()
     doomed = []
     for info in complete[: max(0, len(complete) - keep)]:
@@ -70,7 +77,8 @@ def point_alias(store: Store, alias: str, name: str) -> None:
     previous = store.aliases().get(alias)
     store.point_alias(alias, name)
     if previous is not None and previous != name:
-        with contextlib.suppress(CollectionNotFound):
+        # a version this rag-retriever cannot read is left as it is (retention still counts it)
+        with contextlib.suppress(CollectionNotFound, VersionIncompatible):
             record = store.record(previous)
             store.put_record(previous, dataclasses.replace(record, retired_at=time.time()))
     with contextlib.suppress(CollectionNotFound):
