@@ -263,6 +263,14 @@ def _delete_documents(ids: Sequence[str], collection: str, wait: float) -> _Call
     return _Call("POST", path, _change_status, body, write=True, wait_s=wait)
 
 
+def _feedback(
+    query_id: str, relevant: bool, chunk_id: str | None, doc_id: str | None
+) -> _Call[dict[str, Any]]:
+    body = {"query_id": query_id, "relevant": relevant, "chunk_id": chunk_id, "doc_id": doc_id}
+    body = {k: v for k, v in body.items() if v is not None}
+    return _Call("POST", "/v1/feedback", lambda r: dict(r.json()), body)
+
+
 def _change(change_id: str, wait: float) -> _Call[ChangeStatus]:
     path = f"/v1/changes/{quote(change_id, safe='')}?wait={wait:g}"
     return _Call("GET", path, _change_status, write=True, wait_s=wait)
@@ -410,6 +418,17 @@ class RetrieverClient(_Client):
         """A write's state, waiting up to `wait` seconds for it to be committed."""
         return self._send(_change(change_id, wait))
 
+    def feedback(
+        self,
+        query_id: str,
+        *,
+        relevant: bool,
+        chunk_id: str | None = None,
+        doc_id: str | None = None,
+    ) -> dict[str, Any]:
+        """Judge a returned chunk (or document) of a logged query (POST /v1/feedback)."""
+        return self._send(_feedback(query_id, relevant, chunk_id, doc_id))
+
     def health(self) -> bool:
         """True when the process answers /healthz; False when nothing answers (no retries)."""
         return self._probe("/healthz")
@@ -505,6 +524,16 @@ class AsyncRetrieverClient(_Client):
 
     async def change(self, change_id: str, *, wait: float = 0.0) -> ChangeStatus:
         return await self._send(_change(change_id, wait))
+
+    async def feedback(
+        self,
+        query_id: str,
+        *,
+        relevant: bool,
+        chunk_id: str | None = None,
+        doc_id: str | None = None,
+    ) -> dict[str, Any]:
+        return await self._send(_feedback(query_id, relevant, chunk_id, doc_id))
 
     async def health(self) -> bool:
         return await self._probe("/healthz")

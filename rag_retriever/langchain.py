@@ -43,7 +43,9 @@ from rag_retriever.retriever import Retriever
 STAGES = HIT_STAGES
 
 
-def hit_to_document(hit: Hit, *, collection: str | None = None) -> Document:
+def hit_to_document(
+    hit: Hit, *, collection: str | None = None, query_id: str | None = None
+) -> Document:
     """A LangChain Document for one hit (see the module docstring for the metadata keys): the
     hit's JSON form without the text, each stage flattened to `<stage>_rank` / `<stage>_score`."""
     metadata: dict[str, Any] = {}
@@ -56,11 +58,16 @@ def hit_to_document(hit: Hit, *, collection: str | None = None) -> Document:
         else:
             metadata[key] = value
     metadata["collection"] = collection
+    # names the query for feedback (POST /v1/feedback, client.feedback) when a log is kept
+    metadata["query_id"] = query_id
     return Document(page_content=hit.text, metadata=metadata, id=hit.chunk_id)
 
 
 def result_to_documents(result: SearchResult) -> list[Document]:
-    return [hit_to_document(h, collection=result.collection) for h in result.hits]
+    return [
+        hit_to_document(h, collection=result.collection, query_id=result.query_id)
+        for h in result.hits
+    ]
 
 
 class RagRetrieverLangChain(BaseRetriever):

@@ -334,9 +334,12 @@ class SearchResult:
     # The fusion that merged the dense and BM25 lists (hybrid and rerank modes), e.g.
     # "rrf k=60 weights(dense,bm25)=1,1 depths=100,100"; tuned per version by `tune-fusion`.
     fusion: str | None = None
+    # Names this query in the query log and in feedback (`POST /v1/feedback`).
+    query_id: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
+            "query_id": self.query_id,
             "query": self.query,
             "mode": self.mode,
             "collection": self.collection,
@@ -361,4 +364,5 @@ class SearchResult:
             query_truncated=bool(data.get("query_truncated", False)),
             notices=tuple(data.get("notices") or ()),
             fusion=data.get("fusion"),
+            query_id=data.get("query_id"),
         )

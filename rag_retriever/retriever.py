@@ -41,6 +41,7 @@ from rag_retriever.errors import (
     VersionIncompatible,
 )
 from rag_retriever.fusion import Fusion, rrf
+from rag_retriever.querylog import QueryLog, new_query_id
 from rag_retriever.records import (
     Chunk,
     Hit,
@@ -167,8 +168,10 @@ class Retriever:
         reranker: Scorer | None = None,
         config: RetrievalConfig | None = None,
         collection: str = "docs",
+        query_log: QueryLog | None = None,
     ) -> None:
         self.encoder = encoder
+        self.query_log = query_log
         self.store = store
         self.reranker = reranker
         self.config = config or RetrievalConfig()
@@ -194,6 +197,9 @@ class Retriever:
             reranker=CrossEncoderReranker.from_settings(settings, version),
             config=RetrievalConfig.from_settings(settings),
             collection=settings.collection,
+            query_log=QueryLog(settings.query_log, keep_text=settings.query_log_text)
+            if settings.query_log is not None
+            else None,
         )
 
     def with_config(self, **changes: object) -> Retriever:
@@ -289,8 +295,14 @@ class Retriever:
                     query_truncated=trace.query_truncated,
                     notices=tuple(notices),
                     fusion=trace.fusion if chosen_mode in ("hybrid", "rerank") else None,
+                    query_id=new_query_id(),
                 )
             )
+        if self.query_log is not None:
+            for result in results:
+                self.query_log.record(
+                    result, alias=collection or self.default_collection, k=k, flt=filter
+                )
         return results
 
     def trace(

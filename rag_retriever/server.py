@@ -42,13 +42,15 @@ from typing import Any
 import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from rag_retriever.auth import authorised, header
-from rag_retriever.errors import ConfigError, InvalidRequest, RagError
+from rag_retriever.errors import CollectionNotFound, ConfigError, InvalidRequest, RagError
+from rag_retriever.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
+from rag_retriever.metrics import Metrics
 from rag_retriever.records import BLANK_CHARS, MAX_EXACT_INT, Mode, SearchFilter
 from rag_retriever.retriever import Retriever
 from rag_retriever.settings import Settings
@@ -208,7 +210,9 @@ def create_app(retriever: Retriever, settings: Settings) -> FastAPI:
     )
     app.state.retriever = retriever
     app.state.settings = settings
+    app.state.metrics = Metrics(retriever)
     _add_search_routes(app, retriever, settings)
+    _add_feedback_and_metrics(app, retriever)
     _add_collections_route(app, retriever)
     _add_probes(app, retriever, settings)
     if settings.write_api_key:  # absent from the app (and its schema) without a write key
@@ -231,6 +235,7 @@ def _add_search_routes(app: FastAPI, retriever: Retriever, settings: Settings) -
             filter=_filter(body.filter),
             collection=body.collection,
         )
+        app.state.metrics.observe([result])
         return JSONResponse(result.to_dict())
 
     def search_batch(body: BatchBody) -> JSONResponse:
@@ -246,6 +251,7 @@ def _add_search_routes(app: FastAPI, retriever: Retriever, settings: Settings) -
             filter=_filter(body.filter),
             collection=body.collection,
         )
+        app.state.metrics.observe(results)
         return JSONResponse({"results": [r.to_dict() for r in results]})
 
     search.__annotations__["body"] = search_body
@@ -260,6 +266,50 @@ def _add_search_routes(app: FastAPI, retriever: Retriever, settings: Settings) -
         summary="Search many queries (encoded in one batch)",
         responses=_SEARCH_ERRORS,
     )
+
+
+class FeedbackBody(BaseModel):
+    model_config = ConfigDict(strict=True, extra="forbid")
+
+    query_id: str = Field(description="the query_id of a search result")
+    chunk_id: str | None = Field(default=None, description="a returned chunk (or give doc_id)")
+    doc_id: str | None = Field(default=None, description="a returned document (or chunk_id)")
+    relevant: bool = Field(description="whether it answered the question")
+
+
+def _add_feedback_and_metrics(app: FastAPI, retriever: Retriever) -> None:
+    """`POST /v1/feedback` (with the query log) and `GET /metrics`, behind the read key."""
+
+    @app.post(
+        "/v1/feedback",
+        summary="Judge a returned chunk or document of a logged query (needs RAG_QUERY_LOG)",
+        responses=_errors(401, 404, 413, 422, 500),
+    )
+    def feedback(body: FeedbackBody) -> JSONResponse:
+        if retriever.query_log is None:
+            raise CollectionNotFound(
+                "feedback is recorded next to the query log, which is off: set RAG_QUERY_LOG to a "
+                "directory and restart the service"
+            )
+        entry = retriever.query_log.feedback(
+            body.query_id, relevant=body.relevant, chunk_id=body.chunk_id, doc_id=body.doc_id
+        )
+        return JSONResponse({"status": "recorded", **entry})
+
+    @app.get(
+        "/metrics",
+        summary="Prometheus metrics (text format)",
+        response_class=PlainTextResponse,
+        responses={
+            200: {
+                "description": "the Prometheus text exposition format",
+                "content": {"text/plain": {"schema": {"type": "string"}}},
+            },
+            **_errors(401),
+        },
+    )
+    def metrics() -> Response:
+        return Response(app.state.metrics.exposition(), media_type=METRICS_CONTENT_TYPE)
 
 
 def _add_collections_route(app: FastAPI, retriever: Retriever) -> None:
@@ -312,12 +362,13 @@ def _add_error_handlers(app: FastAPI) -> None:
 
 
 def _add_middleware(app: FastAPI, settings: Settings) -> None:
-    """The ASGI middleware; added last = runs first: auth, then the body limit, then the error
-    boundary."""
+    """The ASGI middleware; added last = runs first: the request count (refusals included),
+    auth, then the body limit, then the error boundary."""
     app.add_middleware(_ErrorBoundary)
     app.add_middleware(_BodyLimit, max_bytes=settings.max_body_bytes)
     if settings.api_key:
         app.add_middleware(_ApiKey, key=settings.api_key)
+    app.add_middleware(_Counted)
 
 
 def check_ready(retriever: Retriever) -> tuple[bool, dict[str, Any]]:
@@ -519,6 +570,34 @@ async def _drain(receive: Receive, seen: int) -> None:
             return
 
 
+class _Counted:
+    """Counts every request by route template, method and status (rag_requests_total)."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        metrics = scope["app"].state.metrics
+        status = 500  # unless a response starts
+        start = time.perf_counter()
+
+        async def counting_send(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, counting_send)
+        finally:
+            # the route template FastAPI matched (bounded), never the raw path
+            route = getattr(scope.get("route"), "path", None) or "unmatched"
+            metrics.count_request(route, scope["method"], status, time.perf_counter() - start)
+
+
 class _ApiKey:
     """401 unless the request carries the key (`Authorization: Bearer` or `X-API-Key`)."""
 
@@ -574,9 +653,14 @@ def serve(settings: Settings, *, host: str = "127.0.0.1", port: int = 8000) -> N
         )
     else:
         log.warning("not ready yet (/readyz answers 503): %s", report["detail"])
-    config = uvicorn.Config(
-        create_app(retriever, settings), workers=1, log_level=settings.log_level.lower()
-    )
+    app = create_app(retriever, settings)
+    if settings.metrics_port:
+        from prometheus_client import start_http_server
+
+        # for a scraper inside the network: the same registry, on a port of its own, no key
+        start_http_server(settings.metrics_port, addr=host, registry=app.state.metrics.registry)
+        log.info("metrics on http://%s:%d/metrics", host, settings.metrics_port)
+    config = uvicorn.Config(app, workers=1, log_level=settings.log_level.lower())
     uvicorn.Server(config).run(sockets=[sock])
 
 

@@ -175,6 +175,17 @@ class Settings(BaseSettings):
     max_batch_size: PositiveInt = _setting(64, "most questions in one batch request")
     max_body_bytes: PositiveInt = _setting(1_000_000, "largest accepted HTTP request body")
 
+    # Operating it: the query log, feedback and metrics (rag_retriever/querylog.py, metrics.py).
+    query_log: Path | None = _setting(
+        None, "a directory: log every query (and feedback) there as JSON lines; unset = no log"
+    )
+    query_log_text: bool = _setting(
+        True, "log the query text (false: only its sha256; `questions --from-log` then has none)"
+    )
+    metrics_port: NonNegativeInt = _setting(
+        0, "serve /metrics on this port of its own (no key) for a scraper; 0 = on the app's port"
+    )
+
     log_level: LogLevel = _setting("INFO", "logging level")
 
     def __init__(self, **values: Any) -> None:

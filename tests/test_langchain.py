@@ -85,7 +85,7 @@ def test_hit_to_document_maps_every_field() -> None:
         matched_terms=("body",),
         metadata={"lang": "en"},
     )
-    doc = hit_to_document(hit, collection="kb__m__v1")
+    doc = hit_to_document(hit, collection="kb__m__v1", query_id="q1")
     assert doc.page_content == "body text" and doc.id == "c"
     assert doc.metadata == {
         "chunk_id": "c",
@@ -106,6 +106,7 @@ def test_hit_to_document_maps_every_field() -> None:
         "rerank_score": None,
         "matched_terms": ["body"],
         "collection": "kb__m__v1",
+        "query_id": "q1",
         "metadata": {"lang": "en"},
     }
 

@@ -70,7 +70,9 @@ def http(served: Served) -> Iterator[TestClient]:
 
 
 def without_timings(result: dict[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in result.items() if k != "timings_ms"}
+    """What two answers to the same query share: all but the timings and the query's own id."""
+    assert len(result["query_id"]) == 32  # every answer names its query
+    return {k: v for k, v in result.items() if k not in ("timings_ms", "query_id")}
 
 
 def assert_close(got: Any, expected: Any, path: str = "") -> None:

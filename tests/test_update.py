@@ -486,10 +486,10 @@ def test_a_version_of_another_schema_is_refused_with_the_fix(
     info = store.versions("kb")[0]
     assert info.status == "incompatible" and info.problem and "re-ingest" in info.problem
     retriever = Retriever(encoder=tiny_encoder, store=store, collection="kb")
-    with pytest.raises(VersionIncompatible, match="schema 1.*re-ingest") as caught:
+    with pytest.raises(VersionIncompatible, match=r"schema 1.*re-ingest") as caught:
         retriever.search("alpha")
     assert caught.value.http_status == 409
-    with pytest.raises(UpdateRefused, match="schema 1.*re-ingest"):
+    with pytest.raises(UpdateRefused, match=r"schema 1.*re-ingest"):
         update(store, tiny_encoder, tmp_path, [doc(1, rng)])
     # ingest rebuilds it (the message's fix), reusing nothing it cannot read
     again = write(store, tiny_encoder, tmp_path, [doc(i, rng) for i in range(3)])

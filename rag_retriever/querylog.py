@@ -1,0 +1,368 @@
+"""The query log and feedback: what was asked, what came back, and what the chat app said of it.
+
+Example:
+    >>> log = QueryLog(Path("rag-data/query-log"))                            # doctest: +SKIP
+    >>> retriever = Retriever(..., query_log=log)                             # doctest: +SKIP
+    >>> log.feedback(result.query_id, chunk_id=result.hits[0].chunk_id, relevant=True)  # doctest: +SKIP
+    >>> rows, report = questions_from_log([Path("rag-data/query-log")])       # doctest: +SKIP
+
+Opt-in (`RAG_QUERY_LOG` = a directory). One JSON line per query: its id (returned with every
+result), time, alias and served version, mode, k, filter, each returned chunk with its doc id,
+offsets and every stage's rank, latency, truncation, and the query text (or only its sha256 with
+`RAG_QUERY_LOG_TEXT=false`). Never an API key: nothing of the request but these fields is logged.
+
+Lines are queued and written by one background thread, off the request path, and flushed at
+least every FLUSH_S seconds (a crash loses at most that). Each process writes its own files
+(`queries-<host>-<pid>-<n>.jsonl`, `feedback-<host>-<pid>-<n>.jsonl`), so several `serve`
+processes share a directory; a file is closed at `max_file_bytes` and the oldest files of the
+directory are deleted beyond `max_total_bytes`. A directory that cannot be written, or a full
+queue, drops lines and counts them (`dropped`), with one warning: a query never waits or fails
+for its log line.
+
+`questions_from_log` turns logged queries with positive feedback into labelled questions in the
+evaluation's format (a chunk judged relevant becomes a gold span: its document and offsets),
+deduplicated by query text, for `eval/recall_at_k.py`, `tune-fusion` and `improve`.
+
+Does not do: sampling, PII scrubbing of query texts (use RAG_QUERY_LOG_TEXT=false), shipping
+logs anywhere.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import logging
+import os
+import queue
+import socket
+import threading
+import time
+import uuid
+from collections import OrderedDict
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from rag_retriever.errors import CollectionNotFound, InvalidRequest
+from rag_retriever.records import SearchFilter, SearchResult
+
+log = logging.getLogger(__name__)
+
+# A crash loses at most this many seconds of lines.
+FLUSH_S = 1.0
+# Lines waiting for the writer; past this, new lines are dropped (and counted).
+QUEUE_LINES = 10_000
+# Queries whose returned chunks are remembered for checking feedback (per process).
+REMEMBER_QUERIES = 100_000
+
+
+def new_query_id() -> str:
+    return uuid.uuid4().hex
+
+
+@dataclass(frozen=True)
+class _Logged:
+    chunks: frozenset[str]
+    docs: frozenset[str]
+
+
+class QueryLog:
+    """Writes query and feedback lines to `directory` from a background thread."""
+
+    def __init__(
+        self,
+        directory: Path,
+        *,
+        keep_text: bool = True,
+        max_file_bytes: int = 64 * 2**20,
+        max_total_bytes: int = 2**30,
+    ) -> None:
+        self.directory = directory
+        self.keep_text = keep_text
+        self.max_file_bytes = max_file_bytes
+        self.max_total_bytes = max_total_bytes
+        self.written = 0
+        self.dropped = 0
+        self._queue: queue.Queue[tuple[str, dict[str, Any]] | None] = queue.Queue(QUEUE_LINES)
+        self._recent: OrderedDict[str, _Logged] = OrderedDict()
+        self._recent_lock = threading.Lock()
+        self._files: dict[str, Any] = {}
+        self._sizes: dict[str, int] = {}
+        self._serial = 0
+        self._warned = False
+        # one writer per file: host, process and this log object (several may share a process)
+        self._prefix = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        self._thread = threading.Thread(target=self._run, name="query-log", daemon=True)
+        self._thread.start()
+
+    # -- what callers log ---------------------------------------------------------------------
+
+    def record(
+        self,
+        result: SearchResult,
+        *,
+        alias: str,
+        k: int,
+        flt: SearchFilter | None,
+    ) -> None:
+        """Queue one query's line (never blocks: a full queue drops it)."""
+        entry: dict[str, Any] = {
+            "query_id": result.query_id,
+            "time": datetime.now(UTC).isoformat(timespec="milliseconds"),
+            "alias": alias,
+            "collection": result.collection,
+            "mode": result.mode,
+            "k": k,
+            "filter": flt.to_dict() if flt is not None and not flt.is_empty else None,
+            "hits": [
+                {
+                    "chunk_id": h.chunk_id,
+                    "doc_id": h.doc_id,
+                    "start": h.start,
+                    "end": h.end,
+                    "rank": h.rank,
+                    **{
+                        f"{stage}_rank": getattr(h, stage).rank if getattr(h, stage) else None
+                        for stage in ("dense", "bm25", "fused", "rerank")
+                    },
+                }
+                for h in result.hits
+            ],
+            "latency_ms": result.timings_ms.get("total"),
+            "query_truncated": result.query_truncated,
+            "query_sha256": hashlib.sha256(result.query.encode("utf-8")).hexdigest(),
+        }
+        if self.keep_text:
+            entry["query"] = result.query
+        if result.query_id is not None:
+            with self._recent_lock:
+                self._recent[result.query_id] = _Logged(
+                    frozenset(h.chunk_id for h in result.hits),
+                    frozenset(h.doc_id for h in result.hits),
+                )
+                while len(self._recent) > REMEMBER_QUERIES:
+                    self._recent.popitem(last=False)
+        self._put("queries", entry)
+
+    def feedback(
+        self,
+        query_id: str,
+        *,
+        relevant: bool,
+        chunk_id: str | None = None,
+        doc_id: str | None = None,
+    ) -> dict[str, Any]:
+        """Record a judgement of one returned chunk (or document) of a logged query; refuses an
+        unknown query id, or a chunk or document that query did not return (CollectionNotFound:
+        404 over HTTP)."""
+        if (chunk_id is None) == (doc_id is None):
+            raise InvalidRequest("feedback names exactly one of chunk_id and doc_id")
+        with self._recent_lock:
+            logged = self._recent.get(query_id)
+        if logged is None:
+            raise CollectionNotFound(
+                f"no logged query {query_id!r} in this process (the last {REMEMBER_QUERIES:,} "
+                f"are remembered); send feedback to the process that answered the query"
+            )
+        if chunk_id is not None and chunk_id not in logged.chunks:
+            raise CollectionNotFound(f"query {query_id!r} did not return chunk {chunk_id!r}")
+        if doc_id is not None and doc_id not in logged.docs:
+            raise CollectionNotFound(f"query {query_id!r} did not return document {doc_id!r}")
+        entry = {
+            "query_id": query_id,
+            "time": datetime.now(UTC).isoformat(timespec="milliseconds"),
+            "chunk_id": chunk_id,
+            "doc_id": doc_id,
+            "relevant": relevant,
+        }
+        self._put("feedback", entry)
+        return entry
+
+    def flush(self, timeout: float = 5.0) -> None:
+        """Wait until every queued line is written (tests, shutdown)."""
+        done = threading.Event()
+        self._queue.put(("flush", {"event": done}))
+        done.wait(timeout)
+
+    def close(self) -> None:
+        self.flush()
+        self._queue.put(None)
+        self._thread.join(timeout=5)
+
+    def _put(self, kind: str, entry: dict[str, Any]) -> None:
+        try:
+            self._queue.put_nowait((kind, entry))
+        except queue.Full:
+            self.dropped += 1
+
+    # -- the writer thread --------------------------------------------------------------------
+
+    def _run(self) -> None:
+        last_flush = time.monotonic()
+        while True:
+            try:
+                item = self._queue.get(timeout=FLUSH_S)
+            except queue.Empty:
+                item = ("tick", {})
+            if item is None:
+                self._close_files()
+                return
+            kind, entry = item
+            if kind == "flush":
+                self._flush_files()
+                entry["event"].set()
+                continue
+            if kind != "tick":
+                self._write(kind, entry)
+            if time.monotonic() - last_flush >= FLUSH_S:
+                self._flush_files()
+                last_flush = time.monotonic()
+
+    def _write(self, kind: str, entry: dict[str, Any]) -> None:
+        line = (json.dumps(entry, ensure_ascii=False) + "\n").encode("utf-8")
+        try:
+            fh = self._file(kind)
+            fh.write(line)
+            self._sizes[kind] += len(line)
+            self.written += 1
+            if self._sizes[kind] >= self.max_file_bytes:
+                fh.close()
+                del self._files[kind]
+                self._enforce_total()
+        except OSError as exc:
+            self.dropped += 1
+            if not self._warned:
+                self._warned = True
+                log.warning(
+                    "query log %s cannot be written (%s); queries go on, lines are dropped and "
+                    "counted (rag_query_log_dropped_total)",
+                    self.directory,
+                    exc,
+                )
+
+    def _file(self, kind: str) -> Any:
+        fh = self._files.get(kind)
+        if fh is None:
+            self.directory.mkdir(parents=True, exist_ok=True)
+            self._serial += 1
+            path = self.directory / f"{kind}-{self._prefix}-{self._serial}.jsonl"
+            fh = self._files[kind] = path.open("ab")
+            self._sizes[kind] = 0
+        return fh
+
+    def _flush_files(self) -> None:
+        for fh in self._files.values():
+            with contextlib.suppress(OSError):
+                fh.flush()
+
+    def _close_files(self) -> None:
+        for fh in self._files.values():
+            with contextlib.suppress(OSError):
+                fh.close()
+        self._files.clear()
+
+    def _enforce_total(self) -> None:
+        files = sorted(self.directory.glob("*.jsonl"), key=lambda p: p.stat().st_mtime)
+        total = sum(p.stat().st_size for p in files)
+        open_paths = {Path(fh.name) for fh in self._files.values()}
+        for path in files:
+            if total <= self.max_total_bytes:
+                break
+            if path in open_paths:
+                continue
+            total -= path.stat().st_size
+            path.unlink(missing_ok=True)
+
+
+# -- reading a log back -------------------------------------------------------------------------
+
+
+def read_lines(directories: Iterable[Path], kind: str) -> Iterator[dict[str, Any]]:
+    """Every line of every `<kind>-*.jsonl` file (all processes), oldest file first; a torn last
+    line (a crash mid-write) is skipped."""
+    for directory in directories:
+        if not directory.is_dir():
+            raise InvalidRequest(f"{directory} is not a query log directory (RAG_QUERY_LOG)")
+        for path in sorted(directory.glob(f"{kind}-*.jsonl"), key=lambda p: p.stat().st_mtime):
+            with path.open(encoding="utf-8", errors="replace") as fh:
+                for line in fh:
+                    try:
+                        yield json.loads(line)
+                    except json.JSONDecodeError:
+                        continue
+
+
+@dataclass(frozen=True)
+class ExportReport:
+    queries: int
+    judged: int
+    questions: int
+    duplicates_merged: int
+    without_text: int
+    negative_only: int
+
+    def to_dict(self) -> dict[str, int]:
+        return dict(self.__dict__)
+
+
+def questions_from_log(directories: Iterable[Path]) -> tuple[list[dict[str, Any]], ExportReport]:
+    """Labelled questions from logged queries with positive feedback (the last judgement of each
+    chunk or document wins). A relevant chunk becomes a gold span (its document and offsets); a
+    relevant document a gold document. Queries of the same text (case and spaces ignored) are
+    merged into one question."""
+    dirs = list(directories)
+    queries = {q["query_id"]: q for q in read_lines(dirs, "queries")}
+    verdicts: dict[str, dict[tuple[str, str], bool]] = {}
+    for fb in read_lines(dirs, "feedback"):
+        target = ("chunk", fb["chunk_id"]) if fb.get("chunk_id") else ("doc", fb["doc_id"])
+        verdicts.setdefault(fb["query_id"], {})[target] = bool(fb["relevant"])
+    merged: OrderedDict[str, dict[str, Any]] = OrderedDict()
+    without_text = negative_only = 0
+    for query_id, judged in verdicts.items():
+        entry = queries.get(query_id)
+        positive = [t for t, ok in judged.items() if ok]
+        if entry is None or not positive:
+            negative_only += entry is not None
+            continue
+        if "query" not in entry:
+            without_text += 1
+            continue
+        hits = {h["chunk_id"]: h for h in entry["hits"]}
+        key = " ".join(entry["query"].lower().split())
+        row = merged.setdefault(
+            key,
+            {
+                "id": f"log-{query_id}",
+                "question": entry["query"],
+                "gold_doc_ids": [],
+                "gold_spans": [],
+            },
+        )
+        for kind, value in positive:
+            if kind == "chunk":
+                hit = hits[value]
+                span = {"doc_id": hit["doc_id"], "start": hit["start"], "end": hit["end"]}
+                if span not in row["gold_spans"]:
+                    row["gold_spans"].append(span)
+                doc = hit["doc_id"]
+            else:
+                doc = value
+            if doc not in row["gold_doc_ids"]:
+                row["gold_doc_ids"].append(doc)
+    rows = [
+        r if r["gold_spans"] else {k: v for k, v in r.items() if k != "gold_spans"}
+        for r in merged.values()
+    ]
+    judged_count = sum(1 for q in verdicts if q in queries)
+    report = ExportReport(
+        queries=len(queries),
+        judged=judged_count,
+        questions=len(rows),
+        duplicates_merged=judged_count - negative_only - without_text - len(rows),
+        without_text=without_text,
+        negative_only=negative_only,
+    )
+    return rows, report
