@@ -256,7 +256,7 @@ def test_doctor_finds_duplicates_and_boilerplate_and_exits_1(
     from tests.conftest import write_jsonl
 
     footer = "Copyright the example company. All rights reserved. Terms apply to every page."
-    rows = [
+    rows: list[dict[str, object]] = [
         {"id": f"d{i}", "title": f"Doc {i}", "text": f"The river {i} runs to the city.\n\n{footer}"}
         for i in range(6)
     ] + [
