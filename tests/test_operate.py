@@ -259,7 +259,8 @@ def test_doctor_finds_duplicates_and_boilerplate_and_exits_1(
     rows: list[dict[str, object]] = [
         {"id": f"d{i}", "title": f"Doc {i}", "text": f"The river {i} runs to the city.\n\n{footer}"}
         for i in range(6)
-    ] + [
+    ]
+    rows += [
         {"id": "twin-a", "title": "Twin", "text": "Apples and pears grow in the valley."},
         {"id": "twin-b", "title": "Twin", "text": "Apples and pears grow in the valley."},
     ]
