@@ -40,7 +40,7 @@ lint: setup
 
 ## bench: every benchmark, each against its peer measured in the same run (~15 minutes on 2 cores)
 bench: setup
-	$(BIN)/python eval/bench.py --out bench-out
+	$(BIN)/python -m bench --out bench-out
 
 clean:
 	rm -rf $(VENV) $(DEMO_DATA) bench-out .mypy_cache .ruff_cache .pytest_cache

@@ -632,7 +632,7 @@ def test_hits_survive_json_exactly(http: TestClient, served: Served) -> None:
 
 
 def test_bench_load_runs_both_phases(served: Served, tmp_path: Path) -> None:
-    from rag_retriever.eval.bench_load import load_questions, report, run_benchmark
+    from bench.bench_load import load_questions, report, run_benchmark
 
     questions = tmp_path / "q.jsonl"
     questions.write_text(
@@ -664,8 +664,8 @@ def test_bench_load_runs_both_phases(served: Served, tmp_path: Path) -> None:
 
 
 def test_bench_load_stops_when_the_server_refuses_the_queries(served: Served) -> None:
+    from bench.bench_load import run_load
     from rag_retriever.client import UnprocessableRequest
-    from rag_retriever.eval.bench_load import run_load
 
     strict = served.settings.replace(max_query_chars=5)
     # The warm-up requests are not counted as errors: a misconfigured run fails loudly.
@@ -674,7 +674,7 @@ def test_bench_load_stops_when_the_server_refuses_the_queries(served: Served) ->
 
 
 def test_bench_questions_must_have_a_question(tmp_path: Path) -> None:
-    from rag_retriever.eval.bench_load import load_questions
+    from bench.bench_load import load_questions
 
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"question": "ok"}\n{"query": "no"}\n', encoding="utf-8")
