@@ -334,20 +334,23 @@ EXIT_WORSE = 4
 def training_verdict(meta: dict[str, Any], *, new: str, old: str, what: str) -> tuple[bool, str]:
     """(keep?, one plain line): the new model's validation MRR@10 against what it would replace
     (the embedder before training; for a reranker, hybrid search without it)."""
+    from rag_retriever.eval.judge import judge
+
     before, after = meta["validation_before"], meta["validation_after"]
     baseline = after.get(old) if old != new else before.get(old)
     n = int(after.get("questions", 0))
     if not n or baseline is None or new not in after:
         return True, f"unjudged: {what} was not validated (no held-out questions)"
-    diff = after[new] - baseline
+    verdict = judge({"mrr@10": after[new]}, {"mrr@10": baseline}, metric="mrr@10")
     interval = meta.get("mrr10_gain_ci95")
     ci = f", 95% CI {interval[0]:+.4f}..{interval[1]:+.4f}" if interval else ""
     figures = (
-        f"MRR@10 {after[new]:.4f} vs {baseline:.4f} ({diff:+.4f}{ci}) on {n} held-out questions"
+        f"MRR@10 {after[new]:.4f} vs {baseline:.4f} ({verdict.change:+.4f}{ci}) "
+        f"on {n} held-out questions"
     )
-    if diff < 0:
+    if verdict.worse:
         return False, f"WORSE: {what} would make retrieval worse: {figures}"
-    return True, f"better: {figures}" if diff > 0 else f"no change: {figures}"
+    return True, f"better: {figures}" if verdict.better else f"no change: {figures}"
 
 
 def _print_training(

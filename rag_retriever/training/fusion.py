@@ -27,6 +27,7 @@ from tqdm.auto import tqdm
 from rag_retriever.chunk_table import ChunkTable
 from rag_retriever.errors import InvalidRequest
 from rag_retriever.eval.evaluation import gold_items
+from rag_retriever.eval.judge import judge
 from rag_retriever.eval.metrics import mrr_at_k, recall_at_k
 from rag_retriever.eval.questions import Question
 from rag_retriever.fusion import Fusion
@@ -39,6 +40,8 @@ RRF_KS = (2, 5, 10, 20, 40, 60, 100)
 BM25_WEIGHTS = (0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 4.0)
 DEPTHS = (20, 50, 100)
 MIN_QUESTIONS = 20
+# What a fusion is chosen by: MRR@10, ties broken by recall@1 (the top ranks a chat app reads).
+OBJECTIVE = ("mrr@10", "recall@1")
 
 
 @dataclass(frozen=True)
@@ -57,16 +60,17 @@ class Figures:
     recall5: float
     questions: int
 
-    def key(self) -> tuple[float, float]:
-        return (self.mrr10, self.recall1)
+    def metrics(self) -> dict[str, float]:
+        return {"mrr@10": self.mrr10, "recall@1": self.recall1, "recall@5": self.recall5}
+
+    def beats(self, other: Figures) -> bool:
+        """Better on the objective (MRR@10, ties: recall@1)."""
+        return judge(
+            self.metrics(), other.metrics(), metric=OBJECTIVE[0], tie_break=OBJECTIVE[1]
+        ).better
 
     def to_json(self) -> dict[str, float]:
-        return {
-            "mrr@10": round(self.mrr10, 4),
-            "recall@1": round(self.recall1, 4),
-            "recall@5": round(self.recall5, 4),
-            "questions": self.questions,
-        }
+        return {**{k: round(v, 4) for k, v in self.metrics().items()}, "questions": self.questions}
 
 
 @dataclass
@@ -169,7 +173,7 @@ def tune_fusion(
         },
         candidates=len(grid),
     )
-    wins = report.held_out["best"].key() > report.held_out["default"].key()
+    wins = report.held_out["best"].beats(report.held_out["default"])
     if store and wins and best != default:
         _store_fusion(retriever, report)
         report.stored = True
@@ -223,7 +227,7 @@ def _best_fusion(
     best, best_figures = default, score(default, train)
     for fusion in tqdm(grid, desc="fusions", unit="fusion", disable=not progress):
         figures = score(fusion, train)
-        if figures.key() > best_figures.key():
+        if figures.beats(best_figures):
             best, best_figures = fusion, figures
     return best, best_figures
 
