@@ -33,15 +33,15 @@ from typing import Any
 
 from rag_retriever.errors import DocumentError
 from rag_retriever.records import Document
+from rag_retriever.settings import default_of
 
 TEXT_SUFFIXES = (".md", ".markdown", ".txt")
 HTML_SUFFIXES = (".html", ".htm")
 PDF_SUFFIXES = (".pdf",)
 SUFFIXES = TEXT_SUFFIXES + HTML_SUFFIXES + PDF_SUFFIXES
 MAX_REPORTED_PROBLEMS = 20
-# 10 million characters: a few thousand pages. Larger single documents are usually dumps that
-# should be split; the limit keeps one file from taking gigabytes of memory at ingest.
-MAX_DOCUMENT_CHARS = 10_000_000
+# RAG_MAX_DOCUMENT_CHARS's default (settings.py says why).
+MAX_DOCUMENT_CHARS: int = default_of("max_document_chars")
 _HEADING = re.compile(r"^\s{0,3}#{1,6}\s+(.+?)\s*#*\s*$", re.MULTILINE)
 
 

@@ -24,7 +24,14 @@ from typing import Any
 from rag_retriever import __version__
 from rag_retriever.errors import ConfigError, GateRejected, RagError
 from rag_retriever.records import MODES, SearchFilter, SearchResult, check_alias
-from rag_retriever.settings import Settings, choices_of, env_name, flag_of, shown_default
+from rag_retriever.settings import (
+    Settings,
+    choices_of,
+    default_of,
+    env_name,
+    flag_of,
+    shown_default,
+)
 
 log = logging.getLogger("rag_retriever")
 
@@ -291,9 +298,9 @@ def cmd_train_embedder(args: argparse.Namespace) -> int:
             pooling=settings.pooling,
         )
     )
+    prefixes = {"query_prefix": args.query_prefix, "passage_prefix": args.passage_prefix}
     config = EmbedderTrainingConfig(
-        query_prefix=args.query_prefix,
-        passage_prefix=args.passage_prefix,
+        **{name: value for name, value in prefixes.items() if value is not None},
         hard_negatives=args.hard_negatives,
         batch_size=args.batch_size,
         micro_batch=args.micro_batch,
@@ -417,7 +424,7 @@ def cmd_train_reranker(args: argparse.Namespace) -> int:
         args.questions,
         args.out,
         collection=settings.collection,
-        base=args.base or "all-MiniLM-L6-v2",
+        base=args.base or default_of("embed_model"),
         config=config,
         device=settings.device,
         dtype=settings.dtype,
@@ -594,11 +601,13 @@ def _add_train_embedder(sub: Any) -> None:
     p = sub.add_parser("train-embedder", help="fine-tune the embedding model on labelled questions")
     _training_args(p)
     p.add_argument("--base", help="model to start from (default RAG_EMBED_MODEL)")
+    # Unset: the trainer's own defaults (E5's prefixes, EmbedderTrainingConfig), whatever the
+    # base model's profile says (RAG_QUERY_PREFIX is the prefix of the model being served).
     p.add_argument(
-        "--query-prefix", default="query: ", help='prefix learned for questions ("query: ")'
+        "--query-prefix", help="prefix learned for questions (default: E5's query prefix)"
     )
     p.add_argument(
-        "--passage-prefix", default="passage: ", help='prefix learned for chunks ("passage: ")'
+        "--passage-prefix", help="prefix learned for chunks (default: E5's passage prefix)"
     )
     p.add_argument(
         "--hard-negatives", type=int, default=1, help="mined hard negatives per question (1)"
@@ -621,7 +630,7 @@ def _add_train_reranker(sub: Any) -> None:
         "train-reranker", help="train a cross-encoder reranker on labelled questions"
     )
     _training_args(p)
-    p.add_argument("--base", help="model to start from (default all-MiniLM-L6-v2)")
+    p.add_argument("--base", help=f"model to start from (default {shown_default('embed_model')})")
     # The same defaults as RerankerTrainingConfig (a test checks), without importing torch here.
     p.add_argument(
         "--negatives", type=int, default=3, help="hybrid-mined negatives per question (3)"

@@ -46,7 +46,7 @@ from rag_retriever.records import (
     is_blank,
 )
 from rag_retriever.reranker import Scorer
-from rag_retriever.settings import RerankFusion, Settings
+from rag_retriever.settings import RerankFusion, Settings, default_of
 from rag_retriever.store import DENSE, SPARSE, StageQuery, Store, open_store
 
 if TYPE_CHECKING:
@@ -86,8 +86,10 @@ class RetrievalConfig:
     max_query_chars: int = _DEFAULTS.max_query_chars
 
     def __post_init__(self) -> None:
-        # One set of rules: the settings these fields come from validate them.
-        Settings(**{f.name: getattr(self, f.name) for f in fields(self) if f.name in _SETTINGS})
+        # One set of rules: those of the settings these fields come from (and only these).
+        Settings.check(
+            **{f.name: getattr(self, f.name) for f in fields(self) if f.name in _SETTINGS}
+        )
 
     @classmethod
     def from_settings(cls, s: Settings) -> RetrievalConfig:
@@ -160,7 +162,7 @@ class Retriever:
         store: Store,
         reranker: Scorer | None = None,
         config: RetrievalConfig | None = None,
-        collection: str = "docs",
+        collection: str = default_of("collection"),
     ) -> None:
         self.encoder = encoder
         self.store = store

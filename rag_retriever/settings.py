@@ -233,6 +233,18 @@ class Settings(BaseSettings):
         values.update({key: value for key, value in overrides.items() if value is not None})
         return cls(**values)
 
+    @classmethod
+    def check(cls, **values: Any) -> None:
+        """Validate some settings on their own, by the rules of their declaration and the rules
+        across settings, without reading the environment or checking the others; ConfigError
+        like Settings(...). (RetrievalConfig checks its fields with it.)"""
+        probe = cls.model_construct(**values)
+        try:
+            for name, value in values.items():
+                cls.__pydantic_validator__.validate_assignment(probe, name, value)
+        except ValidationError as exc:
+            raise ConfigError(_explain(exc)) from None
+
     def replace(self, **changes: Any) -> Settings:
         """A copy with `changes`, validated like any other; a setting that was not given stays
         not given (`model_fields_set`), so it can still defer to a collection's own models."""
