@@ -198,7 +198,7 @@ def cmd_search(args: argparse.Namespace) -> int:
     from rag_retriever.retriever import Retriever
 
     settings = _settings(args)
-    retriever = Retriever.from_settings(settings)
+    retriever = Retriever.from_settings(settings, mode=args.mode)  # bm25: no model loads
     flt = SearchFilter(
         doc_ids=tuple(args.doc) if args.doc else None, equals=_parse_where(args.where)
     )

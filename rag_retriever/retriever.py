@@ -26,7 +26,7 @@ import dataclasses
 import logging
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any, get_args
 
@@ -45,12 +45,13 @@ from rag_retriever.records import (
     StageScore,
     is_blank,
 )
-from rag_retriever.reranker import Scorer
 from rag_retriever.settings import RerankFusion, Settings, default_of
 from rag_retriever.store import DENSE, SPARSE, StageQuery, Store, open_store
 
 if TYPE_CHECKING:
+    # Types only: importing them costs torch and transformers, which BM25 alone never needs.
     from rag_retriever.encoder import Encoder
+    from rag_retriever.reranker import Scorer
 
 log = logging.getLogger(__name__)
 
@@ -158,13 +159,19 @@ class Retriever:
     def __init__(
         self,
         *,
-        encoder: Encoder,
+        encoder: Encoder | None = None,
         store: Store,
         reranker: Scorer | None = None,
         config: RetrievalConfig | None = None,
         collection: str = default_of("collection"),
+        load_encoder: Callable[[], Encoder] | None = None,
     ) -> None:
-        self.encoder = encoder
+        """`encoder`, or `load_encoder` to load it on first use (a BM25-only command)."""
+        if (encoder is None) == (load_encoder is None):
+            raise TypeError("Retriever needs an encoder or a function that loads one (not both)")
+        self._encoder = encoder
+        self._load_encoder = load_encoder
+        self._encoder_lock = threading.Lock()
         self.store = store
         self.reranker = reranker
         self.config = config or RetrievalConfig()
@@ -175,22 +182,45 @@ class Retriever:
         self._open_lock = threading.Lock()
 
     @classmethod
-    def from_settings(cls, settings: Settings) -> Retriever:
+    def from_settings(cls, settings: Settings, *, mode: Mode | None = None) -> Retriever:
         """The retriever the settings describe. Models the settings do not name are those that
         the default collection's serving version records (the embedder that built it, the
-        reranker `improve` trained for it); a process keeps the models it started with."""
-        from rag_retriever.encoder import load_encoder
-        from rag_retriever.reranker import CrossEncoderReranker
+        reranker `improve` trained for it); a process keeps the models it started with.
 
+        With `mode`, only the models it needs are loaded: the reranker only for `rerank`, and
+        for `bm25` the encoder only if a mode that embeds asks for it later (torch is not even
+        imported until then)."""
         store = open_store(settings)
         version = serving_metadata(store, settings.collection)
+
+        def encoder() -> Encoder:
+            from rag_retriever.encoder import load_encoder
+
+            return load_encoder(settings, version)
+
+        reranker = None
+        if mode in (None, "rerank"):
+            from rag_retriever.reranker import CrossEncoderReranker
+
+            reranker = CrossEncoderReranker.from_settings(settings, version)
         return cls(
-            encoder=load_encoder(settings, version),
+            encoder=None if mode == "bm25" else encoder(),
+            load_encoder=encoder if mode == "bm25" else None,
             store=store,
-            reranker=CrossEncoderReranker.from_settings(settings, version),
+            reranker=reranker,
             config=RetrievalConfig.from_settings(settings),
             collection=settings.collection,
         )
+
+    @property
+    def encoder(self) -> Encoder:
+        """The query encoder (loaded now if it was deferred)."""
+        if self._encoder is None:
+            with self._encoder_lock:
+                if self._encoder is None:
+                    assert self._load_encoder is not None
+                    self._encoder = self._load_encoder()
+        return self._encoder
 
     def with_config(self, **changes: object) -> Retriever:
         """This retriever (the same models, store and caches) under a changed config, e.g. the

@@ -194,3 +194,31 @@ def test_ingest_and_eval_install_under_the_project_namespace(tmp_path: Path) -> 
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=tmp_path
     )
     assert done.stdout.split() == ["True", "True"]
+
+
+def test_bm25_search_collections_and_rollback_load_no_model(
+    env: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """They start fast: BM25 needs no embedder, listing and moving an alias need no model at all,
+    so torch is not even imported."""
+    import subprocess
+    import sys
+
+    corpus = write_jsonl(tmp_path / "docs.jsonl", [{"id": "a", "text": "Red apples."}])
+    for _ in range(2):
+        assert main(["ingest", str(corpus), "--collection", "kb", "--no-progress"]) == 0
+    capsys.readouterr()
+    commands = [
+        ["search", "apples", "--collection", "kb", "--mode", "bm25", "--json"],
+        ["collections"],
+        ["rollback", "kb"],
+    ]
+    for argv in commands:
+        code = (
+            "import sys; from rag_retriever.cli import main; status = main(sys.argv[1:]); "
+            "print('torch' in sys.modules, status, file=sys.stderr)"
+        )
+        done = subprocess.run(
+            [sys.executable, "-c", code, *argv], capture_output=True, text=True, check=True
+        )
+        assert done.stderr.split()[-2:] == ["False", "0"], (argv, done.stderr)
