@@ -21,6 +21,14 @@ from rag_retriever.errors import ConfigError, IngestLocked, InvalidRequest
 from rag_retriever.records import check_alias
 
 
+def check_unlocked(data_dir: Path, alias: str) -> None:
+    """IngestLocked now if another ingest holds `alias`'s lock (taken and let go at once), so a
+    second ingest says so before it loads documents and a model. The ingest takes the lock again
+    to write, so one that starts in between is still refused there."""
+    with IngestLock(data_dir, alias):
+        pass
+
+
 class IngestLock:
     def __init__(self, data_dir: Path, alias: str) -> None:
         try:

@@ -23,6 +23,7 @@ from typing import Any
 
 from rag_retriever import __version__
 from rag_retriever.errors import ConfigError, GateRejected, RagError
+from rag_retriever.ingest.loaders import describe_suffixes
 from rag_retriever.records import MODES, SearchFilter, SearchResult, check_alias
 from rag_retriever.settings import (
     Settings,
@@ -108,6 +109,7 @@ def _parse_where(items: Sequence[str]) -> dict[str, str | int | bool]:
 def cmd_ingest(args: argparse.Namespace) -> int:
     from rag_retriever.encoder import load_encoder
     from rag_retriever.ingest.loaders import load_documents
+    from rag_retriever.ingest.lock import check_unlocked
     from rag_retriever.ingest.writer import ingest_documents
     from rag_retriever.retriever import serving_metadata
     from rag_retriever.store import open_store
@@ -119,6 +121,7 @@ def cmd_ingest(args: argparse.Namespace) -> int:
         raise ConfigError(
             f"{exc}; ingest writes a new version of an alias: name the alias"
         ) from None
+    check_unlocked(settings.data_dir, settings.collection)  # before seconds of model loading
     # validated fully before anything is written
     corpus = load_documents(
         args.path, max_chars=settings.max_document_chars, follow_symlinks=args.follow_symlinks
@@ -181,8 +184,8 @@ def _print_ingest(report: dict[str, Any], as_json: bool) -> None:
     if report.get("skipped_files"):
         kinds = ", ".join(f"{n} {k}" for k, n in sorted(report["skipped_files"].items()))
         print(
-            f"skipped     {kinds} (a folder's files are read when .md, .txt, .html or .pdf; "
-            f"ingest a .jsonl on its own)"
+            f"skipped     {kinds} (a folder's files are read when {describe_suffixes()}; "
+            f"ingest a .jsonl on its own; a link to a folder outside it is not followed)"
         )
     if report.get("gate"):
         print(f"gate        {report['gate']['summary']}")
@@ -539,7 +542,9 @@ def _add_ingest(sub: Any) -> None:
         "ingest", help="ingest a .jsonl file or a folder as a new collection version"
     )
     p.add_argument(
-        "path", type=Path, help=".jsonl of {id, title, text} or a folder of .md/.txt/.html/.pdf"
+        "path",
+        type=Path,
+        help=f".jsonl of {{id, title, text}} or a folder of {describe_suffixes()}",
     )
     p.add_argument(
         "--no-promote", action="store_true", help="build the version, do not move the alias"
@@ -826,12 +831,23 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
-# What a stop keeps: an ingest removes its unfinished version before it exits (the alias is only
-# ever moved to a complete one); training writes its model only when it is done.
-_STOP_NOTE = (
-    "nothing unfinished was kept (an unpromoted partial version is removed, the alias serves what "
-    "it served before, the ingest lock is released)"
-)
+# What a stop keeps, for the commands that write: an ingest removes its unfinished version before
+# it exits (the alias is only ever moved to a complete one); training writes its model only when
+# it is done; improve saves each finished step. Other commands (serve, search, ...) keep nothing.
+_TRAINING_STOP = "no model was written (a model is written only when training is done)"
+_STOP_NOTES = {
+    "ingest": "nothing unfinished was kept (an unpromoted partial version is removed, the alias "
+    "serves what it served before, the ingest lock is released)",
+    "train-embedder": _TRAINING_STOP,
+    "train-reranker": _TRAINING_STOP,
+    "tune-fusion": "nothing was stored",
+    "improve": "each finished step is saved; run the same command again to resume",
+}
+
+
+def _stopped(how: str, command: str) -> str:
+    note = _STOP_NOTES.get(command)
+    return f"{how}: {note}" if note else how
 
 
 class Stopped(BaseException):
@@ -861,10 +877,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print(f"interrupted: {_STOP_NOTE}", file=sys.stderr)
+        print(_stopped("interrupted", args.command), file=sys.stderr)
         return 130
     except Stopped:
-        print(f"stopped by SIGTERM: {_STOP_NOTE}", file=sys.stderr)
+        print(_stopped("stopped by SIGTERM", args.command), file=sys.stderr)
         return 143
     except BrokenPipeError:  # `rag-retriever search ... | head`: the reader left, not an error
         sys.stderr.close()

@@ -9,7 +9,7 @@ Each setting is declared once, below: name, type, default, validation and help t
 environment variable (`RAG_<NAME>`), the CLI flag (`--<name>`, its help and default), and the
 query path's `RetrievalConfig` all derive from that declaration. An invalid value raises
 ConfigError naming the variable and what it accepts. This module does not read files or load
-models.
+models (it only checks that the data dir is not a file).
 """
 
 from __future__ import annotations
@@ -197,6 +197,17 @@ class Settings(BaseSettings):
     @classmethod
     def _valid_alias(cls, value: str) -> str:
         check_collection(value)
+        return value
+
+    @field_validator("data_dir", mode="after")
+    @classmethod
+    def _a_folder(cls, value: Path) -> Path:
+        # It is created when missing; a file on the way to it would fail at the first write.
+        for path in (value, *value.parents):
+            if path.exists():
+                if not path.is_dir():
+                    raise ValueError(f"{path} is a file; point it at a folder (created if missing)")
+                break
         return value
 
     @field_validator("qdrant_url", mode="after")

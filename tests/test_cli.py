@@ -222,3 +222,58 @@ def test_bm25_search_collections_and_rollback_load_no_model(
             [sys.executable, "-c", code, *argv], capture_output=True, text=True, check=True
         )
         assert done.stderr.split()[-2:] == ["False", "0"], (argv, done.stderr)
+
+
+@pytest.mark.parametrize(
+    "rows",
+    [[{"id": "a", "title": "the", "text": "the of and"}], [{"id": "a", "text": "# S"}]],
+)
+def test_a_corpus_of_stop_words_is_one_line_and_exit_2(
+    env: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], rows: list[dict[str, object]]
+) -> None:
+    corpus = write_jsonl(tmp_path / "stop.jsonl", rows)
+    assert main(["ingest", str(corpus), "--collection", "kb", "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and "no document has a word to index" in err
+    assert "Traceback" not in err and collections(env) == []
+
+
+def test_a_data_dir_that_is_a_file_is_one_line_and_exit_2(
+    env: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "a-file").write_text("not a folder", encoding="utf-8")
+    for data_dir in (tmp_path / "a-file", tmp_path / "a-file" / "below"):
+        monkeypatch.setenv("RAG_DATA_DIR", str(data_dir))
+        assert main(["collections"]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "is a file; point it at a folder" in err, err
+
+
+def test_a_second_ingest_reports_the_lock_before_loading_anything(
+    env: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The first ingest holds the lock; the second must say so at once, not after loading its
+    documents and model (here neither could even be loaded)."""
+    from rag_retriever.ingest.lock import IngestLock
+
+    monkeypatch.setenv("RAG_EMBED_MODEL", str(tmp_path / "no-such-model"))
+    with IngestLock(env, "kb"):
+        assert main(["ingest", str(tmp_path / "missing.jsonl"), "--collection", "kb"]) == 2
+    assert "another ingest of 'kb' is running" in capsys.readouterr().err
+
+
+def test_serve_stopped_by_sigterm_says_nothing_about_ingests(
+    env: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import os
+    import signal
+
+    from rag_retriever import server
+
+    def serve_until_stopped(*args: object, **kwargs: object) -> None:
+        os.kill(os.getpid(), signal.SIGTERM)  # what `docker stop` sends
+
+    monkeypatch.setattr(server, "serve", serve_until_stopped)
+    assert main(["serve"]) == 143
+    err = capsys.readouterr().err
+    assert err.strip() == "stopped by SIGTERM", err
