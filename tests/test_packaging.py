@@ -49,3 +49,22 @@ def test_a_built_wheel_imports_the_evaluation_library_from_another_directory(
     metrics_file, loaders_file, recall = done.stdout.split()
     assert metrics_file.startswith(str(wheel)) and loaders_file.startswith(str(wheel))
     assert float(recall) == 1.0
+
+
+def test_the_package_root_exports_one_list_of_names() -> None:
+    """`__all__`, the lazy imports and the imports type checkers read name the same things."""
+    import ast
+
+    import rag_retriever
+
+    tree = ast.parse((ROOT / "rag_retriever" / "__init__.py").read_text())
+    typed = {
+        alias.asname or alias.name
+        for node in ast.walk(tree)
+        if isinstance(node, ast.ImportFrom) and node.module and node.module != "typing"
+        for alias in node.names
+        if node.module.startswith("rag_retriever.")
+    }
+    assert set(rag_retriever.__all__) == typed
+    for name in rag_retriever.__all__:
+        assert getattr(rag_retriever, name).__name__ == name
