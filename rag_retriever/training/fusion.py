@@ -30,7 +30,7 @@ from rag_retriever.eval.evaluation import gold_items
 from rag_retriever.eval.judge import judge
 from rag_retriever.eval.metrics import mrr_at_k, recall_at_k
 from rag_retriever.eval.questions import Question
-from rag_retriever.fusion import Fusion
+from rag_retriever.fusion import K_DEFAULT, METHODS, Fusion
 from rag_retriever.retriever import Retriever
 
 BATCH = 64
@@ -96,11 +96,13 @@ class TuningReport:
 
 
 def candidates(max_depth: int) -> Iterator[Fusion]:
+    """Every method of fusion.METHODS at each depth and BM25 weight (and each RRF_KS value for a
+    method that has the constant k)."""
     depths = [d for d in DEPTHS if d <= max_depth] or [max_depth]
     for depth, weight in itertools.product(depths, BM25_WEIGHTS):
-        for k in RRF_KS:
-            yield Fusion("rrf", k=k, weights=(1.0, weight), depths=(depth, depth))
-        yield Fusion("dbsf", weights=(1.0, weight), depths=(depth, depth))
+        for method, spec in METHODS.items():
+            for k in RRF_KS if spec.uses_k else (K_DEFAULT,):
+                yield Fusion(method, k=k, weights=(1.0, weight), depths=(depth, depth))
 
 
 def score(fusion: Fusion, lists: Sequence[Lists]) -> Figures:
