@@ -28,7 +28,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
-from typing import TYPE_CHECKING, Any, get_args
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -98,6 +98,26 @@ class RetrievalConfig:
         return cls(**{f.name: getattr(s, f.name) for f in fields(cls) if f.name in _SETTINGS})
 
 
+@dataclass(frozen=True)
+class Stages:
+    """The stages a mode runs: embed the query and search the dense vectors, search BM25, fuse
+    the two lists, rerank the fused candidates. Its result is the last list it makes."""
+
+    dense: bool
+    bm25: bool
+    fuse: bool = False
+    rerank: bool = False
+
+
+# Each mode described once, as its stages; everything mode-dependent below reads this table.
+MODE_STAGES: dict[Mode, Stages] = {
+    "dense": Stages(dense=True, bm25=False),
+    "bm25": Stages(dense=False, bm25=True),
+    "hybrid": Stages(dense=True, bm25=True, fuse=True),
+    "rerank": Stages(dense=True, bm25=True, fuse=True, rerank=True),
+}
+
+
 def serving_metadata(store: Store, alias_or_name: str) -> Mapping[str, Any]:
     """The metadata of the version an alias serves; empty when there is none yet."""
     try:
@@ -126,16 +146,15 @@ class Trace:
     fusion: str | None = None  # the fusion in force for the traced version
 
     def final(self, mode: Mode) -> list[tuple[str, StageScore]]:
-        """The ranked chunk ids a mode returns."""
-        if mode == "dense":
-            return self.dense or []
-        if mode == "bm25":
-            return self.bm25 or []
-        if mode == "hybrid":
+        """The ranked chunk ids a mode returns: the list of its last stage."""
+        stages = MODE_STAGES[mode]
+        if stages.rerank:
+            # The reranked candidates first, then the rest of the fused list in fused order.
+            head = self.rerank_fused if self.rerank_fused is not None else self.rerank or []
+            return head + (self.fused or [])[len(head) :]
+        if stages.fuse:
             return self.fused or []
-        # The reranked candidates first, then the rest of the fused list in fused order.
-        head = self.rerank_fused if self.rerank_fused is not None else self.rerank or []
-        return head + (self.fused or [])[len(head) :]
+        return (self.dense if stages.dense else self.bm25) or []
 
 
 @dataclass(frozen=True)
@@ -199,13 +218,14 @@ class Retriever:
             return load_encoder(settings, version)
 
         reranker = None
-        if mode in (None, "rerank"):
+        if mode is None or MODE_STAGES[mode].rerank:
             from rag_retriever.reranker import CrossEncoderReranker
 
             reranker = CrossEncoderReranker.from_settings(settings, version)
+        embeds = mode is None or MODE_STAGES[mode].dense
         return cls(
-            encoder=None if mode == "bm25" else encoder(),
-            load_encoder=encoder if mode == "bm25" else None,
+            encoder=encoder() if embeds else None,
+            load_encoder=None if embeds else encoder,
             store=store,
             reranker=reranker,
             config=RetrievalConfig.from_settings(settings),
@@ -232,8 +252,7 @@ class Retriever:
     @property
     def modes(self) -> tuple[Mode, ...]:
         """The modes this retriever can run (`rerank` only with a reranker)."""
-        all_modes: tuple[Mode, ...] = get_args(Mode)
-        return all_modes if self.reranker is not None else all_modes[:3]
+        return tuple(m for m, s in MODE_STAGES.items() if not s.rerank or self.reranker is not None)
 
     @property
     def default_mode(self) -> Mode:
@@ -314,7 +333,7 @@ class Retriever:
                     timings_ms={s: round(ms, 3) for s, ms in trace.timings_ms.items()},
                     query_truncated=trace.query_truncated,
                     notices=tuple(notices),
-                    fusion=trace.fusion if chosen_mode in ("hybrid", "rerank") else None,
+                    fusion=trace.fusion if MODE_STAGES[chosen_mode].fuse else None,
                 )
             )
         return results
@@ -372,7 +391,7 @@ class Retriever:
             )
             with self._open_lock:
                 self._opened[name] = opened
-        if mode != "bm25":
+        if MODE_STAGES[mode].dense:  # the query is embedded: the model must be the version's
             self._check_fingerprint(alias_or_name, opened)
         return opened
 
@@ -381,16 +400,14 @@ class Retriever:
     def _check_mode(self, mode: str | None) -> Mode:
         if mode is None:
             return self.default_mode
-        if mode not in get_args(Mode):
-            raise InvalidRequest(
-                f"unknown mode {mode!r}; expected one of {', '.join(get_args(Mode))}"
-            )
-        if mode == "rerank" and self.reranker is None:
+        if mode not in MODE_STAGES:
+            raise InvalidRequest(f"unknown mode {mode!r}; expected one of {', '.join(MODE_STAGES)}")
+        if MODE_STAGES[mode].rerank and self.reranker is None:
             raise InvalidRequest(
                 "mode 'rerank' needs a reranker, and reranking is off: set RAG_RERANK_MODEL to a "
                 "cross-encoder directory (train one with `rag-retriever train-reranker`)"
             )
-        return mode  # type: ignore[return-value]
+        return mode
 
     def _check_k(self, k: int | None) -> int:
         if k is None:
@@ -434,24 +451,26 @@ class Retriever:
     def _trace(
         self, queries: Sequence[str], mode: Mode, flt: SearchFilter | None, requested: str
     ) -> tuple[str, list[Trace]]:
+        stages = MODE_STAGES[mode]
         opened = self.open_collection(requested, mode)
         traces = [Trace(query=q) for q in queries]
         if not queries:
             return opened.name, traces
-        if mode != "bm25":
+        vectors = None
+        if stages.dense:
             t0 = time.perf_counter()
             vectors, truncated = self._encode_queries(queries)
             encode_ms = (time.perf_counter() - t0) * 1000 / len(queries)
             for trace, cut in zip(traces, truncated, strict=True):
                 trace.query_truncated = cut
                 trace.timings_ms["encode"] = encode_ms
-        self._first_stage(opened, traces, None if mode == "bm25" else vectors, mode, flt)
+        self._first_stage(opened, traces, vectors, stages.bm25, flt)
         fusion = self.fusion_for(opened)
         for trace in traces:
             trace.fusion = fusion.describe()
-            if mode in ("hybrid", "rerank"):
+            if stages.fuse:
                 self._fuse(trace, fusion)
-            if mode == "rerank":
+            if stages.rerank:
                 self._rerank(opened.name, trace)
             trace.timings_ms["total"] = sum(trace.timings_ms.values())
         return opened.name, traces
@@ -471,10 +490,11 @@ class Retriever:
         opened: OpenCollection,
         traces: list[Trace],
         vectors: np.ndarray | None,
-        mode: Mode,
+        lexical: bool,
         flt: SearchFilter | None,
     ) -> None:
-        """The dense and BM25 lists of every query, from one batched engine call."""
+        """The dense (when there are query vectors) and BM25 (when `lexical`) lists of every
+        query, from one batched engine call."""
         cfg = self.config
         requests: list[StageQuery] = []
         slots: list[tuple[Trace, bool]] = []  # (trace, is the dense list)
@@ -482,7 +502,7 @@ class Retriever:
             if vectors is not None:
                 requests.append(StageQuery(DENSE, vectors[i], cfg.dense_top_n, flt))
                 slots.append((trace, True))
-            if mode != "dense":
+            if lexical:
                 sparse = opened.bm25.query_vector(self.tokenizer.tokenize(trace.query))
                 trace.bm25 = []
                 if not sparse.is_empty:  # only stop words: no BM25 list
