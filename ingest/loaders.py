@@ -25,7 +25,7 @@ from __future__ import annotations
 import json
 import re
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from html.parser import HTMLParser
 from pathlib import Path
@@ -144,6 +144,25 @@ def _duplicate_problems(ids: list[tuple[str, str]]) -> list[str]:
     return problems
 
 
+def jsonl_records(raw: bytes, source: Path, problems: list[str]) -> Iterator[tuple[int, str, Any]]:
+    """(line number, "file:line", parsed value) of each non-blank line of a .jsonl file's bytes; a line that
+    is not UTF-8 or not JSON becomes a problem in `problems` instead (documents and labelled
+    questions are read the same way)."""
+    for lineno, line_bytes in enumerate(raw.split(b"\n"), start=1):
+        where = f"{source}:{lineno}"
+        try:
+            line = line_bytes.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            problems.append(f"{where}: not valid UTF-8 (byte {exc.start}): {exc.reason}")
+            continue
+        if not line.strip():
+            continue
+        try:
+            yield lineno, where, json.loads(line)
+        except json.JSONDecodeError as exc:
+            problems.append(f"{where}: malformed JSON ({exc.msg} at column {exc.colno})")
+
+
 def _load_jsonl(path: Path, *, max_chars: int) -> LoadedCorpus:
     problems: list[str] = []
     documents: list[Document] = []
@@ -153,20 +172,7 @@ def _load_jsonl(path: Path, *, max_chars: int) -> LoadedCorpus:
         raw = path.read_bytes()
     except OSError as exc:
         raise DocumentError(f"{path}: cannot read: {exc}") from None
-    for lineno, line_bytes in enumerate(raw.split(b"\n"), start=1):
-        where = f"{path}:{lineno}"
-        try:
-            line = line_bytes.decode("utf-8")
-        except UnicodeDecodeError as exc:
-            problems.append(f"{where}: not valid UTF-8 (byte {exc.start}): {exc.reason}")
-            continue
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as exc:
-            problems.append(f"{where}: malformed JSON ({exc.msg} at column {exc.colno})")
-            continue
+    for _, where, record in jsonl_records(raw, path, problems):
         doc, problem = _document_from_record(record, where)
         if problem:
             problems.append(problem)
