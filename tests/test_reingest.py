@@ -289,3 +289,40 @@ def test_a_signal_mid_write_stops_cleanly_within_two_seconds(
     with IngestLock(tmp_path / "data", "kb"):  # released
         pass
     store.close()
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="ingest/writer.py logs every exception, a requested stop included, as `ERROR ... "
+    "failed`; it is being rewritten in main (the store package), where the fix belongs: log a "
+    "KeyboardInterrupt or the CLI's SIGTERM stop as a stop, not a failure",
+)
+def test_an_ingest_stopped_by_sigterm_logs_no_failure(
+    tiny_encoder_dir: Path, tmp_path: Path
+) -> None:
+    corpus = tmp_path / "corpus.jsonl"
+    write_jsonl(corpus, [{"id": f"d{i}", "text": f"The river {i} runs." * 6} for i in range(300)])
+    env = {
+        **os.environ,
+        "RAG_DATA_DIR": str(tmp_path / "data"),
+        "RAG_EMBED_MODEL": str(tiny_encoder_dir),
+        "RAG_DEVICE": "cpu",
+        "RAG_LOG_LEVEL": "INFO",
+    }
+    args = ["ingest", str(corpus), "--collection", "kb", "--no-progress"]
+    proc = subprocess.Popen(
+        [sys.executable, "-c", KILLABLE_INGEST, "upsert", *args],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stderr is not None
+    for line in proc.stderr:
+        if line.strip() == "kill-point upsert":
+            break
+    proc.send_signal(signal.SIGTERM)
+    rest = proc.stderr.read()
+    assert proc.wait(timeout=30) == 143, rest
+    assert "stopped by SIGTERM" in rest
+    assert not [line for line in rest.splitlines() if line.startswith("ERROR")], rest
