@@ -238,6 +238,29 @@ def test_sigkill_at_each_write_step_never_breaks_the_alias(
 
 
 @pytest.mark.slow
+def _signal_after_the_first_upsert(
+    args: list[str], env: dict[str, str], sig: signal.Signals
+) -> tuple[int, str, float]:
+    """Run the killable ingest and send `sig` right after its first upsert: its exit status, what
+    it printed after that, and the seconds it took to stop."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", KILLABLE_INGEST, "upsert", *args],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stderr is not None
+    for line in proc.stderr:
+        if line.strip() == "kill-point upsert":
+            break
+    sent = time.monotonic()
+    proc.send_signal(sig)
+    rest = proc.stderr.read()
+    proc.wait(timeout=30)
+    return proc.returncode, rest, time.monotonic() - sent
+
+
 @pytest.mark.parametrize(("sig", "code"), [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
 def test_a_signal_mid_write_stops_cleanly_within_two_seconds(
     tiny_encoder_dir: Path, tmp_path: Path, sig: signal.Signals, code: int
@@ -265,23 +288,8 @@ def test_a_signal_mid_write_stops_cleanly_within_two_seconds(
     assert first.returncode == 0, first.stderr
     store = EdgeStore(tmp_path / "data" / "edge")
     served = store.aliases()["kb"]
-    proc = subprocess.Popen(
-        [sys.executable, "-c", KILLABLE_INGEST, "upsert", *args],
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    assert proc.stderr is not None
-    for line in proc.stderr:
-        if line.strip() == "kill-point upsert":
-            break
-    sent = time.monotonic()
-    proc.send_signal(sig)
-    rest = proc.stderr.read()
-    proc.wait(timeout=30)
-    elapsed = time.monotonic() - sent
-    assert proc.returncode == code, rest
+    status, rest, elapsed = _signal_after_the_first_upsert(args, env, sig)
+    assert status == code, rest
     assert elapsed < 2.0
     assert "nothing unfinished was kept" in rest and "Traceback" not in rest
     assert store.aliases()["kb"] == served
@@ -310,19 +318,7 @@ def test_an_ingest_stopped_by_sigterm_logs_no_failure(
         "RAG_LOG_LEVEL": "INFO",
     }
     args = ["ingest", str(corpus), "--collection", "kb", "--no-progress"]
-    proc = subprocess.Popen(
-        [sys.executable, "-c", KILLABLE_INGEST, "upsert", *args],
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    assert proc.stderr is not None
-    for line in proc.stderr:
-        if line.strip() == "kill-point upsert":
-            break
-    proc.send_signal(signal.SIGTERM)
-    rest = proc.stderr.read()
-    assert proc.wait(timeout=30) == 143, rest
+    status, rest, _ = _signal_after_the_first_upsert(args, env, signal.SIGTERM)
+    assert status == 143, rest
     assert "stopped by SIGTERM" in rest
     assert not [line for line in rest.splitlines() if line.startswith("ERROR")], rest
