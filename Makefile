@@ -24,7 +24,7 @@ demo: setup
 	RAG_DATA_DIR=$(DEMO_DATA) $(BIN)/rag-retriever ingest docs --collection demo
 	RAG_DATA_DIR=$(DEMO_DATA) $(BIN)/rag-retriever search "how do I roll back a bad ingest?" --collection demo -k 3
 	RAG_DATA_DIR=$(DEMO_DATA) $(BIN)/python eval/recall_at_k.py --collection demo \
-		--questions docs/demo_questions.jsonl --k 1 3 5 --out $(DEMO_DATA)/eval
+		--questions eval/demo_questions.jsonl --k 1 3 5 --out $(DEMO_DATA)/eval
 
 ## test: lint, types, the import layers and the test suite (what CI runs)
 test: setup
@@ -40,7 +40,7 @@ lint: setup
 
 ## bench: every benchmark, each against its peer measured in the same run (~15 minutes on 2 cores)
 bench: setup
-	$(BIN)/python eval/bench.py --out bench-out
+	$(BIN)/python -m bench --out bench-out
 
 clean:
 	rm -rf $(VENV) $(DEMO_DATA) bench-out .mypy_cache .ruff_cache .pytest_cache

@@ -25,7 +25,7 @@ from __future__ import annotations
 import json
 import re
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from html.parser import HTMLParser
 from pathlib import Path
@@ -33,15 +33,11 @@ from typing import Any
 
 from rag_retriever.errors import DocumentError
 from rag_retriever.records import Document
+from rag_retriever.settings import default_of
 
-TEXT_SUFFIXES = (".md", ".markdown", ".txt")
-HTML_SUFFIXES = (".html", ".htm")
-PDF_SUFFIXES = (".pdf",)
-SUFFIXES = TEXT_SUFFIXES + HTML_SUFFIXES + PDF_SUFFIXES
 MAX_REPORTED_PROBLEMS = 20
-# 10 million characters: a few thousand pages. Larger single documents are usually dumps that
-# should be split; the limit keeps one file from taking gigabytes of memory at ingest.
-MAX_DOCUMENT_CHARS = 10_000_000
+# RAG_MAX_DOCUMENT_CHARS's default (settings.py says why).
+MAX_DOCUMENT_CHARS: int = default_of("max_document_chars")
 _HEADING = re.compile(r"^\s{0,3}#{1,6}\s+(.+?)\s*#*\s*$", re.MULTILINE)
 
 
@@ -67,14 +63,30 @@ def load_documents(
     else:
         raise DocumentError(
             f"{path}: unsupported input; expected a .jsonl file of "
-            f'{{"id", "title", "text"}} lines or a directory of {"/".join(SUFFIXES)} files'
+            f'{{"id", "title", "text"}} lines or a directory of {describe_suffixes()} files'
         )
     if not corpus.documents:
         raise DocumentError(
             f"{path}: no document with text to ingest ({corpus.skipped_empty} empty skipped); "
             f"nothing was written"
         )
+    _check_indexable(corpus, path)
     return corpus
+
+
+def _check_indexable(corpus: LoadedCorpus, path: Path) -> None:
+    """At least one word BM25 can index (stops at the first document that has one): a corpus of
+    stop words and punctuation alone has no term statistics to build."""
+    from rag_retriever.bm25 import Tokenizer  # the stemmer loads only for an ingest
+
+    tokenizer = Tokenizer()
+    if any(tokenizer.tokenize(f"{d.title}\n{d.text}") for d in corpus.documents):
+        return
+    raise DocumentError(
+        f"{path}: no document has a word to index: every word of its {len(corpus.documents)} "
+        f"document(s) is a stop word or too short (e.g. 'the', 'of', 's'), so there is nothing "
+        f"to search; add documents with content words. Nothing was written"
+    )
 
 
 def invalid_unicode(text: str) -> int | None:
@@ -152,6 +164,25 @@ def _duplicate_problems(ids: list[tuple[str, str]]) -> list[str]:
     return problems
 
 
+def jsonl_records(raw: bytes, source: Path, problems: list[str]) -> Iterator[tuple[int, str, Any]]:
+    """(line number, "file:line", parsed value) of each non-blank line of a .jsonl file's bytes; a line that
+    is not UTF-8 or not JSON becomes a problem in `problems` instead (documents and labelled
+    questions are read the same way)."""
+    for lineno, line_bytes in enumerate(raw.split(b"\n"), start=1):
+        where = f"{source}:{lineno}"
+        try:
+            line = line_bytes.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            problems.append(f"{where}: not valid UTF-8 (byte {exc.start}): {exc.reason}")
+            continue
+        if not line.strip():
+            continue
+        try:
+            yield lineno, where, json.loads(line)
+        except json.JSONDecodeError as exc:
+            problems.append(f"{where}: malformed JSON ({exc.msg} at column {exc.colno})")
+
+
 def _load_jsonl(path: Path, *, max_chars: int) -> LoadedCorpus:
     problems: list[str] = []
     documents: list[Document] = []
@@ -161,20 +192,7 @@ def _load_jsonl(path: Path, *, max_chars: int) -> LoadedCorpus:
         raw = path.read_bytes()
     except OSError as exc:
         raise DocumentError(f"{path}: cannot read: {exc}") from None
-    for lineno, line_bytes in enumerate(raw.split(b"\n"), start=1):
-        where = f"{path}:{lineno}"
-        try:
-            line = line_bytes.decode("utf-8")
-        except UnicodeDecodeError as exc:
-            problems.append(f"{where}: not valid UTF-8 (byte {exc.start}): {exc.reason}")
-            continue
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as exc:
-            problems.append(f"{where}: malformed JSON ({exc.msg} at column {exc.colno})")
-            continue
+    for _, where, record in jsonl_records(raw, path, problems):
         doc, problem = _document_from_record(record, where)
         if problem:
             problems.append(problem)
@@ -297,26 +315,59 @@ def _skipped_kind(path: Path) -> str:
     return path.suffix.lower() or "no suffix"
 
 
-def _read_file(path: Path, rel: str) -> tuple[Document | None, str | None]:
-    """One directory file as a Document, or a problem."""
-    suffix = path.suffix.lower()
-    if suffix in PDF_SUFFIXES:
-        try:
-            return pdf_document(path, rel), None
-        except Exception as exc:  # pypdf raises many types for a damaged file
-            return None, f"{path}: cannot read this PDF ({type(exc).__name__}: {exc})"
+# What a directory file becomes: (path, id) -> (Document, None) or (None, problem).
+Reader = Callable[[Path, str], tuple[Document | None, str | None]]
+
+
+def _read_pdf(path: Path, rel: str) -> tuple[Document | None, str | None]:
+    try:
+        return pdf_document(path, rel), None
+    except Exception as exc:  # pypdf raises many types for a damaged file
+        return None, f"{path}: cannot read this PDF ({type(exc).__name__}: {exc})"
+
+
+def _read_utf8(path: Path) -> tuple[str | None, str | None]:
+    """The file's text, or a problem naming the line of the first byte that is not UTF-8."""
     raw = path.read_bytes()
     try:
-        text = raw.decode("utf-8")
+        return raw.decode("utf-8"), None
     except UnicodeDecodeError as exc:
-        # Report the line, so the user can find the bad byte.
         line = raw[: exc.start].count(b"\n") + 1
         return None, f"{path}:{line}: not valid UTF-8 (byte {exc.start}): {exc.reason}"
-    if suffix in HTML_SUFFIXES:
-        return html_document(text, rel, path.stem), None
+
+
+def _read_html(path: Path, rel: str) -> tuple[Document | None, str | None]:
+    text, problem = _read_utf8(path)
+    return (None, problem) if text is None else (html_document(text, rel, path.stem), None)
+
+
+def _read_text(path: Path, rel: str) -> tuple[Document | None, str | None]:
+    text, problem = _read_utf8(path)
+    if text is None:
+        return None, problem
     return Document(
         id=rel, title=_title_of(text, path.stem), text=text, metadata={"path": rel}
     ), None
+
+
+# The file types a directory ingest reads, by suffix (lower case); any other file is skipped
+# and counted. A new type is one entry.
+READERS: dict[str, Reader] = {
+    ".md": _read_text,
+    ".markdown": _read_text,
+    ".txt": _read_text,
+    ".html": _read_html,
+    ".htm": _read_html,
+    ".pdf": _read_pdf,
+}
+SUFFIXES = tuple(READERS)
+# Kind of a skipped entry that is a link to a folder outside the ingested one (not followed).
+LINKED_FOLDER = "link to a folder outside"
+
+
+def describe_suffixes() -> str:
+    """The suffixes a directory ingest reads, for messages: ".md/.markdown/.../.pdf"."""
+    return "/".join(SUFFIXES)
 
 
 def _load_directory(root: Path, *, max_chars: int, follow_symlinks: bool) -> LoadedCorpus:
@@ -326,6 +377,9 @@ def _load_directory(root: Path, *, max_chars: int, follow_symlinks: bool) -> Loa
     skipped_files: Counter[str] = Counter()
     files = []
     for path in sorted(root.rglob("*")):
+        if path.is_symlink() and path.is_dir() and not _inside(path, root):
+            skipped_files[LINKED_FOLDER] += 1  # rglob does not descend into it
+            continue
         if not path.is_file():
             continue
         if path.is_symlink() and not follow_symlinks and not _inside(path, root):
@@ -333,18 +387,18 @@ def _load_directory(root: Path, *, max_chars: int, follow_symlinks: bool) -> Loa
                 f"{path}: a symlink to {path.resolve()}, outside {root}; refused "
                 f"(pass --follow-symlinks to ingest it)"
             )
-        elif path.suffix.lower() in SUFFIXES:
+        elif path.suffix.lower() in READERS:
             files.append(path)
         else:
             skipped_files[_skipped_kind(path)] += 1
     if not files and not problems:
         raise DocumentError(
-            f"{root}: no {'/'.join(SUFFIXES)} files found"
+            f"{root}: no {describe_suffixes()} files found"
             + (f" (skipped: {_describe(skipped_files)})" if skipped_files else "")
         )
     for path in files:
         rel = path.relative_to(root).as_posix()
-        doc, problem = _read_file(path, rel)
+        doc, problem = READERS[path.suffix.lower()](path, rel)
         if problem is not None:
             problems.append(problem)
             continue

@@ -25,6 +25,14 @@ from rag_retriever.records import check_alias
 _POLL_S = 0.05
 
 
+def check_unlocked(data_dir: Path, alias: str) -> None:
+    """IngestLocked now if another ingest holds `alias`'s lock (taken and let go at once), so a
+    second ingest says so before it loads documents and a model. The ingest takes the lock again
+    to write, so one that starts in between is still refused there."""
+    with IngestLock(data_dir, alias):
+        pass
+
+
 class IngestLock:
     """`wait_s` > 0: wait up to that long for another writer of the alias to finish."""
 

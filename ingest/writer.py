@@ -533,8 +533,12 @@ class _Job:
         """Any exception (or Ctrl-C) inside deletes the partial version and is raised again."""
         try:
             yield
-        except BaseException:
+        except Exception:
             log.error("write of %s failed; removing the partial version %s", self.alias, name)
+            self.store.delete(name)
+            raise
+        except BaseException:  # Ctrl-C, SIGTERM: a requested stop, not a failure
+            log.info("write of %s stopped; removing the partial version %s", self.alias, name)
             self.store.delete(name)
             raise
 
@@ -583,8 +587,11 @@ class _Job:
                         [bm25.document_vector(self._terms(c)) for c in part],
                         [{**c.to_payload(), "doc_hash": hashes[c.doc_id]} for c in part],
                     )
-                    bar.update(len(part))
-                    bar.set_postfix(reused=reused, encoded=encoded)
+                    bar.set_postfix(reused=reused, encoded=encoded, refresh=False)
+                    if bar.total is not None and bar.n + len(part) >= bar.total:
+                        bar.n = bar.total  # the final line is drawn once, by close()
+                    else:
+                        bar.update(len(part))
         finally:
             bar.close()
         self.lap("embed_upsert")

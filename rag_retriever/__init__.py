@@ -43,49 +43,80 @@ _EXPORTS = {
     "load_encoder": "encoder",
 }
 
-__all__ = [
-    "Chunk",
-    "CollectionNotFound",
-    "ConfigError",
-    "CrossEncoderReranker",
-    "Document",
-    "DocumentError",
-    "Encoder",
-    "Fingerprint",
-    "FingerprintMismatch",
-    "GateRejected",
-    "Hit",
-    "IngestLocked",
-    "InvalidRequest",
-    "ModelLoadError",
-    "RagError",
-    "RetrievalConfig",
-    "Retriever",
-    "Scorer",
-    "SearchFilter",
-    "SearchResult",
-    "Settings",
-    "StageScore",
-    "load_encoder",
-]
+# The public names are _EXPORTS; the imports below only tell type checkers (a test checks
+# that they name the same).
+__all__ = sorted(_EXPORTS)
 
 if TYPE_CHECKING:
-    from rag_retriever.encoder import Encoder, Fingerprint, load_encoder
-    from rag_retriever.errors import (
-        CollectionNotFound,
-        ConfigError,
-        DocumentError,
-        FingerprintMismatch,
-        GateRejected,
-        IngestLocked,
-        InvalidRequest,
-        ModelLoadError,
-        RagError,
+    from rag_retriever.encoder import (
+        Encoder as Encoder,
     )
-    from rag_retriever.records import Chunk, Document, Hit, SearchFilter, SearchResult, StageScore
-    from rag_retriever.reranker import CrossEncoderReranker, Scorer
-    from rag_retriever.retriever import RetrievalConfig, Retriever
-    from rag_retriever.settings import Settings
+    from rag_retriever.encoder import (
+        Fingerprint as Fingerprint,
+    )
+    from rag_retriever.encoder import (
+        load_encoder as load_encoder,
+    )
+    from rag_retriever.errors import (
+        CollectionNotFound as CollectionNotFound,
+    )
+    from rag_retriever.errors import (
+        ConfigError as ConfigError,
+    )
+    from rag_retriever.errors import (
+        DocumentError as DocumentError,
+    )
+    from rag_retriever.errors import (
+        FingerprintMismatch as FingerprintMismatch,
+    )
+    from rag_retriever.errors import (
+        GateRejected as GateRejected,
+    )
+    from rag_retriever.errors import (
+        IngestLocked as IngestLocked,
+    )
+    from rag_retriever.errors import (
+        InvalidRequest as InvalidRequest,
+    )
+    from rag_retriever.errors import (
+        ModelLoadError as ModelLoadError,
+    )
+    from rag_retriever.errors import (
+        RagError as RagError,
+    )
+    from rag_retriever.records import (
+        Chunk as Chunk,
+    )
+    from rag_retriever.records import (
+        Document as Document,
+    )
+    from rag_retriever.records import (
+        Hit as Hit,
+    )
+    from rag_retriever.records import (
+        SearchFilter as SearchFilter,
+    )
+    from rag_retriever.records import (
+        SearchResult as SearchResult,
+    )
+    from rag_retriever.records import (
+        StageScore as StageScore,
+    )
+    from rag_retriever.reranker import (
+        CrossEncoderReranker as CrossEncoderReranker,
+    )
+    from rag_retriever.reranker import (
+        Scorer as Scorer,
+    )
+    from rag_retriever.retriever import (
+        RetrievalConfig as RetrievalConfig,
+    )
+    from rag_retriever.retriever import (
+        Retriever as Retriever,
+    )
+    from rag_retriever.settings import (
+        Settings as Settings,
+    )
 
 
 def __getattr__(name: str) -> Any:

@@ -23,8 +23,16 @@ from typing import Any
 
 from rag_retriever import __version__
 from rag_retriever.errors import ConfigError, GateRejected, RagError
+from rag_retriever.ingest.loaders import describe_suffixes
 from rag_retriever.records import MODES, SearchFilter, SearchResult, check_alias
-from rag_retriever.settings import Settings, choices_of, env_name, flag_of, shown_default
+from rag_retriever.settings import (
+    Settings,
+    choices_of,
+    default_of,
+    env_name,
+    flag_of,
+    shown_default,
+)
 
 log = logging.getLogger("rag_retriever")
 
@@ -102,6 +110,7 @@ def _parse_where(items: Sequence[str]) -> dict[str, str | int | bool]:
 def cmd_ingest(args: argparse.Namespace) -> int:
     from rag_retriever.encoder import load_encoder
     from rag_retriever.ingest.loaders import load_documents
+    from rag_retriever.ingest.lock import check_unlocked
     from rag_retriever.ingest.writer import ingest_documents
     from rag_retriever.retriever import serving_record
     from rag_retriever.store import open_store
@@ -113,6 +122,7 @@ def cmd_ingest(args: argparse.Namespace) -> int:
         raise ConfigError(
             f"{exc}; ingest writes a new version of an alias: name the alias"
         ) from None
+    check_unlocked(settings.data_dir, settings.collection)  # before seconds of model loading
     # validated fully before anything is written
     corpus = load_documents(
         args.path, max_chars=settings.max_document_chars, follow_symlinks=args.follow_symlinks
@@ -231,8 +241,8 @@ def _print_ingest(report: dict[str, Any], as_json: bool) -> None:
     if report.get("skipped_files"):
         kinds = ", ".join(f"{n} {k}" for k, n in sorted(report["skipped_files"].items()))
         print(
-            f"skipped     {kinds} (a folder's files are read when .md, .txt, .html or .pdf; "
-            f"ingest a .jsonl on its own)"
+            f"skipped     {kinds} (a folder's files are read when {describe_suffixes()}; "
+            f"ingest a .jsonl on its own; a link to a folder outside it is not followed)"
         )
     if report.get("gate"):
         print(f"gate        {report['gate']['summary']}")
@@ -310,7 +320,7 @@ def cmd_search(args: argparse.Namespace) -> int:
     from rag_retriever.retriever import Retriever
 
     settings = _settings(args)
-    retriever = Retriever.from_settings(settings)
+    retriever = Retriever.from_settings(settings, mode=args.mode)  # bm25: no model loads
     flt = SearchFilter(
         doc_ids=tuple(args.doc) if args.doc else None, equals=_parse_where(args.where)
     )
@@ -419,9 +429,9 @@ def cmd_train_embedder(args: argparse.Namespace) -> int:
             pooling=settings.pooling,
         )
     )
+    prefixes = {"query_prefix": args.query_prefix, "passage_prefix": args.passage_prefix}
     config = EmbedderTrainingConfig(
-        query_prefix=args.query_prefix,
-        passage_prefix=args.passage_prefix,
+        **{name: value for name, value in prefixes.items() if value is not None},
         hard_negatives=args.hard_negatives,
         batch_size=args.batch_size,
         micro_batch=args.micro_batch,
@@ -462,20 +472,23 @@ EXIT_WORSE = 4
 def training_verdict(meta: dict[str, Any], *, new: str, old: str, what: str) -> tuple[bool, str]:
     """(keep?, one plain line): the new model's validation MRR@10 against what it would replace
     (the embedder before training; for a reranker, hybrid search without it)."""
+    from rag_retriever.eval.judge import judge
+
     before, after = meta["validation_before"], meta["validation_after"]
     baseline = after.get(old) if old != new else before.get(old)
     n = int(after.get("questions", 0))
     if not n or baseline is None or new not in after:
         return True, f"unjudged: {what} was not validated (no held-out questions)"
-    diff = after[new] - baseline
+    verdict = judge({"mrr@10": after[new]}, {"mrr@10": baseline}, metric="mrr@10")
     interval = meta.get("mrr10_gain_ci95")
     ci = f", 95% CI {interval[0]:+.4f}..{interval[1]:+.4f}" if interval else ""
     figures = (
-        f"MRR@10 {after[new]:.4f} vs {baseline:.4f} ({diff:+.4f}{ci}) on {n} held-out questions"
+        f"MRR@10 {after[new]:.4f} vs {baseline:.4f} ({verdict.change:+.4f}{ci}) "
+        f"on {n} held-out questions"
     )
-    if diff < 0:
+    if verdict.worse:
         return False, f"WORSE: {what} would make retrieval worse: {figures}"
-    return True, f"better: {figures}" if diff > 0 else f"no change: {figures}"
+    return True, f"better: {figures}" if verdict.better else f"no change: {figures}"
 
 
 def _print_training(
@@ -542,7 +555,7 @@ def cmd_train_reranker(args: argparse.Namespace) -> int:
         args.questions,
         args.out,
         collection=settings.collection,
-        base=args.base or "all-MiniLM-L6-v2",
+        base=args.base or default_of("embed_model"),
         config=config,
         device=settings.device,
         dtype=settings.dtype,
@@ -660,7 +673,9 @@ def _add_ingest(sub: Any) -> None:
         "ingest", help="ingest a .jsonl file or a folder as a new collection version"
     )
     p.add_argument(
-        "path", type=Path, help=".jsonl of {id, title, text} or a folder of .md/.txt/.html/.pdf"
+        "path",
+        type=Path,
+        help=f".jsonl of {{id, title, text}} or a folder of {describe_suffixes()}",
     )
     p.add_argument(
         "--no-promote", action="store_true", help="build the version, do not move the alias"
@@ -808,11 +823,13 @@ def _add_train_embedder(sub: Any) -> None:
     p = sub.add_parser("train-embedder", help="fine-tune the embedding model on labelled questions")
     _training_args(p)
     p.add_argument("--base", help="model to start from (default RAG_EMBED_MODEL)")
+    # Unset: the trainer's own defaults (E5's prefixes, EmbedderTrainingConfig), whatever the
+    # base model's profile says (RAG_QUERY_PREFIX is the prefix of the model being served).
     p.add_argument(
-        "--query-prefix", default="query: ", help='prefix learned for questions ("query: ")'
+        "--query-prefix", help="prefix learned for questions (default: E5's query prefix)"
     )
     p.add_argument(
-        "--passage-prefix", default="passage: ", help='prefix learned for chunks ("passage: ")'
+        "--passage-prefix", help="prefix learned for chunks (default: E5's passage prefix)"
     )
     p.add_argument(
         "--hard-negatives", type=int, default=1, help="mined hard negatives per question (1)"
@@ -835,7 +852,7 @@ def _add_train_reranker(sub: Any) -> None:
         "train-reranker", help="train a cross-encoder reranker on labelled questions"
     )
     _training_args(p)
-    p.add_argument("--base", help="model to start from (default all-MiniLM-L6-v2)")
+    p.add_argument("--base", help=f"model to start from (default {shown_default('embed_model')})")
     # The same defaults as RerankerTrainingConfig (a test checks), without importing torch here.
     p.add_argument(
         "--negatives", type=int, default=3, help="hybrid-mined negatives per question (3)"
@@ -1032,6 +1049,8 @@ def _add_serve(sub: Any) -> None:
         "query_log",
         "query_log_text",
         "metrics_port",
+        "cache_size",
+        "cache_threshold",
     )
     p.set_defaults(func=_cmd_serve)
 
@@ -1043,12 +1062,23 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
-# What a stop keeps: an ingest removes its unfinished version before it exits (the alias is only
-# ever moved to a complete one); training writes its model only when it is done.
-_STOP_NOTE = (
-    "nothing unfinished was kept (an unpromoted partial version is removed, the alias serves what "
-    "it served before, the ingest lock is released)"
-)
+# What a stop keeps, for the commands that write: an ingest removes its unfinished version before
+# it exits (the alias is only ever moved to a complete one); training writes its model only when
+# it is done; improve saves each finished step. Other commands (serve, search, ...) keep nothing.
+_TRAINING_STOP = "no model was written (a model is written only when training is done)"
+_STOP_NOTES = {
+    "ingest": "nothing unfinished was kept (an unpromoted partial version is removed, the alias "
+    "serves what it served before, the ingest lock is released)",
+    "train-embedder": _TRAINING_STOP,
+    "train-reranker": _TRAINING_STOP,
+    "tune-fusion": "nothing was stored",
+    "improve": "each finished step is saved; run the same command again to resume",
+}
+
+
+def _stopped(how: str, command: str) -> str:
+    note = _STOP_NOTES.get(command)
+    return f"{how}: {note}" if note else how
 
 
 class Stopped(BaseException):
@@ -1078,10 +1108,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print(f"interrupted: {_STOP_NOTE}", file=sys.stderr)
+        print(_stopped("interrupted", args.command), file=sys.stderr)
         return 130
     except Stopped:
-        print(f"stopped by SIGTERM: {_STOP_NOTE}", file=sys.stderr)
+        print(_stopped("stopped by SIGTERM", args.command), file=sys.stderr)
         return 143
     except BrokenPipeError:  # `rag-retriever search ... | head`: the reader left, not an error
         sys.stderr.close()

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from rag_retriever.errors import ConfigError
+from rag_retriever.settings import default_of
 
 
 @dataclass(frozen=True)
@@ -42,7 +43,9 @@ def cpu_has_native_bf16() -> bool:
         return False
 
 
-def choose_precision(device: str = "auto", dtype: str = "auto") -> Precision:
+def choose_precision(
+    device: str = default_of("device"), dtype: str = default_of("dtype")
+) -> Precision:
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
     if device == "cuda" and not torch.cuda.is_available():

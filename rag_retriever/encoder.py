@@ -13,11 +13,10 @@ padding and restores the input order. It does not cache vectors or talk to Qdran
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import logging
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -35,6 +34,7 @@ from rag_retriever.profiles import (
     ResolvedModel,
     resolve_model,
 )
+from rag_retriever.quiet import quiet_transformers
 from rag_retriever.settings import Settings
 
 if TYPE_CHECKING:  # the record is the store's; only its type is needed here
@@ -90,25 +90,6 @@ def local_model_dir(source: str) -> Path:
     from huggingface_hub import snapshot_download
 
     return Path(snapshot_download(repo_id=source, local_files_only=True))
-
-
-@contextlib.contextmanager
-def quiet_transformers(*, new_head_expected: bool = False) -> Iterator[None]:
-    """Hide transformers' weight-loading progress bars (library code prints no noise), and with
-    `new_head_expected` its load report too: the warning table it prints for a classification
-    head missing from an encoder checkpoint, which the caller reports in its own words."""
-    hf_logging = transformers.utils.logging
-    was_enabled = hf_logging.is_progress_bar_enabled()
-    verbosity = hf_logging.get_verbosity()
-    hf_logging.disable_progress_bar()
-    if new_head_expected:
-        hf_logging.set_verbosity_error()
-    try:
-        yield
-    finally:
-        if was_enabled:
-            hf_logging.enable_progress_bar()
-        hf_logging.set_verbosity(verbosity)
 
 
 def read_max_seq_length(directory: Path, config: Any, tokenizer: Any) -> int:

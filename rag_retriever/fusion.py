@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal, Protocol, TypeVar
 
 K_DEFAULT = 60  # the constant of the original paper; robust across collections there
 
@@ -96,8 +96,40 @@ def dbsf(
     return sorted(scores.items(), key=lambda kv: (-kv[1], order[kv[0]]))
 
 
+class _Fuse(Protocol):
+    """A fusion method over scored lists: (id, score) pairs best first, one weight per list."""
+
+    def __call__(
+        self, lists: Sequence[Sequence[tuple[Id, float]]], *, k: int, weights: Sequence[float]
+    ) -> list[tuple[Id, float]]: ...
+
+
+def _by_rank(
+    lists: Sequence[Sequence[tuple[Id, float]]], *, k: int, weights: Sequence[float]
+) -> list[tuple[Id, float]]:
+    return rrf([[i for i, _ in ranked] for ranked in lists], k=k, weights=weights)
+
+
+def _by_score(
+    lists: Sequence[Sequence[tuple[Id, float]]], *, k: int, weights: Sequence[float]
+) -> list[tuple[Id, float]]:
+    return dbsf(lists, weights=weights)  # no constant: the scores are normalised instead
+
+
+@dataclass(frozen=True)
+class _Method:
+    fuse: _Fuse
+    uses_k: bool  # whether the RRF constant k means anything to it (tuning varies it if so)
+
+
 FusionMethod = Literal["rrf", "dbsf"]
-FUSION_METHODS: tuple[FusionMethod, ...] = ("rrf", "dbsf")
+# The fusion methods, by name: what each does with the two lists. A new method is one entry here
+# (and its name in FusionMethod); the tuner's grid and the validation derive from it.
+METHODS: dict[FusionMethod, _Method] = {
+    "rrf": _Method(_by_rank, uses_k=True),
+    "dbsf": _Method(_by_score, uses_k=False),
+}
+FUSION_METHODS: tuple[FusionMethod, ...] = tuple(METHODS)
 
 
 @dataclass(frozen=True)
@@ -123,13 +155,11 @@ class Fusion:
     ) -> list[tuple[Id, float]]:
         """The fused list of (id, score), best first."""
         lists = [dense[: self.depths[0]], bm25[: self.depths[1]]]
-        if self.method == "dbsf":
-            return dbsf(lists, weights=self.weights)
-        return rrf([[i for i, _ in ranked] for ranked in lists], k=self.k, weights=self.weights)
+        return METHODS[self.method].fuse(lists, k=self.k, weights=self.weights)
 
     def describe(self) -> str:
         weights = ",".join(f"{w:g}" for w in self.weights)
-        k = f" k={self.k}" if self.method == "rrf" else ""
+        k = f" k={self.k}" if METHODS[self.method].uses_k else ""
         return f"{self.method}{k} weights(dense,bm25)={weights} depths={self.depths[0]},{self.depths[1]}"
 
     def to_json(self) -> dict[str, Any]:

@@ -13,6 +13,8 @@ text or an id):
   `rag_queries_truncated_total` (queries longer than the embedder's window);
 - `rag_served_version{alias}` and `rag_served_version_age_seconds{alias}` (read at scrape time);
 - `rag_query_log_lines_total`, `rag_query_log_dropped_total` (when the query log is on);
+- `rag_cache_hits_total{kind}` (exact, semantic), `rag_cache_misses_total`, `rag_cache_entries`
+  (when the cache is on);
 - `process_resident_memory_bytes` and the other `process_*` metrics of prometheus-client.
 
 Each app has its own registry (several apps in one process do not mix). With `RAG_METRICS_PORT`
@@ -35,7 +37,7 @@ from prometheus_client import (
     ProcessCollector,
     generate_latest,
 )
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from rag_retriever.errors import RagError
@@ -136,6 +138,16 @@ class _StateCollector(Collector):
                         )
         yield version
         yield age
+        cache = self.retriever.cache
+        if cache is not None:
+            hits = CounterMetricFamily(
+                "rag_cache_hits", "questions answered from the cache", labels=["kind"]
+            )
+            for kind, n in cache.hits.items():
+                hits.add_metric([kind], n)
+            yield hits
+            yield _counter("rag_cache_misses", "questions the cache could not answer", cache.misses)
+            yield GaugeMetricFamily("rag_cache_entries", "questions in the cache", value=len(cache))
         log = self.retriever.query_log
         if log is not None:
             yield _counter("rag_query_log_lines", "query log lines written", log.written)
@@ -145,6 +157,4 @@ class _StateCollector(Collector):
 
 
 def _counter(name: str, doc: str, value: float) -> Any:
-    from prometheus_client.core import CounterMetricFamily
-
     return CounterMetricFamily(name, doc, value=value)

@@ -251,14 +251,23 @@ class SearchFilter:
     def __post_init__(self) -> None:
         if self.doc_ids is not None and not all(isinstance(d, str) for d in self.doc_ids):
             raise TypeError("SearchFilter.doc_ids must be a tuple of strings")
-        texts = [*(self.doc_ids or ()), *self.equals]
-        texts += [v for v in self.equals.values() if isinstance(v, str)]
-        for text in texts:
-            if isinstance(text, str) and not _utf8(text):
-                raise ValueError(f"filter value {text!r} is not valid Unicode (a lone surrogate)")
+        for doc_id in self.doc_ids or ():
+            if not _utf8(doc_id):
+                raise ValueError(
+                    f"filter doc id {doc_id!r} is not valid Unicode (a lone surrogate)"
+                )
         for key, value in self.equals.items():
             if not isinstance(key, str) or not key:
                 raise ValueError(f"filter field names must be non-empty strings, got {key!r}")
+            # Each part named as what it is: a bad field name is not a bad value.
+            if not _utf8(key):
+                raise ValueError(
+                    f"filter field name {key!r} is not valid Unicode (a lone surrogate)"
+                )
+            if isinstance(value, str) and not _utf8(value):
+                raise ValueError(
+                    f"filter value for {key!r} is not valid Unicode (a lone surrogate)"
+                )
             if isinstance(value, int) and abs(value) > MAX_EXACT_INT:
                 raise ValueError(
                     f"filter value for {key!r} is {value}; integers must lie within "

@@ -28,8 +28,8 @@ import torch
 import transformers
 
 from rag_retriever.device import Precision, choose_precision, inference
-from rag_retriever.encoder import quiet_transformers
 from rag_retriever.errors import ModelLoadError
+from rag_retriever.quiet import quiet_transformers
 from rag_retriever.settings import Settings
 
 if TYPE_CHECKING:  # the record is the store's; only its type is needed here

@@ -23,16 +23,18 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import json
 import logging
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, fields
-from typing import TYPE_CHECKING, get_args
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from rag_retriever.bm25 import BM25Model, Tokenizer
+from rag_retriever.cache import CacheKey, SemanticCache
 from rag_retriever.chunk_table import ChunkCache
 from rag_retriever.errors import (
     CollectionNotFound,
@@ -51,12 +53,13 @@ from rag_retriever.records import (
     StageScore,
     is_blank,
 )
-from rag_retriever.reranker import Scorer
-from rag_retriever.settings import RerankFusion, Settings
+from rag_retriever.settings import RerankFusion, Settings, default_of
 from rag_retriever.store import DENSE, SPARSE, StageQuery, Store, VersionRecord, open_store
 
 if TYPE_CHECKING:
+    # Types only: importing them costs torch and transformers, which BM25 alone never needs.
     from rag_retriever.encoder import Encoder
+    from rag_retriever.reranker import Scorer
 
 log = logging.getLogger(__name__)
 
@@ -92,13 +95,35 @@ class RetrievalConfig:
     max_query_chars: int = _DEFAULTS.max_query_chars
 
     def __post_init__(self) -> None:
-        # One set of rules: the settings these fields come from validate them.
-        Settings(**{f.name: getattr(self, f.name) for f in fields(self) if f.name in _SETTINGS})
+        # One set of rules: those of the settings these fields come from (and only these).
+        Settings.check(
+            **{f.name: getattr(self, f.name) for f in fields(self) if f.name in _SETTINGS}
+        )
 
     @classmethod
     def from_settings(cls, s: Settings) -> RetrievalConfig:
         """The query-path fields of `s` (those that share a name with a setting)."""
         return cls(**{f.name: getattr(s, f.name) for f in fields(cls) if f.name in _SETTINGS})
+
+
+@dataclass(frozen=True)
+class Stages:
+    """The stages a mode runs: embed the query and search the dense vectors, search BM25, fuse
+    the two lists, rerank the fused candidates. Its result is the last list it makes."""
+
+    dense: bool
+    bm25: bool
+    fuse: bool = False
+    rerank: bool = False
+
+
+# Each mode described once, as its stages; everything mode-dependent below reads this table.
+MODE_STAGES: dict[Mode, Stages] = {
+    "dense": Stages(dense=True, bm25=False),
+    "bm25": Stages(dense=False, bm25=True),
+    "hybrid": Stages(dense=True, bm25=True, fuse=True),
+    "rerank": Stages(dense=True, bm25=True, fuse=True, rerank=True),
+}
 
 
 def serving_record(store: Store, alias_or_name: str) -> VersionRecord | None:
@@ -130,16 +155,15 @@ class Trace:
     fusion: str | None = None  # the fusion in force for the traced version
 
     def final(self, mode: Mode) -> list[tuple[str, StageScore]]:
-        """The ranked chunk ids a mode returns."""
-        if mode == "dense":
-            return self.dense or []
-        if mode == "bm25":
-            return self.bm25 or []
-        if mode == "hybrid":
+        """The ranked chunk ids a mode returns: the list of its last stage."""
+        stages = MODE_STAGES[mode]
+        if stages.rerank:
+            # The reranked candidates first, then the rest of the fused list in fused order.
+            head = self.rerank_fused if self.rerank_fused is not None else self.rerank or []
+            return head + (self.fused or [])[len(head) :]
+        if stages.fuse:
             return self.fused or []
-        # The reranked candidates first, then the rest of the fused list in fused order.
-        head = self.rerank_fused if self.rerank_fused is not None else self.rerank or []
-        return head + (self.fused or [])[len(head) :]
+        return (self.dense if stages.dense else self.bm25) or []
 
 
 @dataclass(frozen=True)
@@ -163,15 +187,23 @@ class Retriever:
     def __init__(
         self,
         *,
-        encoder: Encoder,
+        encoder: Encoder | None = None,
         store: Store,
         reranker: Scorer | None = None,
         config: RetrievalConfig | None = None,
-        collection: str = "docs",
+        collection: str = default_of("collection"),
+        load_encoder: Callable[[], Encoder] | None = None,
         query_log: QueryLog | None = None,
+        cache: SemanticCache | None = None,
     ) -> None:
-        self.encoder = encoder
+        """`encoder`, or `load_encoder` to load it on first use (a BM25-only command)."""
+        if (encoder is None) == (load_encoder is None):
+            raise TypeError("Retriever needs an encoder or a function that loads one (not both)")
+        self._encoder = encoder
+        self._load_encoder = load_encoder
+        self._encoder_lock = threading.Lock()
         self.query_log = query_log
+        self.cache = cache
         self.store = store
         self.reranker = reranker
         self.config = config or RetrievalConfig()
@@ -182,25 +214,52 @@ class Retriever:
         self._open_lock = threading.Lock()
 
     @classmethod
-    def from_settings(cls, settings: Settings) -> Retriever:
+    def from_settings(cls, settings: Settings, *, mode: Mode | None = None) -> Retriever:
         """The retriever the settings describe. Models the settings do not name are those that
         the default collection's serving version records (the embedder that built it, the
-        reranker `improve` trained for it); a process keeps the models it started with."""
-        from rag_retriever.encoder import load_encoder
-        from rag_retriever.reranker import CrossEncoderReranker
+        reranker `improve` trained for it); a process keeps the models it started with.
 
+        With `mode`, only the models it needs are loaded: the reranker only for `rerank`, and
+        for `bm25` the encoder only if a mode that embeds asks for it later (torch is not even
+        imported until then)."""
         store = open_store(settings)
         version = serving_record(store, settings.collection)
+
+        def encoder() -> Encoder:
+            from rag_retriever.encoder import load_encoder
+
+            return load_encoder(settings, version)
+
+        reranker = None
+        if mode is None or MODE_STAGES[mode].rerank:
+            from rag_retriever.reranker import CrossEncoderReranker
+
+            reranker = CrossEncoderReranker.from_settings(settings, version)
+        embeds = mode is None or MODE_STAGES[mode].dense
         return cls(
-            encoder=load_encoder(settings, version),
+            encoder=encoder() if embeds else None,
+            load_encoder=None if embeds else encoder,
             store=store,
-            reranker=CrossEncoderReranker.from_settings(settings, version),
+            reranker=reranker,
             config=RetrievalConfig.from_settings(settings),
             collection=settings.collection,
             query_log=QueryLog(settings.query_log, keep_text=settings.query_log_text)
             if settings.query_log is not None
             else None,
+            cache=SemanticCache(size=settings.cache_size, threshold=settings.cache_threshold)
+            if settings.cache_size
+            else None,
         )
+
+    @property
+    def encoder(self) -> Encoder:
+        """The query encoder (loaded now if it was deferred)."""
+        if self._encoder is None:
+            with self._encoder_lock:
+                if self._encoder is None:
+                    assert self._load_encoder is not None
+                    self._encoder = self._load_encoder()
+        return self._encoder
 
     def with_config(self, **changes: object) -> Retriever:
         """This retriever (the same models, store and caches) under a changed config, e.g. the
@@ -212,8 +271,7 @@ class Retriever:
     @property
     def modes(self) -> tuple[Mode, ...]:
         """The modes this retriever can run (`rerank` only with a reranker)."""
-        all_modes: tuple[Mode, ...] = get_args(Mode)
-        return all_modes if self.reranker is not None else all_modes[:3]
+        return tuple(m for m, s in MODE_STAGES.items() if not s.rerank or self.reranker is not None)
 
     @property
     def default_mode(self) -> Mode:
@@ -264,10 +322,31 @@ class Retriever:
         filter: SearchFilter | None = None,
         collection: str | None = None,
     ) -> list[SearchResult]:
-        """Results for many queries; query vectors are encoded in one batched call."""
+        """Results for many queries; query vectors are encoded in one batched call. With a
+        cache, repeated (and near-identical) questions are answered from it (see cache.py)."""
         k = self._check_k(k)
         chosen_mode = self._check_mode(mode)
-        name, traces = self.trace(queries, mode=chosen_mode, filter=filter, collection=collection)
+        if self.cache is not None and queries:
+            results = self._cached(queries, k, chosen_mode, mode is None, filter, collection)
+        else:
+            results = self._search(queries, k, chosen_mode, mode is None, filter, collection)
+        if self.query_log is not None:
+            for result in results:
+                self.query_log.record(
+                    result, alias=collection or self.default_collection, k=k, flt=filter
+                )
+        return results
+
+    def _search(
+        self,
+        queries: Sequence[str],
+        k: int,
+        mode: Mode,
+        default_mode: bool,
+        flt: SearchFilter | None,
+        collection: str | None,
+    ) -> list[SearchResult]:
+        name, traces = self.trace(queries, mode=mode, filter=flt, collection=collection)
         results = []
         for trace in traces:
             notices = []
@@ -276,7 +355,7 @@ class Retriever:
                     f"the query was longer than the encoder's {self.encoder.max_seq_length}-token "
                     f"window and was truncated for the dense search (BM25 used all of it)"
                 )
-            if mode is None and self.reranker is None:
+            if default_mode and self.reranker is None:
                 notices.append("reranking is off: RAG_RERANK_MODEL is not set")
             if trace.rerank_truncated:
                 limit = getattr(self.reranker, "max_length", None)
@@ -288,22 +367,67 @@ class Retriever:
             results.append(
                 SearchResult(
                     query=trace.query,
-                    mode=chosen_mode,
+                    mode=mode,
                     collection=name,
-                    hits=tuple(self._hits(name, trace, chosen_mode, k)),
+                    hits=tuple(self._hits(name, trace, mode, k)),
                     timings_ms={s: round(ms, 3) for s, ms in trace.timings_ms.items()},
                     query_truncated=trace.query_truncated,
                     notices=tuple(notices),
-                    fusion=trace.fusion if chosen_mode in ("hybrid", "rerank") else None,
+                    fusion=trace.fusion if MODE_STAGES[mode].fuse else None,
                     query_id=new_query_id(),
                 )
             )
-        if self.query_log is not None:
-            for result in results:
-                self.query_log.record(
-                    result, alias=collection or self.default_collection, k=k, flt=filter
-                )
         return results
+
+    def _cached(
+        self,
+        queries: Sequence[str],
+        k: int,
+        mode: Mode,
+        default_mode: bool,
+        flt: SearchFilter | None,
+        collection: str | None,
+    ) -> list[SearchResult]:
+        """Exact hits first, then (for modes that embed the query) near-identical questions;
+        the rest searched and cached. A cached answer says so in its notices."""
+        assert self.cache is not None
+        t0 = time.perf_counter()
+        for q in queries:
+            self._check_query(q)
+        name = self.store.resolve(collection or self.default_collection)
+        key = CacheKey(name, mode, k, json.dumps(flt.to_dict(), sort_keys=True) if flt else "")
+        out: list[SearchResult | None] = [self.cache.get_exact(key, q) for q in queries]
+        vectors: dict[int, np.ndarray] = {}
+        todo = [i for i, r in enumerate(out) if r is None]
+        if todo and MODE_STAGES[mode].dense:
+            encoded = self.encoder.encode_queries([queries[i] for i in todo]).vectors
+            vectors = dict(zip(todo, encoded, strict=True))
+            for i in todo:
+                out[i] = self.cache.get_similar(key, queries[i], vectors[i])
+        lookup_ms = (time.perf_counter() - t0) * 1000 / len(queries)
+        misses = [i for i, r in enumerate(out) if r is None]
+        fresh = self._search([queries[i] for i in misses], k, mode, default_mode, flt, collection)
+        for i, searched in zip(misses, fresh, strict=True):
+            out[i] = searched
+            if searched.collection == name:  # the alias did not move meanwhile
+                self.cache.put(key, queries[i], vectors.get(i), searched)
+        answers = []
+        for i, cached in enumerate(out):
+            assert cached is not None
+            if i in misses:
+                answers.append(cached)
+                continue
+            note = f"answered from the cache: {cached.query!r} was asked before"
+            answers.append(
+                dataclasses.replace(
+                    cached,
+                    query=queries[i],
+                    query_id=new_query_id(),
+                    timings_ms={"cache": round(lookup_ms, 3), "total": round(lookup_ms, 3)},
+                    notices=(*cached.notices, note),
+                )
+            )
+        return answers
 
     def trace(
         self,
@@ -352,7 +476,7 @@ class Retriever:
             opened = OpenCollection(name, bm25, record, tuned, time.monotonic())
             with self._open_lock:
                 self._opened[name] = opened
-        if mode != "bm25":
+        if MODE_STAGES[mode].dense:  # the query is embedded: the model must be the version's
             self._check_fingerprint(alias_or_name, opened)
         return opened
 
@@ -361,16 +485,14 @@ class Retriever:
     def _check_mode(self, mode: str | None) -> Mode:
         if mode is None:
             return self.default_mode
-        if mode not in get_args(Mode):
-            raise InvalidRequest(
-                f"unknown mode {mode!r}; expected one of {', '.join(get_args(Mode))}"
-            )
-        if mode == "rerank" and self.reranker is None:
+        if mode not in MODE_STAGES:
+            raise InvalidRequest(f"unknown mode {mode!r}; expected one of {', '.join(MODE_STAGES)}")
+        if MODE_STAGES[mode].rerank and self.reranker is None:
             raise InvalidRequest(
                 "mode 'rerank' needs a reranker, and reranking is off: set RAG_RERANK_MODEL to a "
                 "cross-encoder directory (train one with `rag-retriever train-reranker`)"
             )
-        return mode  # type: ignore[return-value]
+        return mode
 
     def _check_k(self, k: int | None) -> int:
         if k is None:
@@ -421,24 +543,26 @@ class Retriever:
     def _trace(
         self, queries: Sequence[str], mode: Mode, flt: SearchFilter | None, requested: str
     ) -> tuple[str, list[Trace]]:
+        stages = MODE_STAGES[mode]
         opened = self.open_collection(requested, mode)
         traces = [Trace(query=q) for q in queries]
         if not queries:
             return opened.name, traces
-        if mode != "bm25":
+        vectors = None
+        if stages.dense:
             t0 = time.perf_counter()
             vectors, truncated = self._encode_queries(queries)
             encode_ms = (time.perf_counter() - t0) * 1000 / len(queries)
             for trace, cut in zip(traces, truncated, strict=True):
                 trace.query_truncated = cut
                 trace.timings_ms["encode"] = encode_ms
-        self._first_stage(opened, traces, None if mode == "bm25" else vectors, mode, flt)
+        self._first_stage(opened, traces, vectors, stages.bm25, flt)
         fusion = self.fusion_for(opened)
         for trace in traces:
             trace.fusion = fusion.describe()
-            if mode in ("hybrid", "rerank"):
+            if stages.fuse:
                 self._fuse(trace, fusion)
-            if mode == "rerank":
+            if stages.rerank:
                 self._rerank(opened.name, trace)
             trace.timings_ms["total"] = sum(trace.timings_ms.values())
         return opened.name, traces
@@ -458,10 +582,11 @@ class Retriever:
         opened: OpenCollection,
         traces: list[Trace],
         vectors: np.ndarray | None,
-        mode: Mode,
+        lexical: bool,
         flt: SearchFilter | None,
     ) -> None:
-        """The dense and BM25 lists of every query, from one batched engine call."""
+        """The dense (when there are query vectors) and BM25 (when `lexical`) lists of every
+        query, from one batched engine call."""
         cfg = self.config
         requests: list[StageQuery] = []
         slots: list[tuple[Trace, bool]] = []  # (trace, is the dense list)
@@ -469,7 +594,7 @@ class Retriever:
             if vectors is not None:
                 requests.append(StageQuery(DENSE, vectors[i], cfg.dense_top_n, flt))
                 slots.append((trace, True))
-            if mode != "dense":
+            if lexical:
                 sparse = opened.bm25.query_vector(self.tokenizer.tokenize(trace.query))
                 trace.bm25 = []
                 if not sparse.is_empty:  # only stop words: no BM25 list

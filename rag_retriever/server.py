@@ -51,7 +51,13 @@ from rag_retriever.auth import authorised, header
 from rag_retriever.errors import CollectionNotFound, ConfigError, InvalidRequest, RagError
 from rag_retriever.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from rag_retriever.metrics import Metrics
-from rag_retriever.records import BLANK_CHARS, MAX_EXACT_INT, Mode, SearchFilter
+from rag_retriever.records import (
+    BLANK_CHARS,
+    MAX_EXACT_INT,
+    Mode,
+    SearchFilter,
+    check_collection,
+)
 from rag_retriever.retriever import Retriever
 from rag_retriever.settings import Settings
 from rag_retriever.store.catalog import describe_collections
@@ -94,6 +100,13 @@ class _Options(BaseModel):
         # JSON Schema's integer includes 4.0; strict parsing still refuses "4" and 4.5.
         return int(value) if isinstance(value, float) and value.is_integer() else value
 
+    @field_validator("collection", mode="after")
+    @classmethod
+    def _collection_name(cls, value: str | None) -> str | None:
+        # A malformed name is a bad request (422), not an unknown collection, and "" is not a
+        # way to say "the default" (leave the field out).
+        return None if value is None else check_collection(value)
+
 
 class SearchBody(_Options):
     query: str = Field(description="the question", examples=["who founded Normandy?"])
@@ -108,6 +121,17 @@ class BatchBody(_Options):
 _NOT_BLANK = f"[^{BLANK_CHARS}]"
 # Integers a filter can match (records.MAX_EXACT_INT).
 _INT64 = {"type": "integer", "minimum": -MAX_EXACT_INT, "maximum": MAX_EXACT_INT}
+# The names records.check_collection accepts, as JSON Schema can say it without look-arounds: an
+# alias (no "__"), or a version name (stated a little narrower: no "_" in its alias part).
+_NAME = "[A-Za-z0-9](?:[A-Za-z0-9.-]|_[A-Za-z0-9.-])*_?"
+_COLLECTION = [
+    {"type": "string", "pattern": f"^{_NAME}$", "maxLength": 64},
+    {
+        "type": "string",
+        "pattern": "^[A-Za-z0-9][A-Za-z0-9.-]{0,63}__[A-Za-z0-9.-]+__v[0-9]+$",
+        "maxLength": 200,
+    },
+]
 
 
 def _documented(settings: Settings, retriever: Retriever) -> tuple[type, type]:
@@ -126,6 +150,7 @@ def _documented(settings: Settings, retriever: Retriever) -> tuple[type, type]:
             ]
         },
         "mode": {"anyOf": [{"enum": list(modes)}, {"type": "null"}]},
+        "collection": {"anyOf": [*_COLLECTION, {"type": "null"}]},
         "filter": {
             "anyOf": [
                 {
@@ -173,11 +198,12 @@ class ErrorBody(BaseModel):
 def _errors(*statuses: int) -> dict[int | str, dict[str, Any]]:
     """The OpenAPI description of the error answers a route can send."""
     meaning = {
-        400: "malformed request (e.g. a body that is not JSON)",
+        400: "malformed body: not valid JSON (or not UTF-8 text)",
         401: "missing or wrong API key (when RAG_API_KEY is set)",
         404: "unknown collection or route",
         409: "the collection was embedded with another model, or written under another scheme",
         413: "body over RAG_MAX_BODY_BYTES",
+        415: "the body was not sent as JSON (Content-Type: application/json)",
         422: "invalid request: names the field, the value and the fix",
         500: "an unexpected error (details only in the server log)",
         503: "Qdrant is unreachable",
@@ -185,7 +211,7 @@ def _errors(*statuses: int) -> dict[int | str, dict[str, Any]]:
     return {s: {"model": ErrorBody, "description": meaning[s]} for s in statuses}
 
 
-_SEARCH_ERRORS = _errors(400, 401, 404, 409, 413, 422, 500, 503)
+_SEARCH_ERRORS = _errors(400, 401, 404, 409, 413, 415, 422, 500, 503)
 
 
 # -- the app -----------------------------------------------------------------------------------
@@ -436,15 +462,42 @@ async def _rag_error(request: Request, exc: Exception) -> Any:
 
 async def _validation_error(request: Request, exc: Exception) -> Any:
     assert isinstance(exc, RequestValidationError)
+    content_type = request.headers.get("content-type")
+    if content_type is not None and not _is_json(content_type):
+        # FastAPI does not parse such a body at all; say so instead of "not a dictionary".
+        return _error(
+            415,
+            "unsupported_media_type",
+            f"the body was sent as Content-Type {content_type!r}; send JSON with "
+            f"Content-Type: application/json",
+        )
     problems = []
     for e in exc.errors():
+        if e.get("type") == "json_invalid":
+            problem = f"{e.get('ctx', {}).get('error', 'malformed')} at character {e['loc'][-1]}"
+            return _error(400, "bad_request", f"{_NOT_JSON}: {problem}")
         where = ".".join(str(p) for p in e.get("loc", ()) if p != "body") or "body"
-        problems.append(f"{where}: {e.get('msg', 'invalid')}")
+        problems.append(f"{where}: {str(e.get('msg', 'invalid')).removeprefix('Value error, ')}")
     return _error(422, "invalid_request", "; ".join(problems))
+
+
+_NOT_JSON = "the body is not valid JSON"
+
+
+def _is_json(content_type: str) -> bool:
+    """application/json or application/<anything>+json, as FastAPI parses bodies."""
+    kind = content_type.split(";")[0].strip().lower()
+    return kind == "application/json" or (
+        kind.startswith("application/") and kind.endswith("+json")
+    )
 
 
 async def _http_error(request: Request, exc: Exception) -> Any:
     assert isinstance(exc, StarletteHTTPException)
+    if exc.status_code == 400 and isinstance(exc.__cause__, UnicodeDecodeError):
+        # FastAPI's "There was an error parsing the body": the same 400 as malformed JSON.
+        at = exc.__cause__.start
+        return _error(400, "bad_request", f"{_NOT_JSON}: it is not UTF-8 text (byte {at})")
     code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
     return _error(exc.status_code, code, str(exc.detail), dict(exc.headers or {}) or None)
 

@@ -85,3 +85,77 @@ def test_a_similar_question_with_other_question_words_or_numbers_is_a_miss() -> 
     assert cache.get_similar(KEY, "Who did the Wesleys teach in 1735?", close) is None
     assert cache.get_similar(KEY, "Where did the Wesleys teach in 1736?", close) is None
     assert cache.get_similar(KEY, "where did the wesleys preach in 1735", close) == result("a")
+
+
+def test_the_retriever_answers_a_repeat_from_the_cache_until_the_alias_moves(
+    tmp_path, tiny_encoder
+) -> None:
+    from rag_retriever.ingest.writer import update_documents
+    from rag_retriever.records import Document
+    from rag_retriever.store import EdgeStore
+    from tests.conftest import collection_retriever
+    from tests.test_retriever import DOCS
+
+    store = EdgeStore(tmp_path / "edge")
+    retriever = collection_retriever(DOCS, store, tiny_encoder)
+    retriever.cache = SemanticCache(size=10, threshold=0.99)
+    first = retriever.retrieve("the king and the queen", k=3, mode="hybrid")
+    again = retriever.retrieve("The King and the  Queen", k=3, mode="hybrid")
+    assert [h.chunk_id for h in again.hits] == [h.chunk_id for h in first.hits]
+    assert any("answered from the cache" in n for n in again.notices)
+    assert again.query == "The King and the  Queen" and again.query_id != first.query_id
+    assert set(again.timings_ms) == {"cache", "total"}
+    other_k = retriever.retrieve("the king and the queen", k=2, mode="hybrid")
+    assert not any("cache" in n for n in other_k.notices)
+    assert retriever.cache.hits["exact"] == 1
+    update_documents(
+        [Document("new", "new", "the king and the queen of the river city")],
+        alias="kb",
+        encoder=tiny_encoder,
+        store=store,
+        lock_dir=tmp_path,
+        rebase_drift=1.0,
+    )
+    moved = retriever.retrieve("the king and the queen", k=3, mode="hybrid")
+    assert not any("cache" in n for n in moved.notices)  # a new version: asked afresh
+    assert moved.collection != first.collection
+    store.close()
+
+
+@pytest.mark.model
+@pytest.mark.data
+def test_no_false_hit_on_squad_questions_that_ask_different_things(minilm) -> None:
+    """SQuAD dev questions of the articles where the nearest different-answer pairs are (0.98+
+    cosine): no question is answered with another's result at the default threshold."""
+    import json
+    import random
+
+    from rag_retriever.cache import DEFAULT_THRESHOLD
+    from tests.conftest import shared_data
+
+    articles = {"United_Methodist_Church", "Ctenophora", "Yuan_dynasty", "Normans"}
+    with shared_data("squad_v11_dev", "questions_dev.jsonl").open(encoding="utf-8") as fh:
+        rows = [r for line in fh if (r := json.loads(line))["gold_doc_ids"][0] in articles]
+    bowl = shared_data("squad_v11_dev", "questions_dev.jsonl").read_text(encoding="utf-8")
+    rows += [
+        r
+        for line in bowl.splitlines()
+        if (r := json.loads(line))["gold_doc_ids"][0] == "Super_Bowl_50"
+        and "halftime" in r["question"]
+    ]
+    random.Random(0).shuffle(rows)
+    vectors = minilm.encode_queries([r["question"] for r in rows]).vectors
+    cache = SemanticCache(size=len(rows), threshold=DEFAULT_THRESHOLD)
+    false_hits = []
+    for r, v in zip(rows, vectors, strict=True):
+        found = cache.get_exact(KEY, r["question"]) or cache.get_similar(KEY, r["question"], v)
+        if found is not None and not set(r["answers"]) & set(found.notices):
+            false_hits.append((r["question"], found.query))
+        answer = result(r["question"])
+        cache.put(
+            KEY,
+            r["question"],
+            v,
+            SearchResult(**{**answer.__dict__, "notices": tuple(r["answers"])}),
+        )
+    assert len(rows) > 700 and false_hits == []

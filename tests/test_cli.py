@@ -197,3 +197,94 @@ def test_ingest_and_eval_install_under_the_project_namespace(tmp_path: Path) -> 
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=tmp_path
     )
     assert done.stdout.split() == ["True", "True"]
+
+
+def test_bm25_search_collections_and_rollback_load_no_model(
+    env: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """They start fast: BM25 needs no embedder, listing and moving an alias need no model at all,
+    so torch is not even imported."""
+    import subprocess
+    import sys
+
+    corpus = write_jsonl(tmp_path / "docs.jsonl", [{"id": "a", "text": "Red apples."}])
+    for extra in ([], ["--full"]):  # two versions, for the rollback
+        assert main(["ingest", str(corpus), "--collection", "kb", "--no-progress", *extra]) == 0
+    capsys.readouterr()
+    commands = [
+        ["search", "apples", "--collection", "kb", "--mode", "bm25", "--json"],
+        ["collections"],
+        ["rollback", "kb"],
+    ]
+    for argv in commands:
+        code = (
+            "import sys; from rag_retriever.cli import main; status = main(sys.argv[1:]); "
+            "print('torch' in sys.modules, status, file=sys.stderr)"
+        )
+        done = subprocess.run(
+            [sys.executable, "-c", code, *argv], capture_output=True, text=True, check=True
+        )
+        assert done.stderr.split()[-2:] == ["False", "0"], (argv, done.stderr)
+
+
+@pytest.mark.parametrize(
+    "rows",
+    [[{"id": "a", "title": "the", "text": "the of and"}], [{"id": "a", "text": "# S"}]],
+)
+def test_a_corpus_of_stop_words_is_one_line_and_exit_2(
+    env: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], rows: list[dict[str, object]]
+) -> None:
+    corpus = write_jsonl(tmp_path / "stop.jsonl", rows)
+    assert main(["ingest", str(corpus), "--collection", "kb", "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and "no document has a word to index" in err
+    assert "Traceback" not in err and collections(env) == []
+
+
+def test_a_data_dir_that_is_a_file_is_one_line_and_exit_2(
+    env: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "a-file").write_text("not a folder", encoding="utf-8")
+    for data_dir in (tmp_path / "a-file", tmp_path / "a-file" / "below"):
+        monkeypatch.setenv("RAG_DATA_DIR", str(data_dir))
+        assert main(["collections"]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "is a file; point it at a folder" in err, err
+
+
+def test_a_second_ingest_reports_the_lock_before_loading_anything(
+    env: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The first ingest holds the lock; the second must say so at once, not after loading its
+    documents and model (here neither could even be loaded)."""
+    from rag_retriever.ingest.lock import IngestLock
+
+    monkeypatch.setenv("RAG_EMBED_MODEL", str(tmp_path / "no-such-model"))
+    with IngestLock(env, "kb"):
+        assert main(["ingest", str(tmp_path / "missing.jsonl"), "--collection", "kb"]) == 2
+    assert "another write of 'kb' is running" in capsys.readouterr().err
+
+
+def test_serve_stopped_by_sigterm_says_nothing_about_ingests(
+    env: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import os
+    import signal
+
+    from rag_retriever import server
+
+    def serve_until_stopped(*args: object, **kwargs: object) -> None:
+        os.kill(os.getpid(), signal.SIGTERM)  # what `docker stop` sends
+
+    monkeypatch.setattr(server, "serve", serve_until_stopped)
+    assert main(["serve"]) == 143
+    err = capsys.readouterr().err
+    assert err.strip() == "stopped by SIGTERM", err
+
+
+def test_an_ingest_prints_its_final_progress_line_once(
+    env: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    corpus = write_jsonl(tmp_path / "docs.jsonl", [{"id": "a", "text": "Red apples."}])
+    assert main(["ingest", str(corpus), "--collection", "kb"]) == 0
+    assert capsys.readouterr().err.count("100%") == 1

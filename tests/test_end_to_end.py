@@ -10,7 +10,8 @@ import pytest
 from rag_retriever.cli import main as cli_main
 from rag_retriever.eval.recall_at_k import main as recall_main
 
-DOCS = Path(__file__).resolve().parents[1] / "docs"
+ROOT = Path(__file__).resolve().parents[1]
+DOCS = ROOT / "docs"
 
 pytestmark = pytest.mark.model
 
@@ -22,6 +23,7 @@ def test_ingest_search_and_evaluate_the_docs(
     assert cli_main(["ingest", str(DOCS), "--collection", "docs", "--no-progress", "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["promoted"] and report["truncated"] == 0 and report["chunks"] > 5
+    assert not report.get("skipped_files"), "the docs folder holds only documents"
 
     for mode in ("dense", "bm25", "hybrid"):
         assert (
@@ -49,7 +51,7 @@ def test_ingest_search_and_evaluate_the_docs(
             "--collection",
             "docs",
             "--questions",
-            str(DOCS / "demo_questions.jsonl"),
+            str(ROOT / "eval" / "demo_questions.jsonl"),
             "--out",
             str(out),
             "--no-progress",

@@ -218,3 +218,38 @@ def test_folder_of_empty_files_and_oversized_documents(tmp_path: Path) -> None:
     (tmp_path / "big.md").write_text("word " * 100, encoding="utf-8")
     with pytest.raises(DocumentError, match="over the limit of 100"):
         load_documents(tmp_path, max_chars=100)
+
+
+def test_a_linked_folder_leading_out_is_counted_in_the_skipped_report(tmp_path: Path) -> None:
+    root = tmp_path / "docs"
+    root.mkdir()
+    (root / "a.md").write_text("# A\n\nalpha", encoding="utf-8")
+    outside = tmp_path / "elsewhere"
+    outside.mkdir()
+    (outside / "b.md").write_text("# B\n\nbeta", encoding="utf-8")
+    (root / "linked").symlink_to(outside, target_is_directory=True)
+    corpus = load_documents(root)
+    assert [d.id for d in corpus.documents] == ["a.md"]
+    assert corpus.skipped_files == {"link to a folder outside": 1}
+
+
+@pytest.mark.parametrize(
+    "rows",
+    [
+        [{"id": "a", "title": "the", "text": "the of and"}],
+        [{"id": "a", "text": "s t"}, {"id": "b", "title": "The", "text": "... ,,, !"}],
+    ],
+)
+def test_a_corpus_with_no_word_to_index_is_refused(
+    tmp_path: Path, rows: list[dict[str, object]]
+) -> None:
+    with pytest.raises(DocumentError, match="no document has a word to index"):
+        load_documents(write_jsonl(tmp_path / "d.jsonl", rows))
+
+
+def test_a_folder_whose_only_file_holds_a_stop_word_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "s.md").write_text("# S", encoding="utf-8")
+    with pytest.raises(DocumentError, match="no document has a word to index"):
+        load_documents(tmp_path)
+    (tmp_path / "t.md").write_text("# Tea\n\nGreen tea.", encoding="utf-8")
+    assert len(load_documents(tmp_path).documents) == 2  # one indexable document is enough

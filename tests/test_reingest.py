@@ -239,6 +239,29 @@ def test_sigkill_at_each_write_step_never_breaks_the_alias(
 
 
 @pytest.mark.slow
+def _signal_after_the_first_upsert(
+    args: list[str], env: dict[str, str], sig: signal.Signals
+) -> tuple[int, str, float]:
+    """Run the killable ingest and send `sig` right after its first upsert: its exit status, what
+    it printed after that, and the seconds it took to stop."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", KILLABLE_INGEST, "upsert", *args],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stderr is not None
+    for line in proc.stderr:
+        if line.strip() == "kill-point upsert":
+            break
+    sent = time.monotonic()
+    proc.send_signal(sig)
+    rest = proc.stderr.read()
+    proc.wait(timeout=30)
+    return proc.returncode, rest, time.monotonic() - sent
+
+
 @pytest.mark.parametrize(("sig", "code"), [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
 def test_a_signal_mid_write_stops_cleanly_within_two_seconds(
     tiny_encoder_dir: Path, tmp_path: Path, sig: signal.Signals, code: int
@@ -266,23 +289,8 @@ def test_a_signal_mid_write_stops_cleanly_within_two_seconds(
     assert first.returncode == 0, first.stderr
     store = EdgeStore(tmp_path / "data" / "edge")
     served = store.aliases()["kb"]
-    proc = subprocess.Popen(
-        [sys.executable, "-c", KILLABLE_INGEST, "upsert", *args],
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    assert proc.stderr is not None
-    for line in proc.stderr:
-        if line.strip() == "kill-point upsert":
-            break
-    sent = time.monotonic()
-    proc.send_signal(sig)
-    rest = proc.stderr.read()
-    proc.wait(timeout=30)
-    elapsed = time.monotonic() - sent
-    assert proc.returncode == code, rest
+    status, rest, elapsed = _signal_after_the_first_upsert(args, env, sig)
+    assert status == code, rest
     assert elapsed < 2.0
     assert "nothing unfinished was kept" in rest and "Traceback" not in rest
     assert store.aliases()["kb"] == served
@@ -290,3 +298,22 @@ def test_a_signal_mid_write_stops_cleanly_within_two_seconds(
     with IngestLock(tmp_path / "data", "kb"):  # released
         pass
     store.close()
+
+
+def test_an_ingest_stopped_by_sigterm_logs_no_failure(
+    tiny_encoder_dir: Path, tmp_path: Path
+) -> None:
+    corpus = tmp_path / "corpus.jsonl"
+    write_jsonl(corpus, [{"id": f"d{i}", "text": f"The river {i} runs." * 6} for i in range(300)])
+    env = {
+        **os.environ,
+        "RAG_DATA_DIR": str(tmp_path / "data"),
+        "RAG_EMBED_MODEL": str(tiny_encoder_dir),
+        "RAG_DEVICE": "cpu",
+        "RAG_LOG_LEVEL": "INFO",
+    }
+    args = ["ingest", str(corpus), "--collection", "kb", "--no-progress"]
+    status, rest, _ = _signal_after_the_first_upsert(args, env, signal.SIGTERM)
+    assert status == 143, rest
+    assert "stopped by SIGTERM" in rest
+    assert not [line for line in rest.splitlines() if line.startswith("ERROR")], rest

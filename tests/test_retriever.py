@@ -448,3 +448,16 @@ def test_chunks_cut_for_the_cross_encoder_are_reported(
             ), notes
         else:
             assert notes == []
+
+
+def test_every_mode_is_described_once_by_its_stages() -> None:
+    from typing import get_args
+
+    from rag_retriever.records import Mode
+    from rag_retriever.retriever import MODE_STAGES
+
+    assert tuple(MODE_STAGES) == get_args(Mode)  # the order the modes are listed in
+    # each mode's result is the last list it makes; a stage needs the ones it builds on
+    for stages in MODE_STAGES.values():
+        assert not stages.fuse or (stages.dense and stages.bm25)
+        assert not stages.rerank or stages.fuse

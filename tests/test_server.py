@@ -317,18 +317,48 @@ def test_request_validation_errors_are_422_json(
 def test_malformed_json_and_unknown_routes(http: TestClient) -> None:
     assert_error(
         http.post("/v1/search", content=b"{not json", headers=JSON),
-        422,
-        "invalid_request",
-        "JSON decode error",
+        400,
+        "bad_request",
+        "the body is not valid JSON: Expecting property name",
     )
     assert_error(http.get("/v1/nothing"), 404, "not_found")
     assert_error(http.get("/v1/search"), 405, "method_not_allowed")
 
 
 @pytest.mark.parametrize(
+    ("raw", "fragment"),
+    [
+        (b"{", "Expecting property name enclosed in double quotes at character 1"),
+        (b'{"query": "k\xffng"}', "it is not UTF-8 text (byte 12)"),
+    ],
+)
+def test_a_body_that_is_not_json_is_one_400_that_names_the_problem(
+    http: TestClient, raw: bytes, fragment: str
+) -> None:
+    """Malformed JSON and bytes that are not UTF-8 are the same problem: one status, one code,
+    the message the schema documents for 400."""
+    response = http.post("/v1/search", content=raw, headers=JSON)
+    assert_error(response, 400, "bad_request", "the body is not valid JSON: ", fragment)
+    documented = http.get("/openapi.json").json()["paths"]["/v1/search"]["post"]["responses"]
+    assert "not valid JSON" in documented["400"]["description"]
+
+
+@pytest.mark.parametrize("content_type", ["text/plain", "application/x-www-form-urlencoded"])
+def test_a_body_sent_as_another_content_type_is_named(http: TestClient, content_type: str) -> None:
+    response = http.post(
+        "/v1/search", content=b'{"query": "king"}', headers={"content-type": content_type}
+    )
+    assert_error(response, 415, "unsupported_media_type", repr(content_type), "application/json")
+    assert "415" in http.get("/openapi.json").json()["paths"]["/v1/search"]["post"]["responses"]
+
+
+@pytest.mark.parametrize(
     ("body", "status", "code", "fragment"),
     [
         ({"query": "x", "collection": "nope"}, 404, "collection_not_found", "existing: kb"),
+        ({"query": "x", "collection": "../kb"}, 422, "invalid_request", "collection name"),
+        ({"query": "x", "collection": "a__b"}, 422, "invalid_request", "collection name"),
+        ({"query": "x", "collection": ""}, 422, "invalid_request", "collection name '' is not"),
         ({"query": "x", "mode": "rerank"}, 422, "invalid_request", "reranking is off"),
         ({"query": "   "}, 422, "invalid_request", "the query is empty"),
         (
@@ -477,7 +507,9 @@ def test_any_plain_metadata_field_name_can_be_filtered_on(
         ({"query": "king \ud800"}, "not valid Unicode (a lone surrogate at character 5)"),
         ({"query": "king", "filter": {"equals": []}}, "'equals' must be an object"),
         ({"query": "king", "filter": {"equals": {'a"b': "x"}}}, "cannot be filtered on"),
-        ({"query": "king", "filter": {"doc_ids": ["\udc80"]}}, "not valid Unicode"),
+        ({"query": "king", "filter": {"doc_ids": ["\udc80"]}}, "filter doc id '\\udc80' is not"),
+        ({"query": "king", "filter": {"equals": {"\udc80": "x"}}}, "filter field name '\\udc80'"),
+        ({"query": "king", "filter": {"equals": {"a": "\udc80"}}}, "filter value for 'a' is not"),
     ],
 )
 def test_invalid_text_and_filters_are_422_not_500(
@@ -634,7 +666,7 @@ def test_hits_survive_json_exactly(http: TestClient, served: Served) -> None:
 
 
 def test_bench_load_runs_both_phases(served: Served, tmp_path: Path) -> None:
-    from rag_retriever.eval.bench_load import load_questions, report, run_benchmark
+    from bench.bench_load import load_questions, report, run_benchmark
 
     questions = tmp_path / "q.jsonl"
     questions.write_text(
@@ -666,8 +698,8 @@ def test_bench_load_runs_both_phases(served: Served, tmp_path: Path) -> None:
 
 
 def test_bench_load_stops_when_the_server_refuses_the_queries(served: Served) -> None:
+    from bench.bench_load import run_load
     from rag_retriever.client import UnprocessableRequest
-    from rag_retriever.eval.bench_load import run_load
 
     strict = served.settings.replace(max_query_chars=5)
     # The warm-up requests are not counted as errors: a misconfigured run fails loudly.
@@ -676,7 +708,7 @@ def test_bench_load_stops_when_the_server_refuses_the_queries(served: Served) ->
 
 
 def test_bench_questions_must_have_a_question(tmp_path: Path) -> None:
-    from rag_retriever.eval.bench_load import load_questions
+    from bench.bench_load import load_questions
 
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"question": "ok"}\n{"query": "no"}\n', encoding="utf-8")

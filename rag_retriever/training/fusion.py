@@ -28,9 +28,10 @@ from tqdm.auto import tqdm
 from rag_retriever.chunk_table import ChunkTable
 from rag_retriever.errors import InvalidRequest
 from rag_retriever.eval.evaluation import gold_items
+from rag_retriever.eval.judge import judge
 from rag_retriever.eval.metrics import mrr_at_k, recall_at_k
 from rag_retriever.eval.questions import Question
-from rag_retriever.fusion import Fusion
+from rag_retriever.fusion import K_DEFAULT, METHODS, Fusion
 from rag_retriever.retriever import Retriever
 
 BATCH = 64
@@ -40,6 +41,8 @@ RRF_KS = (2, 5, 10, 20, 40, 60, 100)
 BM25_WEIGHTS = (0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 4.0)
 DEPTHS = (20, 50, 100)
 MIN_QUESTIONS = 20
+# What a fusion is chosen by: MRR@10, ties broken by recall@1 (the top ranks a chat app reads).
+OBJECTIVE = ("mrr@10", "recall@1")
 
 
 @dataclass(frozen=True)
@@ -58,16 +61,17 @@ class Figures:
     recall5: float
     questions: int
 
-    def key(self) -> tuple[float, float]:
-        return (self.mrr10, self.recall1)
+    def metrics(self) -> dict[str, float]:
+        return {"mrr@10": self.mrr10, "recall@1": self.recall1, "recall@5": self.recall5}
+
+    def beats(self, other: Figures) -> bool:
+        """Better on the objective (MRR@10, ties: recall@1)."""
+        return judge(
+            self.metrics(), other.metrics(), metric=OBJECTIVE[0], tie_break=OBJECTIVE[1]
+        ).better
 
     def to_json(self) -> dict[str, float]:
-        return {
-            "mrr@10": round(self.mrr10, 4),
-            "recall@1": round(self.recall1, 4),
-            "recall@5": round(self.recall5, 4),
-            "questions": self.questions,
-        }
+        return {**{k: round(v, 4) for k, v in self.metrics().items()}, "questions": self.questions}
 
 
 @dataclass
@@ -93,11 +97,13 @@ class TuningReport:
 
 
 def candidates(max_depth: int) -> Iterator[Fusion]:
+    """Every method of fusion.METHODS at each depth and BM25 weight (and each RRF_KS value for a
+    method that has the constant k)."""
     depths = [d for d in DEPTHS if d <= max_depth] or [max_depth]
     for depth, weight in itertools.product(depths, BM25_WEIGHTS):
-        for k in RRF_KS:
-            yield Fusion("rrf", k=k, weights=(1.0, weight), depths=(depth, depth))
-        yield Fusion("dbsf", weights=(1.0, weight), depths=(depth, depth))
+        for method, spec in METHODS.items():
+            for k in RRF_KS if spec.uses_k else (K_DEFAULT,):
+                yield Fusion(method, k=k, weights=(1.0, weight), depths=(depth, depth))
 
 
 def score(fusion: Fusion, lists: Sequence[Lists]) -> Figures:
@@ -170,7 +176,7 @@ def tune_fusion(
         },
         candidates=len(grid),
     )
-    wins = report.held_out["best"].key() > report.held_out["default"].key()
+    wins = report.held_out["best"].beats(report.held_out["default"])
     if store and wins and best != default:
         _store_fusion(retriever, report)
         report.stored = True
@@ -224,7 +230,7 @@ def _best_fusion(
     best, best_figures = default, score(default, train)
     for fusion in tqdm(grid, desc="fusions", unit="fusion", disable=not progress):
         figures = score(fusion, train)
-        if figures.key() > best_figures.key():
+        if figures.beats(best_figures):
             best, best_figures = fusion, figures
     return best, best_figures
 

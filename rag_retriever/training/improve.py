@@ -46,6 +46,7 @@ from rag_retriever.chunk_table import ChunkTable
 from rag_retriever.encoder import Encoder, encoder_of_version
 from rag_retriever.errors import ConfigError
 from rag_retriever.eval.evaluation import EvalRun, evaluate, primary_mode
+from rag_retriever.eval.judge import judge
 from rag_retriever.eval.questions import Question, file_sha256, load_questions
 from rag_retriever.ingest.versions import documents_of
 from rag_retriever.ingest.writer import ingest_documents
@@ -59,6 +60,7 @@ from rag_retriever.training.common import PeakMemory, write_question_subset
 from rag_retriever.training.embedder import EmbedderTrainingConfig, train_embedder
 from rag_retriever.training.fusion import (
     MIN_QUESTIONS,
+    OBJECTIVE,
     split_by_document,
     tune_fusion,
     usable_questions,
@@ -110,7 +112,8 @@ def _figures(run: EvalRun) -> dict[str, Any]:
 
 
 def _better(after: dict[str, Any], before: dict[str, Any]) -> bool:
-    return (after["mrr@10"], after["recall@1"]) > (before["mrr@10"], before["recall@1"])
+    """A step is kept when it raises held-out MRR@10 (ties: recall@1): the tuner's objective."""
+    return judge(after, before, metric=OBJECTIVE[0], tie_break=OBJECTIVE[1]).better
 
 
 class Improve:
@@ -486,9 +489,15 @@ class Improve:
         name, new_figures = self._current()
         live_figures = self.state["results"]["baseline"]["figures"]
         kept = [s for s in STEPS if (self.state["results"].get(s) or {}).get("kept")]
-        fell = live_figures["recall@10"] - new_figures["recall@10"]
-        promote = bool(kept) and _better(new_figures, live_figures)
-        promote = promote and fell <= self.options.max_regression
+        judged = judge(
+            new_figures,
+            live_figures,
+            metric=OBJECTIVE[0],
+            tie_break=OBJECTIVE[1],
+            guard="recall@10",
+            max_regression=self.options.max_regression,
+        )
+        promote = bool(kept) and judged.better and not judged.regressed
         if promote:
             point_alias(self.store, self.alias, name)
             apply_retention(

@@ -11,7 +11,7 @@ process (what a serving replica pays): reopen time, p50/p95 per query for dense,
 (both lists in one batched call) and hybrid filtered on a keyword field (10% selectivity), the
 process's peak RSS, and the size on disk. Engine only: no query encoding.
 
-Usage: python eval/bench_engine.py [--sizes 100000 1000000] [--peer-max 100000]
+Usage: python -m bench.bench_engine [--sizes 100000 1000000] [--peer-max 100000]
 """
 
 from __future__ import annotations
@@ -28,9 +28,9 @@ from typing import Any
 
 import numpy as np
 
+from bench.bench_bm25 import synthetic_chunks
+from bench.bench_common import percentile, read_jsonl, real_sentences, shared_path
 from rag_retriever.bm25 import BM25Model, Tokenizer
-from rag_retriever.eval.bench_bm25 import synthetic_chunks
-from rag_retriever.eval.bench_common import percentile, read_jsonl, real_sentences, shared_path
 from rag_retriever.records import SearchFilter
 from rag_retriever.store import DENSE, SPARSE, EdgeStore, ServerStore, StageQuery, Store
 from rag_retriever.store.record import bare_record
@@ -158,7 +158,7 @@ def _memory() -> dict[str, float]:
 
 def _probe_in_subprocess(engine: str, root: Path) -> dict[str, Any]:
     code = (
-        "import json, sys; from pathlib import Path; from rag_retriever.eval.bench_engine import serve_probe; "
+        "import json, sys; from pathlib import Path; from bench.bench_engine import serve_probe; "
         "print(json.dumps(serve_probe(sys.argv[1], Path(sys.argv[2]))))"
     )
     done = subprocess.run(

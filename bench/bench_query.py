@@ -17,9 +17,9 @@ import numpy as np
 import torch
 import transformers
 
-from rag_retriever.encoder import quiet_transformers
-from rag_retriever.eval.bench_common import percentile, read_jsonl, shared_path
+from bench.bench_common import percentile, read_jsonl, shared_path
 from rag_retriever.profiles import resolve_model
+from rag_retriever.quiet import quiet_transformers
 from rag_retriever.records import Mode
 from rag_retriever.reranker import CrossEncoderReranker
 from rag_retriever.retriever import Retriever

@@ -14,8 +14,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from bench.bench_common import shared_path
 from rag_retriever.encoder import Encoder
-from rag_retriever.eval.bench_common import shared_path
 from rag_retriever.ingest.chunking import Chunker
 from rag_retriever.ingest.loaders import LoadedCorpus, load_documents
 from rag_retriever.ingest.writer import chunking_config_for, ingest_documents

@@ -2,7 +2,7 @@
 batch in one pass (`--micro-batch 0`, what training did before), side by side in one run.
 
 Usage (through `make bench`, or alone on a collection built by it):
-    python eval/bench.py --only training
+    python -m bench --only training
 
 Each command runs in its own process on the SQuAD collection, with the first questions of
 `questions_train.jsonl`; the peak resident memory is that process's own (VmHWM), the time its

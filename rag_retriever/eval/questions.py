@@ -11,10 +11,11 @@ are returned as problems with their line numbers, never dropped silently.
 from __future__ import annotations
 
 import hashlib
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from rag_retriever.ingest.loaders import jsonl_records
 
 
 @dataclass(frozen=True)
@@ -47,33 +48,19 @@ def load_questions(path: Path) -> tuple[list[Question], list[str]]:
     questions: list[Question] = []
     problems: list[str] = []
     seen: dict[str, int] = {}
-    with path.open("rb") as fh:
-        for lineno, raw in enumerate(fh, start=1):
-            where = f"{path}:{lineno}"
-            try:
-                text = raw.decode("utf-8")
-            except UnicodeDecodeError as exc:
-                problems.append(f"{where}: not valid UTF-8 ({exc.reason})")
-                continue
-            if not text.strip():
-                continue
-            try:
-                record = json.loads(text)
-            except json.JSONDecodeError as exc:
-                problems.append(f"{where}: malformed JSON ({exc.msg})")
-                continue
-            question, problem = _parse(record, where, lineno)
-            if problem:
-                problems.append(problem)
-                continue
-            assert question is not None
-            if question.id in seen:
-                problems.append(
-                    f"{where}: duplicate question id {question.id!r} (first on line {seen[question.id]})"
-                )
-                continue
-            seen[question.id] = lineno
-            questions.append(question)
+    for lineno, where, record in jsonl_records(path.read_bytes(), path, problems):
+        question, problem = _parse(record, where, lineno)
+        if problem:
+            problems.append(problem)
+            continue
+        assert question is not None
+        if question.id in seen:
+            problems.append(
+                f"{where}: duplicate question id {question.id!r} (first on line {seen[question.id]})"
+            )
+            continue
+        seen[question.id] = lineno
+        questions.append(question)
     return questions, problems
 
 

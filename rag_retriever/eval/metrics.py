@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Hashable, Sequence, Set
-from typing import Literal
+from typing import Literal, get_args
 
 Key = Hashable
 FailureClass = Literal[
@@ -35,15 +35,7 @@ FailureClass = Literal[
     "fusion_miss",
     "chunking_miss",
 ]
-FAILURE_CLASSES: tuple[FailureClass, ...] = (
-    "retrieved",
-    "dense_miss",
-    "bm25_miss",
-    "both_miss",
-    "rerank_miss",
-    "fusion_miss",
-    "chunking_miss",
-)
+FAILURE_CLASSES: tuple[FailureClass, ...] = get_args(FailureClass)
 
 
 def _dedupe(ranking: Sequence[Key]) -> list[Key]:

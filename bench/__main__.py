@@ -2,7 +2,7 @@
 the ratio. Results go to `<out>/bench.json` and `<out>/bench.txt`.
 
 Usage:
-    python eval/bench.py [--out bench-out] [--only bm25 engine ingest update query load training]
+    python -m bench [--out bench-out] [--only bm25 engine ingest update query load training]
         [--reranker DIR]
 
 Needs ../shared/data (SQuAD and SciFact). Takes about 20 minutes on 2 CPU cores (the engine at
@@ -40,7 +40,9 @@ def main(argv: list[str] | None = None) -> int:
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog="python -m bench",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--out", type=Path, default=Path("bench-out"))
     parser.add_argument("--only", nargs="+", choices=BENCHES, default=list(BENCHES))
@@ -78,25 +80,25 @@ def _run_standalone(args: argparse.Namespace, report: _Report) -> dict[str, Any]
     Each module is imported only when its benchmark runs."""
     results: dict[str, Any] = {}
     if "bm25" in args.only:
-        from rag_retriever.eval import bench_bm25
+        from bench import bench_bm25
 
         results["bm25"] = bench_bm25.run()
         report.emit(bench_bm25.report(results["bm25"]))
 
     if "engine" in args.only:
-        from rag_retriever.eval import bench_engine
+        from bench import bench_engine
 
         results["engine"] = bench_engine.run(tuple(args.engine_sizes))
         report.emit(bench_engine.report(results["engine"]))
 
     if "ingest" in args.only:
-        from rag_retriever.eval import bench_ingest
+        from bench import bench_ingest
 
         results["ingest"] = bench_ingest.run()
         report.emit(bench_ingest.report(results["ingest"]))
 
     if "update" in args.only:
-        from rag_retriever.eval import bench_update
+        from bench import bench_update
 
         results["update"] = bench_update.run(tuple(args.update_sizes), args.update_deltas)
         results["update_server"] = bench_update.run_server()
@@ -110,7 +112,7 @@ def _run_standalone(args: argparse.Namespace, report: _Report) -> dict[str, Any]
 def _run_on_squad(args: argparse.Namespace, report: _Report) -> dict[str, Any]:
     """The query, load and training benchmarks, on the SQuAD collection under `<out>/data`
     (ingested on the first run, reused after)."""
-    from rag_retriever.eval.bench_common import shared_path
+    from bench.bench_common import shared_path
     from rag_retriever.ingest.loaders import load_documents
     from rag_retriever.ingest.writer import ingest_documents
     from rag_retriever.retriever import Retriever
@@ -127,13 +129,13 @@ def _run_on_squad(args: argparse.Namespace, report: _Report) -> dict[str, Any]:
             store=retriever.store,
         )
     if "query" in args.only:
-        from rag_retriever.eval import bench_query
+        from bench import bench_query
 
         reranker = args.reranker or bench_query.untrained_reranker(args.out / "untrained-reranker")
         results["query"] = bench_query.run(retriever, collection="squad", reranker_dir=reranker)
         report.emit(bench_query.report(results["query"]))
     if "load" in args.only:
-        from rag_retriever.eval import bench_load
+        from bench import bench_load
 
         retriever.reranker = None
         results["load"] = bench_load.run_benchmark(
@@ -146,7 +148,7 @@ def _run_on_squad(args: argparse.Namespace, report: _Report) -> dict[str, Any]:
         report.emit(bench_load.report(results["load"]))
     retriever.store.close()
     if "training" in args.only:
-        from rag_retriever.eval import bench_training
+        from bench import bench_training
 
         results["training"] = bench_training.run(
             args.out / "data", shared_path("squad_v11_dev", "questions_train.jsonl")

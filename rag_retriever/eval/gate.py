@@ -21,6 +21,7 @@ from typing import Any
 from rag_retriever.encoder import Encoder, encoder_of_version
 from rag_retriever.errors import ConfigError
 from rag_retriever.eval.evaluation import EvalRun, evaluate, primary_mode
+from rag_retriever.eval.judge import judge
 from rag_retriever.eval.questions import Question, load_questions
 from rag_retriever.ingest.writer import Gate, GateDecision
 from rag_retriever.records import Mode
@@ -137,7 +138,14 @@ class _RecallGate:
         }
         versus = f" vs live {live_recall:.4f} ({len(regressed)} questions regressed)"
         reason = None
-        if new_recall < live_recall - self.max_regression:
+        metric = f"recall@{k}"
+        verdict = judge(
+            {metric: new_recall},
+            {metric: live_recall},
+            metric=metric,
+            max_regression=self.max_regression,
+        )
+        if verdict.regressed:
             reason = (
                 f"recall@{k} fell by {live_recall - new_recall:.4f} > --max-regression "
                 f"{self.max_regression}"

@@ -16,7 +16,7 @@ Part 2, end to end with real text and the real model (`run_e2e`): SQuAD dev + Sc
 with all-MiniLM-L6-v2, then 1% of the documents changed (one sentence appended) through
 `update_documents`: time to served, next to the full ingest, encoding included.
 
-Usage: python eval/bench_update.py [--sizes 100000] [--deltas 100] [--e2e]
+Usage: python -m bench.bench_update [--sizes 100000] [--deltas 100] [--server 10000] [--e2e]
 """
 
 from __future__ import annotations
@@ -32,9 +32,9 @@ from typing import Any
 
 import numpy as np
 
+from bench.bench_common import percentile, read_jsonl, real_sentences, shared_path
 from rag_retriever.bm25 import Tokenizer
 from rag_retriever.encoder import Encoded
-from rag_retriever.eval.bench_common import percentile, read_jsonl, real_sentences, shared_path
 from rag_retriever.ingest.loaders import LoadedCorpus, load_documents
 from rag_retriever.ingest.writer import WriteOptions, ingest_documents, update_documents
 from rag_retriever.profiles import Fingerprint

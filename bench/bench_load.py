@@ -1,6 +1,6 @@
 """Load benchmark of the HTTP service, against its peer: the same queries in-process.
 
-    RAG_DATA_DIR=rag-data python eval/bench_load.py --collection squad \\
+    RAG_DATA_DIR=rag-data python -m bench.bench_load --collection squad \\
         --questions ../shared/data/squad_v11_dev/questions_dev.jsonl --clients 8 --seconds 30
 
 Loads the collection's models once, starts `rag-retriever serve`'s app on a free loopback port in
@@ -246,9 +246,9 @@ def run_benchmark(
     k: int = 10,
     mode: Mode = "hybrid",
 ) -> dict[str, Any]:
-    """The `load` entry of eval/bench.py: SQuAD dev questions unless `questions` is given."""
+    """The `load` entry of bench/__main__.py: SQuAD dev questions unless `questions` is given."""
     if questions is None:
-        from rag_retriever.eval.bench_common import shared_path
+        from bench.bench_common import shared_path
 
         questions = shared_path("squad_v11_dev", "questions_dev.jsonl")
     return run_load(
@@ -264,7 +264,7 @@ def run_benchmark(
 
 
 def report(results: dict[str, Any]) -> list[str]:
-    """The printed lines of eval/bench.py's `load` section."""
+    """The printed lines of bench/__main__.py's `load` section."""
     return ["== load: HTTP service vs in-process ==", *format_report(results).splitlines()]
 
 
