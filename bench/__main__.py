@@ -2,7 +2,7 @@
 the ratio. Results go to `<out>/bench.json` and `<out>/bench.txt`.
 
 Usage:
-    python -m bench [--out bench-out] [--only bm25 engine ingest update query load training]
+    python -m bench [--out bench-out] [--only bm25 engine ingest update query load operate training]
         [--reranker DIR]
 
 Needs ../shared/data (SQuAD and SciFact). Takes about 20 minutes on 2 CPU cores (the engine at
@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-BENCHES = ("bm25", "engine", "ingest", "update", "query", "load", "training")
+BENCHES = ("bm25", "engine", "ingest", "update", "query", "load", "operate", "training")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -30,7 +30,7 @@ def main(argv: list[str] | None = None) -> int:
     results: dict[str, Any] = {"started": time.strftime("%Y-%m-%d %H:%M:%S")}
     report = _Report()
     results.update(_run_standalone(args, report))
-    if {"query", "load", "training"} & set(args.only):
+    if {"query", "load", "operate", "training"} & set(args.only):
         results.update(_run_on_squad(args, report))
     (args.out / "bench.json").write_text(json.dumps(results, indent=2), encoding="utf-8")
     (args.out / "bench.txt").write_text("\n".join(report.lines) + "\n", encoding="utf-8")
@@ -147,6 +147,11 @@ def _run_on_squad(args: argparse.Namespace, report: _Report) -> dict[str, Any]:
         )
         report.emit(bench_load.report(results["load"]))
     retriever.store.close()
+    if "operate" in args.only:
+        from bench import bench_operate
+
+        results["operate"] = bench_operate.run(args.out / "data", args.load_seconds)
+        report.emit(bench_operate.report(results["operate"]))
     if "training" in args.only:
         from bench import bench_training
 
