@@ -1,15 +1,16 @@
 """Incremental versions: a delta against a full rebuild of the same corpus, in one run.
 
 Part 1, the engine with pre-computed vectors (`run`): documents of 5 paragraphs of real SciFact
-and SQuAD sentences, chunked by the real chunker (whitespace tokens), random unit 384-d vectors
-standing in for the encoder (the engine's cost does not depend on what vectors mean). Through the
+and SQuAD sentences, chunked by the real chunker (whitespace tokens), 384-d bag-of-words vectors
+standing in for the encoder (the engine's cost does not depend on the model; texts that share
+words are close, so HNSW recall means something). Through the
 real writer (`ingest_documents`, `update_documents`) on Qdrant Edge, from the command to the alias
 serving the new version:
 - a full build of N chunks (the peer: what every change cost before incremental versions);
 - a 10-document delta, and a 1% delta (half of the touched documents changed, a quarter new, a
   quarter deleted);
 - then `--deltas` successive 1% deltas: hybrid p50 (dense + BM25 in one batched call, real query
-  terms, random query vectors) and dense recall@100 against an exact search, before and after,
+  terms and their bag-of-words vectors) and dense recall@100 against an exact search, before and after,
   with the shards a version reads, its disk use and this process's RSS.
 
 Part 2, end to end with real text and the real model (`run_e2e`): SQuAD dev + SciFact ingested
@@ -47,24 +48,39 @@ N_QUERIES = 100
 
 
 class RandomEncoder:
-    """Pre-computed vectors: a unit vector drawn from each text's hash (the same text, the same
-    vector), whitespace tokens for the chunker. Everything but the model is the product's."""
+    """Pre-computed vectors: a text's vector is the normalised sum of a fixed random vector per
+    word (a bag-of-words embedding: texts that share words are close, as in a real model, so an
+    HNSW recall figure means something; independent random vectors would not), and whitespace
+    tokens for the chunker. Everything but the model is the product's."""
 
-    fingerprint = Fingerprint("random", "0", "mean", "", "", DIM, 256)
+    fingerprint = Fingerprint("bag-of-words", "0", "mean", "", "", DIM, 256)
     max_seq_length = 256
     special_tokens = 2
+
+    def __init__(self) -> None:
+        self._words: dict[str, np.ndarray] = {}
 
     def count_tokens(self, texts: Any) -> list[int]:
         return [len(t.split()) for t in texts]
 
+    def vector(self, text: str) -> np.ndarray:
+        total = np.zeros(DIM, dtype=np.float32)
+        for word in text.lower().split():
+            v = self._words.get(word)
+            if v is None:
+                v = self._words[word] = _word_vector(word)
+            total += v
+        norm = float(np.linalg.norm(total))
+        return total / norm if norm else _word_vector(text)
+
     def encode_passages(self, passages: Any, *, progress: bool = False) -> Encoded:
-        rows = [_vector(p) for p in passages]
+        rows = [self.vector(p) for p in passages]
         vectors = np.stack(rows) if rows else np.empty((0, DIM), np.float32)
         return Encoded(vectors, 0, sum(self.count_tokens(passages)))
 
 
-def _vector(text: str) -> np.ndarray:
-    seed = int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little")
+def _word_vector(word: str) -> np.ndarray:
+    seed = int.from_bytes(hashlib.blake2b(word.encode(), digest_size=8).digest(), "little")
     v = np.random.default_rng(seed).standard_normal(DIM).astype(np.float32)
     return v / np.linalg.norm(v)
 
@@ -114,9 +130,8 @@ def _latency_and_recall(store: EdgeStore, queries: list[list[str]]) -> dict[str,
 
     name = store.resolve("bench")
     model = BM25Model(store.record(name).bm25, store.doc_freqs(name))
-    rng = np.random.default_rng(1)
-    vectors = rng.standard_normal((len(queries), DIM)).astype(np.float32)
-    vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
+    encoder = RandomEncoder()
+    vectors = np.stack([encoder.vector(" ".join(terms)) for terms in queries])
     times = []
     for terms, v in zip(queries, vectors, strict=True):
         t0 = time.perf_counter()

@@ -38,12 +38,13 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import math
 import re
 import shutil
 import threading
 import uuid
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -83,8 +84,9 @@ MERGE_RATIO = 2
 # And never more than this many delta shards: each costs one engine call per query (~0.3 ms).
 MAX_DELTA_SHARDS = 4
 # When the delta shards' points (live or tombstoned in the base) exceed this share of the base's,
-# everything is merged into a new base, so tombstone filters and shard counts stay bounded.
-BASE_MERGE_FRACTION = 0.25
+# everything is merged into a new base (a full HNSW build), so over-fetching past tombstones and
+# the shard count stay bounded.
+BASE_MERGE_FRACTION = 0.5
 # Points per write call when shards are merged.
 MERGE_BATCH = 512
 
@@ -510,17 +512,50 @@ class EdgeStore(Store):
         segments = self.manifest(name).segments
         merged: list[list[tuple[str, float]]] = [[] for _ in queries]
         for seg in segments:
-            with engine_errors(f"searching {name}"):
-                results = self._shard(seg.id).query_batch(
-                    self._edge.QueryBatchRequest(
-                        [self._request(q, self._tombstones(name, seg)) for q in queries]
-                    )
-                )
-            for out, points in zip(merged, results, strict=True):
-                out.extend((str(p.id), float(p.score)) for p in points)
+            for out, found in zip(merged, self._search_segment(name, seg, queries), strict=True):
+                out.extend(found)
         if len(segments) == 1:
             return [best_first(out) for out in merged]
         return [best_first(out, q.limit) for out, q in zip(merged, queries, strict=True)]
+
+    def _search_segment(
+        self, name: str, seg: Segment, queries: Sequence[StageQuery]
+    ) -> list[list[tuple[str, float]]]:
+        """Each query's best `limit` live points of one shard. Tombstoned points are dropped
+        after an over-fetch (a `must_not has_id` filter of thousands of ids made a filtered
+        HNSW search ~7x slower, measured at 100k points); a query that the over-fetch leaves
+        short is asked again with the filter, so the answer stays exact."""
+        deleted = seg.deleted
+        if not deleted:
+            return self._query(seg.id, queries, None)
+        share = len(deleted) / max(seg.points, 1)
+        wider = [
+            replace(q, limit=min(seg.points, q.limit + math.ceil(q.limit * 2 * share) + 10))
+            for q in queries
+        ]
+        out = []
+        short: list[int] = []
+        for i, (q, w, found) in enumerate(
+            zip(queries, wider, self._query(seg.id, wider, None), strict=True)
+        ):
+            live = [(pid, score) for pid, score in found if pid not in deleted]
+            if len(live) < q.limit and len(found) == w.limit:
+                short.append(i)
+            out.append(live[: q.limit])
+        if short:
+            again = self._query(seg.id, [queries[i] for i in short], self._tombstones(name, seg))
+            for i, found in zip(short, again, strict=True):
+                out[i] = found
+        return out
+
+    def _query(
+        self, segment: str, queries: Sequence[StageQuery], excluded: Any
+    ) -> list[list[tuple[str, float]]]:
+        with engine_errors(f"searching shard {segment}"):
+            results = self._shard(segment).query_batch(
+                self._edge.QueryBatchRequest([self._request(q, excluded) for q in queries])
+            )
+        return [[(str(p.id), float(p.score)) for p in points] for points in results]
 
     def _request(self, q: StageQuery, excluded: Any) -> Any:
         edge = self._edge
