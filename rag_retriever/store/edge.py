@@ -535,9 +535,9 @@ class EdgeStore(Store):
         ]
         out = []
         short: list[int] = []
-        for i, (q, w, found) in enumerate(
-            zip(queries, wider, self._query(seg.id, wider, None), strict=True)
-        ):
+        # the HNSW breadth stays the asked limit's (ef = 4 x limit already covers a few more)
+        first = self._query(seg.id, wider, None, ef_of=[q.limit for q in queries])
+        for i, (q, w, found) in enumerate(zip(queries, wider, first, strict=True)):
             live = [(pid, score) for pid, score in found if pid not in deleted]
             if len(live) < q.limit and len(found) == w.limit:
                 short.append(i)
@@ -549,15 +549,24 @@ class EdgeStore(Store):
         return out
 
     def _query(
-        self, segment: str, queries: Sequence[StageQuery], excluded: Any
+        self,
+        segment: str,
+        queries: Sequence[StageQuery],
+        excluded: Any,
+        ef_of: Sequence[int] | None = None,
     ) -> list[list[tuple[str, float]]]:
+        """One batched engine call; `ef_of` = the limit each query's HNSW breadth is sized for
+        (default its own limit)."""
+        bases = ef_of or [q.limit for q in queries]
         with engine_errors(f"searching shard {segment}"):
             results = self._shard(segment).query_batch(
-                self._edge.QueryBatchRequest([self._request(q, excluded) for q in queries])
+                self._edge.QueryBatchRequest(
+                    [self._request(q, excluded, b) for q, b in zip(queries, bases, strict=True)]
+                )
             )
         return [[(str(p.id), float(p.score)) for p in points] for points in results]
 
-    def _request(self, q: StageQuery, excluded: Any) -> Any:
+    def _request(self, q: StageQuery, excluded: Any, ef_base: int) -> Any:
         edge = self._edge
         if isinstance(q.vector, SparseVector):
             vector: Any = edge.SparseVector(list(q.vector.indices), list(q.vector.values))
@@ -567,7 +576,7 @@ class EdgeStore(Store):
             limit=q.limit,
             query=edge.Query.Nearest(vector, using=q.using),
             filter=self._filter(q.flt, excluded),
-            params=edge.SearchParams(hnsw_ef=HNSW_EF_PER_RESULT * q.limit)
+            params=edge.SearchParams(hnsw_ef=max(HNSW_EF_PER_RESULT * ef_base, q.limit))
             if q.using == DENSE
             else None,
             with_payload=False,
