@@ -503,3 +503,47 @@ def test_a_version_of_another_schema_is_refused_with_the_fix(
     again = write(store, tiny_encoder, tmp_path, [doc(i, rng) for i in range(3)])
     assert again.kind == "full" and again.full_reason and "schema 1" in again.full_reason
     assert retriever.search("alpha")
+
+
+def test_the_update_command_refuses_bad_input_with_exit_2_and_writes_nothing(
+    env: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from rag_retriever.cli import main
+
+    rng = random.Random(14)
+    corpus = _write_corpus(tmp_path / "corpus.jsonl", [doc(i, rng) for i in range(5)])
+    assert main(["ingest", str(corpus), "--collection", "kb", "--no-progress"]) == 0
+    capsys.readouterr()
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"id": "a", "text": "ok"}\n{"id": "a", "text": "dup"}\n{"text": "no id"}\n')
+    cases = [
+        (["update", "--collection", "kb"], "nothing to do"),
+        (["update", "--collection", "kb", "--upsert", str(bad)], "duplicate id 'a'"),
+        (
+            ["update", "--collection", "kb", "--upsert", str(tmp_path / "nope.jsonl")],
+            "does not exist",
+        ),
+        (
+            ["update", "--collection", "kb", "--delete-ids", str(tmp_path / "nope.txt")],
+            "cannot read",
+        ),
+        (["update", "--collection", "other", "--delete", "x"], "no live version"),
+    ]
+    for argv, message in cases:
+        assert main([*argv, "--no-progress"]) == 2, argv
+        assert message in capsys.readouterr().err, argv
+    ok = _write_corpus(tmp_path / "ok.jsonl", [doc(1, rng)])
+    assert main(["update", "--collection", "kb", "--upsert", str(ok), "--delete", "d1"]) == 2
+    assert "both upserted and deleted" in capsys.readouterr().err
+    store = EdgeStore(env / "edge")
+    assert len(store.versions("kb")) == 1  # nothing was written
+    store.close()
+    assert (
+        main(
+            ["questions", "--from-log", str(tmp_path / "nolog"), "--out", str(tmp_path / "q.jsonl")]
+        )
+        == 2
+    )
+    assert "not a query log directory" in capsys.readouterr().err
+    assert main(["doctor", "--collection", "nope"]) == 2
+    assert "does not exist" in capsys.readouterr().err
