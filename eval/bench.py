@@ -2,12 +2,12 @@
 the ratio. Results go to `<out>/bench.json` and `<out>/bench.txt`.
 
 Usage:
-    python eval/bench.py [--out bench-out] [--only bm25 engine ingest query load training]
+    python eval/bench.py [--out bench-out] [--only bm25 engine ingest query load training gpu]
         [--reranker DIR]
 
 Needs ../shared/data (SQuAD and SciFact). Takes about 20 minutes on 2 CPU cores (the engine at
 100k chunks, with qdrant-client's local mode as its peer, is a third of it; training memory
-about 7).
+about 7). `gpu` (eval/bench_gpu.py) says "skipped" in one line without a CUDA device.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-BENCHES = ("bm25", "engine", "ingest", "query", "load", "training")
+BENCHES = ("bm25", "engine", "ingest", "query", "load", "training", "gpu")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -70,7 +70,7 @@ class _Report:
 
 
 def _run_standalone(args: argparse.Namespace, report: _Report) -> dict[str, Any]:
-    """The benchmarks that bring their own data: BM25, the engine, ingest (in that order).
+    """The benchmarks that bring their own data: BM25, the engine, ingest, GPU (in that order).
     Each module is imported only when its benchmark runs."""
     results: dict[str, Any] = {}
     if "bm25" in args.only:
@@ -90,6 +90,12 @@ def _run_standalone(args: argparse.Namespace, report: _Report) -> dict[str, Any]
 
         results["ingest"] = bench_ingest.run()
         report.emit(bench_ingest.report(results["ingest"]))
+
+    if "gpu" in args.only:
+        from rag_retriever.eval import bench_gpu
+
+        results["gpu"] = bench_gpu.run()
+        report.emit(bench_gpu.report(results["gpu"]))
     return results
 
 
