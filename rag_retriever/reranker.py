@@ -22,13 +22,20 @@ import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 import numpy as np
 import torch
 import transformers
 
-from rag_retriever.device import Precision, choose_precision, for_inference, inference
+from rag_retriever.device import (
+    AUTO_RERANK_BATCH_SIZE,
+    Precision,
+    batch_size_for,
+    choose_precision,
+    for_inference,
+    inference,
+)
 from rag_retriever.encoder import Tokens, quiet_transformers
 from rag_retriever.errors import ModelLoadError
 from rag_retriever.settings import Settings
@@ -82,16 +89,16 @@ class CrossEncoderReranker:
         *,
         name: str,
         precision: Precision,
-        batch_size: int = 32,
+        batch_size: int | Literal["auto"] = "auto",
         max_length: int = 256,
     ) -> None:
-        if batch_size <= 0 or max_length <= 0:
-            raise ValueError("batch_size and max_length must be positive")
+        if max_length <= 0:
+            raise ValueError("max_length must be positive")
         self.model = model.to(precision.device).eval()  # type: ignore[arg-type]  # transformers types .to() oddly
         self.tokenizer = tokenizer
         self.name = name
         self.precision = precision
-        self.batch_size = batch_size
+        self.batch_size = batch_size_for(precision.device, batch_size, AUTO_RERANK_BATCH_SIZE)
         self.num_labels = int(model.config.num_labels or 1)
         window = int(getattr(model.config, "max_position_embeddings", max_length))
         self.max_length = min(max_length, window)
@@ -123,7 +130,7 @@ class CrossEncoderReranker:
         *,
         device: str = "auto",
         dtype: str = "auto",
-        batch_size: int = 32,
+        batch_size: int | Literal["auto"] = "auto",
         max_length: int = 256,
     ) -> CrossEncoderReranker:
         source = str(source)

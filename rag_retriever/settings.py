@@ -128,7 +128,10 @@ class Settings(BaseSettings):
         "rrf",
         "rrf = the RRF of the cross-encoder's and the hybrid order; none = the cross-encoder's alone",
     )
-    rerank_batch_size: PositiveInt = _setting(32, "pairs per forward pass of the cross-encoder")
+    # auto = 32 on the CPU, 128 on CUDA (rag_retriever/device.py, AUTO_RERANK_BATCH_SIZE).
+    rerank_batch_size: PositiveInt | Literal["auto"] = _setting(
+        "auto", "pairs per forward pass of the cross-encoder; auto = 32 on the CPU, 128 on CUDA"
+    )
     rerank_max_length: PositiveInt = _setting(
         256, "tokens of question plus chunk; longer chunks are cut and counted"
     )

@@ -12,7 +12,13 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from rag_retriever.device import Precision, for_inference, holds_half_weights, inference
+from rag_retriever.device import (
+    AUTO_RERANK_BATCH_SIZE,
+    Precision,
+    for_inference,
+    holds_half_weights,
+    inference,
+)
 from rag_retriever.reranker import CrossEncoderReranker
 from tests.conftest import WORDS
 
@@ -80,3 +86,10 @@ def test_autocast_only_over_weights_of_another_dtype(weights: torch.dtype, autoc
     model = torch.nn.Linear(2, 2).to(weights)
     with inference(Precision(torch.device("cpu"), "bf16"), model):
         assert torch.is_autocast_enabled("cpu") is autocast
+
+
+def test_batch_size_auto_is_the_devices_default(tiny_reranker_dir: Path) -> None:
+    reranker = CrossEncoderReranker.load(tiny_reranker_dir, device="cpu")
+    assert reranker.batch_size == AUTO_RERANK_BATCH_SIZE["cpu"] == 32
+    assert AUTO_RERANK_BATCH_SIZE["cuda"] >= 100  # the 100 pairs of a request: one pass
+    assert CrossEncoderReranker.load(tiny_reranker_dir, device="cpu", batch_size=5).batch_size == 5
