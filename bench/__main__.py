@@ -2,12 +2,12 @@
 the ratio. Results go to `<out>/bench.json` and `<out>/bench.txt`.
 
 Usage:
-    python -m bench [--out bench-out] [--only bm25 engine ingest update query load operate training]
+    python -m bench [--out bench-out] [--only bm25 engine ingest update query load operate training gpu]
         [--reranker DIR]
 
 Needs ../shared/data (SQuAD and SciFact). Takes about 20 minutes on 2 CPU cores (the engine at
 100k chunks, with qdrant-client's local mode as its peer, is a third of it; training memory
-about 7).
+about 7). `gpu` (bench/bench_gpu.py) says "skipped" in one line without a CUDA device.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-BENCHES = ("bm25", "engine", "ingest", "update", "query", "load", "operate", "training")
+BENCHES = ("bm25", "engine", "ingest", "update", "query", "load", "operate", "training", "gpu")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -76,7 +76,7 @@ class _Report:
 
 
 def _run_standalone(args: argparse.Namespace, report: _Report) -> dict[str, Any]:
-    """The benchmarks that bring their own data: BM25, the engine, ingest (in that order).
+    """The benchmarks that bring their own data: BM25, the engine, ingest, GPU (in that order).
     Each module is imported only when its benchmark runs."""
     results: dict[str, Any] = {}
     if "bm25" in args.only:
@@ -106,6 +106,12 @@ def _run_standalone(args: argparse.Namespace, report: _Report) -> dict[str, Any]
         report.emit(
             bench_update.report(results["update"], results["update_e2e"], results["update_server"])
         )
+
+    if "gpu" in args.only:
+        from bench import bench_gpu
+
+        results["gpu"] = bench_gpu.run()
+        report.emit(bench_gpu.report(results["gpu"]))
     return results
 
 

@@ -205,6 +205,43 @@ class Chunker:
     def chunk_all(self, docs: Sequence[Document]) -> list[Chunk]:
         return [c for doc in docs for c in self.chunk(doc)]
 
+    def chunk_many(self, docs: Sequence[Document]) -> list[list[Chunk]]:
+        """`[self.chunk(doc) for doc in docs]`, with the token counting batched across the
+        documents: three tokenizer calls for all titles, sentences and chunks instead of
+        three or more per document. A fast tokenizer spreads a big batch over the cores, and
+        each call has a fixed cost; SciFact chunked ~2x faster on 2 cores. A document whose
+        chunks fail the window check is chunked again by `chunk`, as it would have been."""
+        cfg = self.config
+        raw = iter(self.count_tokens([doc.title for doc in docs if doc.title]))
+        titles: list[str] = []
+        budgets: list[int] = []
+        for doc in docs:
+            n = next(raw) if doc.title else 0
+            title = doc.title
+            if n > cfg.title_limit:  # rare: cut it, as chunk() does, and count it again
+                title = self._fit_title(title)
+                n = self.count_tokens([title])[0] if title else 0
+            titles.append(title)
+            budgets.append(min(cfg.chunk_tokens, cfg.room - n - 1))
+        spans = [self._spans(doc.text) for doc in docs]
+        counts = self.count_tokens(
+            [doc.text[s:e] for doc, ss in zip(docs, spans, strict=True) for s, e, _ in ss]
+        )
+        at = 0
+        out: list[list[Chunk]] = []
+        for doc, title, budget, doc_spans in zip(docs, titles, budgets, spans, strict=True):
+            units = self._units_of(doc.text, doc_spans, counts[at : at + len(doc_spans)], budget)
+            at += len(doc_spans)
+            out.append(self._pack(doc, title, units, budget))
+        embedded = self._embedded_tokens([c for chunks in out for c in chunks])
+        at = 0
+        for i, chunks in enumerate(out):
+            worst = max(embedded[at : at + len(chunks)], default=0)
+            at += len(chunks)
+            if worst > cfg.room:  # not additive for this tokenizer: the serial path shrinks
+                out[i] = self.chunk(docs[i])
+        return out
+
     # -- internals --------------------------------------------------------------------------
 
     def _fit_title(self, title: str) -> str:
@@ -223,10 +260,22 @@ class Chunker:
         return [n + cfg.prefix_tokens + cfg.special_tokens for n in counts]
 
     def _units(self, text: str, budget: int) -> list[_Unit]:
-        spans: list[tuple[int, int, int]] = []  # (start, end, paragraph)
+        spans = self._spans(text)
+        return self._units_of(
+            text, spans, self.count_tokens([text[s:e] for s, e, _ in spans]), budget
+        )
+
+    @staticmethod
+    def _spans(text: str) -> list[tuple[int, int, int]]:
+        """(start, end, paragraph) of each sentence."""
+        spans: list[tuple[int, int, int]] = []
         for p_index, (ps, pe) in enumerate(paragraph_spans(text)):
             spans.extend((s, e, p_index) for s, e in sentence_spans(text, ps, pe))
-        counts = self.count_tokens([text[s:e] for s, e, _ in spans])
+        return spans
+
+    def _units_of(
+        self, text: str, spans: list[tuple[int, int, int]], counts: Sequence[int], budget: int
+    ) -> list[_Unit]:
         units: list[_Unit] = []
         for (s, e, p), n in zip(spans, counts, strict=True):
             if n <= budget:
@@ -278,8 +327,10 @@ class Chunker:
         return pieces
 
     def _chunk_with_budget(self, doc: Document, title: str, budget: int) -> list[Chunk]:
+        return self._pack(doc, title, self._units(doc.text, budget), budget)
+
+    def _pack(self, doc: Document, title: str, units: list[_Unit], budget: int) -> list[Chunk]:
         text = doc.text
-        units = self._units(text, budget)
         paragraph_tokens: dict[int, int] = {}
         for u in units:
             paragraph_tokens[u.paragraph] = paragraph_tokens.get(u.paragraph, 0) + u.tokens

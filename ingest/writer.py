@@ -58,6 +58,7 @@ from rag_retriever.errors import (
 from rag_retriever.ingest.chunking import Chunker, ChunkingConfig
 from rag_retriever.ingest.loaders import LoadedCorpus, validate_documents
 from rag_retriever.ingest.lock import IngestLock
+from rag_retriever.ingest.parallel_chunking import chunk_documents
 from rag_retriever.ingest.versions import documents_of
 from rag_retriever.records import Chunk, Document, SearchFilter, content_hash
 from rag_retriever.settings import Settings, default_of
@@ -404,7 +405,7 @@ class _Job:
             return self._report(
                 corpus, kind="unchanged", name=self.live_name, record=self.live, delta=delta
             )
-        new_chunks = self.chunker.chunk_all(delta.write)
+        new_chunks = [c for chunks in self._chunk(delta.write) for c in chunks]
         self.lap("chunk")
         touched = [d.id for d in delta.write] + delta.remove
         gone = [c for doc_id in touched for c in live.chunks.get(doc_id, [])]
@@ -468,15 +469,19 @@ class _Job:
             live.sort()
         same_chunking = reuse and self._delta_refusal() is None
         self.lap("read_live")
+        kept = [
+            live.chunks.get(doc.id)
+            if same_chunking and live.hashes.get(doc.id) == document_hash(doc)
+            else None
+            for doc in corpus.documents
+        ]
+        fresh = iter(
+            self._chunk([d for d, k in zip(corpus.documents, kept, strict=True) if k is None])
+        )
         chunks: list[Chunk] = []
-        reused_documents = 0
-        for doc in corpus.documents:
-            kept = live.chunks.get(doc.id) if same_chunking else None
-            if kept is not None and live.hashes.get(doc.id) == document_hash(doc):
-                chunks.extend(kept)
-                reused_documents += 1
-            else:
-                chunks.extend(self.chunker.chunk_all([doc]))
+        for k in kept:
+            chunks.extend(k if k is not None else next(fresh))
+        reused_documents = sum(k is not None for k in kept)
         self.lap("chunk")
         bm25 = BM25Model.build(self._terms(c) for c in chunks)
         self.lap("bm25_stats")
@@ -504,6 +509,15 @@ class _Job:
         )
 
     # -- shared steps -------------------------------------------------------------------------
+
+    def _chunk(self, documents: Sequence[Document]) -> list[list[Chunk]]:
+        """Each document's chunks, in worker processes when there are many (exact offsets and
+        ids unchanged: ingest/parallel_chunking.py); an encoder without a picklable token
+        counter (a test wrapper) chunks here."""
+        counter = getattr(self.encoder, "token_counter", None)
+        if counter is None:
+            return [self.chunker.chunk_all([d]) for d in documents]
+        return chunk_documents(documents, counter, self.chunking)
 
     def _terms(self, chunk: Chunk) -> list[str]:
         return self.tokenizer.tokenize(chunk.embed_text)

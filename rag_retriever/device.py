@@ -3,6 +3,11 @@
 `auto` means: CUDA with fp16 when a GPU is present; otherwise the CPU, with bf16 autocast when
 the CPU has native bf16 instructions (AVX512-BF16 / AMX; emulated bf16 is slower than fp32),
 else fp32. Explicit choices are honoured or refused with a clear error, never swapped silently.
+
+For inference, a CUDA model holds its weights in the chosen half precision (`for_inference`):
+autocast over fp32 weights would cast every weight again on every forward pass. On the CPU the
+weights stay fp32 under bf16 autocast (what measured fastest there, README "GPU and CPU
+speed"). Training always keeps fp32 weights under autocast (`Precision.autocast`).
 """
 
 from __future__ import annotations
@@ -64,7 +69,45 @@ def choose_precision(
     return Precision(torch.device(device), dtype)
 
 
+# Texts per encoder forward pass when RAG_EMBED_BATCH_SIZE=auto. CPU: 32 measured fastest on
+# 2 cores (64 was slower: more padding per batch, no more parallelism to gain). CUDA: a batch of
+# 32 leaves a large GPU mostly idle per launch; 256 short chunks of MiniLM take well under 1 GiB
+# of activations, and an out-of-memory halves the batch anyway (encoder.py).
+AUTO_BATCH_SIZE = {"cpu": 32, "cuda": 256}
+# (question, chunk) pairs per cross-encoder forward pass when RAG_RERANK_BATCH_SIZE=auto. CPU: 32
+# (DESIGN.md: batches of at least 32). CUDA: 100 pairs in one pass took 11.9 ms at p50 on an
+# H200 against 21.0 ms in batches of 32 (README, "GPU and CPU speed").
+AUTO_RERANK_BATCH_SIZE = {"cpu": 32, "cuda": 128}
+
+
+def batch_size_for(
+    device: torch.device, setting: int | str, auto: dict[str, int] = AUTO_BATCH_SIZE
+) -> int:
+    """A batch size: `setting` itself, or for `auto` the device's entry in `auto`."""
+    if setting == "auto":
+        return auto[device.type]
+    if not isinstance(setting, int) or setting <= 0:
+        raise ConfigError(f"batch size must be a positive integer or auto; got {setting!r}")
+    return setting
+
+
+def holds_half_weights(precision: Precision) -> bool:
+    """Whether an inference model keeps its weights in `precision.dtype` (CUDA, fp16 or bf16)."""
+    return precision.device.type == "cuda" and precision.dtype != "fp32"
+
+
+def for_inference(model: torch.nn.Module, precision: Precision) -> torch.nn.Module:
+    """`model` on the precision's device, in eval mode, its weights in half precision on CUDA."""
+    model = model.to(precision.device)
+    if holds_half_weights(precision):
+        model = model.to(precision.torch_dtype)
+    return model.eval()
+
+
 @contextlib.contextmanager
-def inference(precision: Precision) -> Iterator[None]:
-    with torch.inference_mode(), precision.autocast():
+def inference(precision: Precision, model: torch.nn.Module | None = None) -> Iterator[None]:
+    """No gradients, and autocast unless `model`'s weights are already in the target dtype."""
+    weights = next(model.parameters()).dtype if model is not None else torch.float32
+    cast = contextlib.nullcontext() if weights == precision.torch_dtype else precision.autocast()
+    with torch.inference_mode(), cast:
         yield

@@ -16,17 +16,25 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-from collections.abc import Sequence
+import queue
+import threading
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 import torch
 import transformers
 from tqdm.auto import tqdm
 
-from rag_retriever.device import Precision, choose_precision, inference
+from rag_retriever.device import (
+    Precision,
+    batch_size_for,
+    choose_precision,
+    for_inference,
+    inference,
+)
 from rag_retriever.errors import ModelLoadError
 from rag_retriever.profiles import (
     Fingerprint,
@@ -36,6 +44,7 @@ from rag_retriever.profiles import (
 )
 from rag_retriever.quiet import quiet_transformers
 from rag_retriever.settings import Settings
+from rag_retriever.token_counter import TokenizerCounter
 
 if TYPE_CHECKING:  # the record is the store's; only its type is needed here
     from rag_retriever.store.record import VersionRecord
@@ -117,17 +126,19 @@ class Encoder:
         precision: Precision,
         weights_sha256: str,
         max_seq_length: int,
-        batch_size: int = 64,
+        batch_size: int | Literal["auto"] = "auto",
         source: str | None = None,
     ) -> None:
-        if batch_size <= 0:
-            raise ValueError(f"batch_size must be positive, got {batch_size}")
-        self.model = model.to(precision.device).eval()  # type: ignore[arg-type]  # transformers types .to() oddly
+        self.batch_size = batch_size_for(precision.device, batch_size)
+        self.model = for_inference(model, precision)
         self.tokenizer = tokenizer
         self.profile = profile
         self.precision = precision
-        self.batch_size = batch_size
+        # Lowered by a CUDA out-of-memory (see _forward), for the rest of this encoder's life.
+        self._max_rows = self.batch_size
+        self._warned_oom = False
         self.max_seq_length = max_seq_length
+        self.token_counter = TokenizerCounter(tokenizer)
         # Where the weights came from (a directory or hub id), recorded with collections so the
         # promotion gate can load the live version's model again.
         self.source = source
@@ -149,7 +160,7 @@ class Encoder:
         *,
         device: str = "auto",
         dtype: str = "auto",
-        batch_size: int = 64,
+        batch_size: int | Literal["auto"] = "auto",
     ) -> Encoder:
         resolved = resolve_model(spec) if isinstance(spec, str) else spec
         try:
@@ -180,12 +191,7 @@ class Encoder:
 
     def count_tokens(self, texts: Sequence[str]) -> list[int]:
         """Tokens of each text without special tokens (additive across whitespace joins)."""
-        if not texts:
-            return []
-        ids = self.tokenizer(
-            list(texts), add_special_tokens=False, truncation=False, verbose=False
-        )["input_ids"]
-        return [len(x) for x in ids]
+        return self.token_counter(texts)
 
     @property
     def special_tokens(self) -> int:
@@ -203,38 +209,261 @@ class Encoder:
     def _encode(self, texts: list[str], progress: bool) -> Encoded:
         if not texts:
             return Encoded(np.zeros((0, self.dim), dtype=np.float32), 0, 0)
-        lengths = [
-            len(ids)
-            for ids in self.tokenizer(
-                texts, add_special_tokens=True, truncation=False, verbose=False
-            )["input_ids"]
-        ]
-        truncated = sum(1 for n in lengths if n > self.max_seq_length)
-        # Smart batching: longest first, so each batch pads to a similar length and the
-        # first batch shows the peak memory; `order` restores the caller's order.
-        order = np.argsort([-n for n in lengths], kind="stable")
         out = np.empty((len(texts), self.dim), dtype=np.float32)
+        results = DeviceResults(out, self.precision.device)
+        counts = TokenCounts()
+        prefetch = Prefetch(self._batches(texts, counts), depth=PREFETCH_BATCHES)
         bar = tqdm(total=len(texts), desc="embedding", unit="text", disable=not progress)
-        with inference(self.precision):
-            for start in range(0, len(texts), self.batch_size):
-                idx = order[start : start + self.batch_size]
-                normed = embed_batch(
-                    self.model,
-                    self.tokenizer,
-                    [texts[i] for i in idx],
-                    pooling=self.profile.pooling,
-                    max_length=self.max_seq_length,
-                    device=self.precision.device,
-                )
-                out[idx] = normed.cpu().numpy()
-                bar.update(len(idx))
-        bar.close()
-        n_tokens = sum(min(n, self.max_seq_length) for n in lengths)
+        try:
+            with inference(self.precision, self.model):
+                for batch in prefetch:
+                    results.add(batch.rows, self._forward(batch))
+                    bar.update(len(batch.rows))
+            results.flush()
+        finally:
+            prefetch.close()
+            bar.close()
+        truncated, n_tokens = counts.truncated, counts.n_tokens
         if truncated:
             log.info(
                 "%d of %d inputs exceeded %d tokens", truncated, len(texts), self.max_seq_length
             )
         return Encoded(out, truncated, n_tokens)
+
+    def _batches(self, texts: list[str], counts: TokenCounts) -> Iterator[TokenBatch]:
+        """The texts tokenised once, window by window, each window sorted longest first and cut
+        into padded batches (pinned on CUDA). Runs in the prefetch thread."""
+        window = self.batch_size * SORT_WINDOW_BATCHES
+        pin = self.precision.device.type == "cuda"
+        for first in range(0, len(texts), window):
+            tokens = tokenize(self.tokenizer, texts[first : first + window], self.max_seq_length)
+            counts.truncated += tokens.truncated
+            counts.n_tokens += tokens.n_tokens
+            yield from tokens.batches(self.batch_size, offset=first, pin=pin)
+
+    def _forward(self, batch: TokenBatch) -> torch.Tensor:
+        """The batch's unit vectors, on the device. A CUDA out-of-memory halves the batch for
+        the rest of this encoder's life, with one warning, and the batch runs in halves."""
+        size = min(self._max_rows, len(batch.rows))
+        try:
+            parts = [
+                embed_tokens(
+                    self.model,
+                    batch.slice(at, at + size).to(self.precision.device),
+                    self.profile.pooling,
+                )
+                for at in range(0, len(batch.rows), size)
+            ]
+        except torch.OutOfMemoryError:
+            if size == 1:
+                raise
+            self._max_rows = max(1, size // 2)
+            if self.precision.device.type == "cuda":
+                torch.cuda.empty_cache()
+            if not self._warned_oom:
+                log.warning(
+                    "out of memory at %d texts per batch on %s; using %d (set "
+                    "RAG_EMBED_BATCH_SIZE lower to start there)",
+                    size,
+                    self.precision.describe(),
+                    self._max_rows,
+                )
+                self._warned_oom = True
+            return self._forward(batch)
+        return parts[0] if len(parts) == 1 else torch.cat(parts)
+
+
+# Batches tokenised ahead of the one on the device (the prefetch queue's bound).
+PREFETCH_BATCHES = 4
+# Texts are sorted by length (smart batching) within windows of this many batches, so the next
+# window is tokenised while the device runs the current one instead of all before the first.
+SORT_WINDOW_BATCHES = 32
+# Vectors kept on the device before one copy to the host (256 MiB; 174k MiniLM vectors).
+DEVICE_RESULT_BYTES = 256 << 20
+
+
+@dataclass
+class TokenCounts:
+    truncated: int = 0  # texts longer than the model window
+    n_tokens: int = 0  # tokens embedded, special tokens included
+
+
+class DeviceResults:
+    """Vectors gathered on the device and copied to the host in as few copies as memory allows
+    (one per call up to DEVICE_RESULT_BYTES), instead of one synchronising copy per batch."""
+
+    def __init__(self, out: np.ndarray, device: torch.device) -> None:
+        self.out, self.device = out, device
+        self._rows: list[np.ndarray] = []
+        self._vectors: list[torch.Tensor] = []
+        self._bytes = 0
+
+    def add(self, rows: np.ndarray, vectors: torch.Tensor) -> None:
+        if self.device.type == "cpu":  # already in host memory: no copy to save
+            self.out[rows] = vectors.numpy()
+            return
+        self._rows.append(rows)
+        self._vectors.append(vectors)
+        self._bytes += vectors.numel() * vectors.element_size()
+        if self._bytes >= DEVICE_RESULT_BYTES:
+            self.flush()
+
+    def flush(self) -> None:
+        if not self._vectors:
+            return
+        self.out[np.concatenate(self._rows)] = torch.cat(self._vectors).cpu().numpy()
+        self._rows, self._vectors, self._bytes = [], [], 0
+
+
+@dataclass(frozen=True)
+class TokenBatch:
+    """One padded batch: `rows` are the texts' positions in the caller's list."""
+
+    rows: np.ndarray
+    tensors: dict[str, torch.Tensor]
+
+    def slice(self, start: int, stop: int) -> TokenBatch:
+        if start == 0 and stop >= len(self.rows):
+            return self
+        return TokenBatch(
+            self.rows[start:stop], {k: v[start:stop] for k, v in self.tensors.items()}
+        )
+
+    def to(self, device: torch.device) -> dict[str, torch.Tensor]:
+        # non_blocking: from pinned memory (CUDA) the copy overlaps the work queued before it
+        return {k: v.to(device, non_blocking=True) for k, v in self.tensors.items()}
+
+
+@dataclass(frozen=True)
+class Tokens:
+    """A list of texts tokenised once, special tokens in, each cut at the model window.
+    `lengths` are the untruncated lengths (for the counts); `ids` are what is embedded."""
+
+    ids: list[list[int]]
+    type_ids: list[list[int]] | None
+    lengths: list[int]
+    max_length: int
+    pad_id: int
+    pad_type_id: int
+    pad_left: bool
+
+    @property
+    def truncated(self) -> int:
+        return sum(1 for n in self.lengths if n > self.max_length)
+
+    @property
+    def n_tokens(self) -> int:
+        return sum(min(n, self.max_length) for n in self.lengths)
+
+    def batches(self, size: int, *, offset: int = 0, pin: bool = False) -> Iterator[TokenBatch]:
+        """Padded batches, longest texts first (so each batch pads to a similar length and the
+        first shows the peak memory); `rows` are positions + `offset`."""
+        order = np.argsort([-n for n in self.lengths], kind="stable")
+        for start in range(0, len(order), size):
+            idx = order[start : start + size]
+            tensors = {"input_ids": self._pad([self.ids[i] for i in idx], self.pad_id)}
+            tensors["attention_mask"] = self._pad([[1] * len(self.ids[i]) for i in idx], 0)
+            if self.type_ids is not None:
+                tensors["token_type_ids"] = self._pad(
+                    [self.type_ids[i] for i in idx], self.pad_type_id
+                )
+            if pin:
+                tensors = {k: v.pin_memory() for k, v in tensors.items()}
+            yield TokenBatch(idx + offset, tensors)
+
+    def _pad(self, rows: list[list[int]], value: int) -> torch.Tensor:
+        width = max(len(r) for r in rows)
+        out = np.full((len(rows), width), value, dtype=np.int64)
+        for i, row in enumerate(rows):
+            if self.pad_left:
+                out[i, width - len(row) :] = row
+            else:
+                out[i, : len(row)] = row
+        return torch.from_numpy(out)
+
+
+def tokenize(tokenizer: Any, texts: Sequence[str], max_length: int) -> Tokens:
+    """Tokenise `texts` once: the full encoding gives each length (and so the truncation count);
+    only the few texts over `max_length` are tokenised again, with the tokenizer's own
+    truncation, so what is embedded is exactly what `tokenizer(..., truncation=True)` gives."""
+    want_types = "token_type_ids" in tokenizer.model_input_names
+    full = tokenizer(
+        list(texts),
+        add_special_tokens=True,
+        truncation=False,
+        return_attention_mask=False,
+        return_token_type_ids=want_types,
+        verbose=False,
+    )
+    ids: list[list[int]] = full["input_ids"]
+    type_ids: list[list[int]] | None = full["token_type_ids"] if want_types else None
+    lengths = [len(x) for x in ids]
+    long = [i for i, n in enumerate(lengths) if n > max_length]
+    if long:
+        cut = tokenizer(
+            [texts[i] for i in long],
+            truncation=True,
+            max_length=max_length,
+            return_attention_mask=False,
+            return_token_type_ids=want_types,
+        )
+        for j, i in enumerate(long):
+            ids[i] = cut["input_ids"][j]
+            if type_ids is not None:
+                type_ids[i] = cut["token_type_ids"][j]
+    return Tokens(
+        ids,
+        type_ids,
+        lengths,
+        max_length,
+        pad_id=int(tokenizer.pad_token_id or 0),
+        pad_type_id=int(getattr(tokenizer, "pad_token_type_id", 0) or 0),
+        pad_left=tokenizer.padding_side == "left",
+    )
+
+
+class Prefetch:
+    """Runs an iterator of token batches in a thread, at most `depth` batches ahead, so the CPU
+    prepares batch n+1 while the device runs batch n. Counts truncation as it goes; an error
+    in the thread is raised in the consumer; `close` stops the thread early."""
+
+    def __init__(self, batches: Iterator[TokenBatch], *, depth: int) -> None:
+        self._queue: queue.Queue[TokenBatch | BaseException | None] = queue.Queue(depth)
+        self._stop = threading.Event()
+        self._source = batches
+        self._thread = threading.Thread(target=self._run, name="encoder-prefetch", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            for batch in self._source:
+                if not self._put(batch):
+                    return
+            self._put(None)
+        except BaseException as exc:  # handed to the consumer, which raises it
+            self._put(exc)
+
+    def _put(self, item: TokenBatch | BaseException | None) -> bool:
+        while not self._stop.is_set():
+            try:
+                self._queue.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def __iter__(self) -> Iterator[TokenBatch]:
+        while True:
+            item = self._queue.get()
+            if item is None:
+                return
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join()
 
 
 def embed_batch(
@@ -246,12 +475,17 @@ def embed_batch(
     max_length: int,
     device: torch.device | str,
 ) -> torch.Tensor:
-    """The one embedding forward pass, for serving and training alike: tokenise (truncated at
-    `max_length`), run the model, pool over the real tokens, L2-normalise. Gradients flow when
-    the caller has them on."""
+    """The one embedding forward pass of training: tokenise (truncated at `max_length`), then
+    `embed_tokens`. Gradients flow when the caller has them on."""
     batch = tokenizer(
         list(texts), padding=True, truncation=True, max_length=max_length, return_tensors="pt"
     ).to(device)
+    return embed_tokens(model, dict(batch), pooling)
+
+
+def embed_tokens(model: Any, batch: Mapping[str, torch.Tensor], pooling: str) -> torch.Tensor:
+    """The forward pass shared by serving and training: run the model on a tokenised batch,
+    pool over the real tokens (in fp32), L2-normalise."""
     hidden = model(**batch).last_hidden_state.float()
     return torch.nn.functional.normalize(
         pool(hidden, batch["attention_mask"], pooling), p=2, dim=-1

@@ -6,8 +6,9 @@ Example:
     array([ 4.1, -3.2], dtype=float32)
 
 The model is any `AutoModelForSequenceClassification` with one logit (its score) or two (the
-positive class's logit). Pairs are scored in batches, sorted by length to cut padding, on CUDA
-in fp16 when present, else on the CPU (bf16 autocast where the CPU has native bf16).
+positive class's logit). Each pair is tokenised once; pairs are scored in batches sorted by
+token length (to cut padding), on CUDA with fp16 weights when present (the scores stay on the
+device until one copy at the end), else on the CPU (bf16 autocast where the CPU has native bf16).
 Pairs longer than `max_length` are truncated on the chunk side and counted. The scores only
 order candidates of one query; they are not probabilities and not comparable across queries.
 
@@ -21,13 +22,21 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 import numpy as np
 import torch
 import transformers
 
-from rag_retriever.device import Precision, choose_precision, inference
+from rag_retriever.device import (
+    AUTO_RERANK_BATCH_SIZE,
+    Precision,
+    batch_size_for,
+    choose_precision,
+    for_inference,
+    inference,
+)
+from rag_retriever.encoder import Tokens
 from rag_retriever.errors import ModelLoadError
 from rag_retriever.quiet import quiet_transformers
 from rag_retriever.settings import Settings
@@ -84,16 +93,16 @@ class CrossEncoderReranker:
         *,
         name: str,
         precision: Precision,
-        batch_size: int = 32,
+        batch_size: int | Literal["auto"] = "auto",
         max_length: int = 256,
     ) -> None:
-        if batch_size <= 0 or max_length <= 0:
-            raise ValueError("batch_size and max_length must be positive")
+        if max_length <= 0:
+            raise ValueError("max_length must be positive")
         self.model = model.to(precision.device).eval()  # type: ignore[arg-type]  # transformers types .to() oddly
         self.tokenizer = tokenizer
         self.name = name
         self.precision = precision
-        self.batch_size = batch_size
+        self.batch_size = batch_size_for(precision.device, batch_size, AUTO_RERANK_BATCH_SIZE)
         self.num_labels = int(model.config.num_labels or 1)
         window = int(getattr(model.config, "max_position_embeddings", max_length))
         self.max_length = min(max_length, window)
@@ -125,7 +134,7 @@ class CrossEncoderReranker:
         *,
         device: str = "auto",
         dtype: str = "auto",
-        batch_size: int = 32,
+        batch_size: int | Literal["auto"] = "auto",
         max_length: int = 256,
     ) -> CrossEncoderReranker:
         source = str(source)
@@ -146,11 +155,12 @@ class CrossEncoderReranker:
         meta = Path(source) / "rag_reranker.json"
         if meta.is_file():
             name = json.loads(meta.read_text(encoding="utf-8")).get("name", source)
+        precision = choose_precision(device, dtype)
         return cls(
-            model,
+            for_inference(model, precision),  # type: ignore[arg-type]  # a PreTrainedModel still
             tokenizer,
             name=name,
-            precision=choose_precision(device, dtype),
+            precision=precision,
             batch_size=batch_size,
             max_length=max_length,
         )
@@ -163,36 +173,68 @@ class CrossEncoderReranker:
     def encode_pairs(
         self, query: str, passages: Sequence[str]
     ) -> tuple[dict[str, torch.Tensor], int]:
-        """Tokenise (query, passage) pairs, truncating passages only; count truncated pairs."""
+        """Tokenise (query, passage) pairs into one padded batch, truncating passages only;
+        count truncated pairs."""
+        tokens = self.tokenize_pairs(query, passages)
+        (batch,) = list(tokens.batches(len(passages)))
+        order = np.argsort(batch.rows, kind="stable")  # back to the passages' order
+        return {k: v[order] for k, v in batch.tensors.items()}, tokens.truncated
+
+    def tokenize_pairs(self, query: str, passages: Sequence[str]) -> Tokens:
+        """Each (query, passage) pair tokenised once; the few longer than `max_length` again,
+        with the tokenizer's own truncation of the passage (or of both, when the query alone
+        nearly fills the window)."""
+        want_types = "token_type_ids" in self.tokenizer.model_input_names
         full = self.tokenizer(
-            [query] * len(passages), list(passages), truncation=False, verbose=False
-        )
-        truncated = sum(1 for ids in full["input_ids"] if len(ids) > self.max_length)
-        query_len = len(self.tokenizer(query, add_special_tokens=True, verbose=False)["input_ids"])
-        # A query that alone fills the window leaves no room for passage-only truncation.
-        strategy = "only_second" if query_len < self.max_length - 8 else "longest_first"
-        batch = self.tokenizer(
             [query] * len(passages),
             list(passages),
-            padding=True,
-            truncation=strategy,
-            max_length=self.max_length,
-            return_tensors="pt",
+            truncation=False,
+            return_attention_mask=False,
+            return_token_type_ids=want_types,
+            verbose=False,
         )
-        return dict(batch), truncated
+        ids: list[list[int]] = full["input_ids"]
+        type_ids: list[list[int]] | None = full["token_type_ids"] if want_types else None
+        lengths = [len(x) for x in ids]
+        long = [i for i, n in enumerate(lengths) if n > self.max_length]
+        if long:
+            query_len = len(self.tokenizer(query, verbose=False)["input_ids"])
+            # A query that alone fills the window leaves no room for passage-only truncation.
+            strategy = "only_second" if query_len < self.max_length - 8 else "longest_first"
+            cut = self.tokenizer(
+                [query] * len(long),
+                [passages[i] for i in long],
+                truncation=strategy,
+                max_length=self.max_length,
+                return_attention_mask=False,
+                return_token_type_ids=want_types,
+            )
+            for j, i in enumerate(long):
+                ids[i] = cut["input_ids"][j]
+                if type_ids is not None:
+                    type_ids[i] = cut["token_type_ids"][j]
+        return Tokens(
+            ids,
+            type_ids,
+            lengths,
+            self.max_length,
+            pad_id=int(self.tokenizer.pad_token_id or 0),
+            pad_type_id=int(getattr(self.tokenizer, "pad_token_type_id", 0) or 0),
+            pad_left=self.tokenizer.padding_side == "left",
+        )
 
     def score(self, query: str, passages: Sequence[str]) -> PairScores:
         if not passages:
             return PairScores(np.zeros(0, dtype=np.float32), 0)
-        lengths = [len(p) for p in passages]
-        order = np.argsort([-n for n in lengths], kind="stable")
+        tokens = self.tokenize_pairs(query, passages)
+        rows: list[np.ndarray] = []
+        logits: list[torch.Tensor] = []
+        pin = self.precision.device.type == "cuda"
+        with inference(self.precision, self.model):
+            for batch in tokens.batches(self.batch_size, pin=pin):
+                rows.append(batch.rows)
+                logits.append(self.logits(batch.to(self.precision.device)))
         scores = np.empty(len(passages), dtype=np.float32)
-        truncated = 0
-        with inference(self.precision):
-            for start in range(0, len(passages), self.batch_size):
-                idx = order[start : start + self.batch_size]
-                batch, cut = self.encode_pairs(query, [passages[i] for i in idx])
-                truncated += cut
-                batch = {k: v.to(self.precision.device) for k, v in batch.items()}
-                scores[idx] = self.logits(batch).cpu().numpy()
-        return PairScores(scores, truncated)
+        # one device-to-host copy (one wait for the device) per call, not one per batch
+        scores[np.concatenate(rows)] = torch.cat(logits).cpu().numpy()
+        return PairScores(scores, tokens.truncated)

@@ -94,8 +94,11 @@ class Settings(BaseSettings):
     dtype: Dtype = _setting(
         "auto", "model precision; auto = fp16 on CUDA, bf16 on CPUs with native bf16, else fp32"
     )
-    # 32 measured fastest on a 2-core CPU with bf16 (64 was ~25% slower: more padding per batch).
-    embed_batch_size: PositiveInt = _setting(32, "texts per forward pass of the encoder")
+    # auto = 32 on the CPU (measured fastest on 2 cores), 256 on CUDA (rag_retriever/device.py,
+    # AUTO_BATCH_SIZE); an out-of-memory on CUDA halves it.
+    embed_batch_size: PositiveInt | Literal["auto"] = _setting(
+        "auto", "texts per forward pass of the encoder; auto = 32 on the CPU, 256 on CUDA"
+    )
 
     # 200 leaves room for a title and the model's special tokens inside all-MiniLM-L6-v2's
     # 256-token window, and holds one SQuAD paragraph (median ~150 tokens) whole.
@@ -127,7 +130,10 @@ class Settings(BaseSettings):
         "rrf",
         "rrf = the RRF of the cross-encoder's and the hybrid order; none = the cross-encoder's alone",
     )
-    rerank_batch_size: PositiveInt = _setting(32, "pairs per forward pass of the cross-encoder")
+    # auto = 32 on the CPU, 128 on CUDA (rag_retriever/device.py, AUTO_RERANK_BATCH_SIZE).
+    rerank_batch_size: PositiveInt | Literal["auto"] = _setting(
+        "auto", "pairs per forward pass of the cross-encoder; auto = 32 on the CPU, 128 on CUDA"
+    )
     rerank_max_length: PositiveInt = _setting(
         256, "tokens of question plus chunk; longer chunks are cut and counted"
     )

@@ -25,6 +25,7 @@ from rag_retriever.store import Store
 from rag_retriever.training.common import OptimizerStep, micro_batches
 from rag_retriever.training.embedder import (
     EmbedderTrainingConfig,
+    GoldTable,
     _Embed,
     _infonce_step,
     train_embedder,
@@ -259,7 +260,10 @@ def test_gradient_caching_gives_the_gradient_of_the_whole_batch(
     embed = _Embed(model, tokenizer, ModelProfile("t", "", "", "mean", 64), precision)
 
     torch.manual_seed(0)
-    loss = _infonce_step(embed, examples, mined, config, cast(OptimizerStep, GradientsOnly(model)))
+    gold = GoldTable(examples)
+    loss = _infonce_step(
+        embed, examples, mined, config, cast(OptimizerStep, GradientsOnly(model)), gold
+    ).item()
     cached = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
 
     model.zero_grad()
@@ -287,9 +291,24 @@ def test_gradient_caching_gives_the_gradient_of_the_whole_batch(
         torch.manual_seed(0)
         plain = replace(config, micro_batch=0)
         whole = _infonce_step(
-            embed, examples, mined, plain, cast(OptimizerStep, GradientsOnly(model))
-        )
+            embed, examples, mined, plain, cast(OptimizerStep, GradientsOnly(model)), gold
+        ).item()
         assert whole == pytest.approx(reference.item(), rel=1e-5)
         for name, grad in model.named_parameters():
             if grad.grad is not None:
                 torch.testing.assert_close(cached[name], grad.grad, rtol=1e-4, atol=1e-6)
+
+
+@given(
+    golds=st.lists(
+        st.frozensets(st.integers(0, 12), min_size=1, max_size=4), min_size=1, max_size=8
+    ),
+    extra=st.lists(st.integers(0, 12), max_size=10),
+)
+def test_the_loss_mask_equals_the_nested_loop_it_replaced(golds, extra) -> None:
+    """GoldTable.mask against the per-step Python comprehension the trainer used to build."""
+    batch = [Example(f"q{i}", "q", min(g), g, (), True) for i, g in enumerate(golds)]
+    rows = [ex.positive for ex in batch] + extra
+    expected = [[r in ex.gold and j != i for j, r in enumerate(rows)] for i, ex in enumerate(batch)]
+    table = GoldTable([*batch, Example("other", "q", 99, frozenset({99, 5}), (), True)])
+    assert table.mask(batch, rows).tolist() == expected

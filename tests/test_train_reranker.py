@@ -345,7 +345,7 @@ def test_micro_batches_accumulate_the_gradient_of_the_whole_batch(
     for micro_batch in (3, 0):  # one question (3 pairs) per pass, then all 15 pairs at once
         config = RerankerTrainingConfig(negatives=2, micro_batch=micro_batch, loss=loss)
         step = cast(OptimizerStep, GradientsOnly(model))
-        value = _step(step, tokenizer, reranker, batch, mined, config, precision)
+        value = _step(step, tokenizer, reranker, batch, mined, config, precision).item()
         grads.append(
             (value, {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None})
         )

@@ -178,29 +178,36 @@ class PeakMemory:
                 return
 
 
+# The progress bar shows the recent loss every this many steps: reading a loss waits for the
+# device, so it is read only to be printed, not after every step.
+LOSS_SHOWN_EVERY = 10
+
+
 def run_steps(
     model: torch.nn.Module,
     epochs: Iterable[Iterable[T]],
-    step: Callable[[T], float],
+    step: Callable[[T], torch.Tensor],
     *,
     total: int,
     desc: str,
     progress: bool,
 ) -> list[float]:
-    """The training loop both trainers run: `step` on each batch of each epoch, the model in
-    training mode meanwhile (eval mode after), a progress bar of `total` steps showing the mean
-    loss of the last 20. Returns each step's loss."""
+    """The training loop both trainers run: `step` on each batch of each epoch (it returns the
+    batch's loss as a detached tensor, left on the device), the model in training mode meanwhile
+    (eval mode after), a progress bar of `total` steps showing the mean loss of the last 20
+    every LOSS_SHOWN_EVERY steps. Returns each step's loss, read from the device once."""
     model.train()
-    losses: list[float] = []
+    losses: list[torch.Tensor] = []
     bar = tqdm(total=total, desc=desc, unit="step", disable=not progress)
     for batches in epochs:
         for batch in batches:
             losses.append(step(batch))
             bar.update(1)
-            bar.set_postfix(loss=f"{np.mean(losses[-20:]):.3f}")
+            if progress and len(losses) % LOSS_SHOWN_EVERY == 0:
+                bar.set_postfix(loss=f"{torch.stack(losses[-20:]).mean().item():.3f}")
     bar.close()
     model.eval()
-    return losses
+    return [float(x) for x in torch.stack(losses).tolist()] if losses else []
 
 
 def micro_batches(items: Sequence[T], size: int) -> list[Sequence[T]]:

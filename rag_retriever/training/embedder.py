@@ -122,19 +122,41 @@ def _replayed(state: tuple[torch.Tensor, torch.Tensor | None], device: torch.dev
         yield
 
 
+class GoldTable:
+    """Each training example's gold chunk rows in one array, built once per training run, so
+    that a step's loss mask is one array comparison instead of a nested Python loop."""
+
+    def __init__(self, examples: Sequence[Example]) -> None:
+        self._index = {ex: i for i, ex in enumerate(examples)}
+        width = max((len(ex.gold) for ex in examples), default=1)
+        self._gold = np.full((len(examples), width), -1, dtype=np.int64)
+        for i, ex in enumerate(examples):
+            self._gold[i, : len(ex.gold)] = sorted(ex.gold)
+
+    def mask(self, batch: Sequence[Example], rows: Sequence[int]) -> np.ndarray:
+        """(len(batch), len(rows)) booleans: row j is gold for question i, and j != i (question
+        i's own positive is column i)."""
+        gold = self._gold[[self._index[ex] for ex in batch]]
+        mask = (gold[:, :, None] == np.asarray(rows, dtype=np.int64)[None, None, :]).any(axis=1)
+        np.fill_diagonal(mask, False)
+        return mask
+
+
 def _infonce(
-    vectors: torch.Tensor, batch: list[Example], rows: list[int], temperature: float
+    vectors: torch.Tensor, n_questions: int, mask: np.ndarray, temperature: float
 ) -> torch.Tensor:
-    """The loss of the batch's questions (the first len(batch) vectors) against its passages (the
-    rest, chunk `rows`), masking each question's other gold chunks out of its negatives."""
-    q, p = vectors[: len(batch)], vectors[len(batch) :]
+    """The loss of the batch's questions (the first `n_questions` vectors) against its passages
+    (the rest), with `mask` (GoldTable.mask) taking each question's other gold chunks out of its
+    negatives."""
+    q, p = vectors[:n_questions], vectors[n_questions:]
     logits = (q @ p.T) / temperature
-    mask = torch.tensor(
-        [[r in ex.gold and j != i for j, r in enumerate(rows)] for i, ex in enumerate(batch)],
-        device=logits.device,
+    on_host = torch.from_numpy(mask)
+    if logits.device.type == "cuda":
+        on_host = on_host.pin_memory()
+    logits = logits.masked_fill(on_host.to(logits.device, non_blocking=True), float("-inf"))
+    return torch.nn.functional.cross_entropy(
+        logits, torch.arange(n_questions, device=logits.device)
     )
-    logits = logits.masked_fill(mask, float("-inf"))
-    return torch.nn.functional.cross_entropy(logits, torch.arange(len(batch), device=logits.device))
 
 
 def _infonce_step(
@@ -143,7 +165,8 @@ def _infonce_step(
     mined: MinedSet,
     config: EmbedderTrainingConfig,
     step: OptimizerStep,
-) -> float:
+    gold: GoldTable,
+) -> torch.Tensor:
     """One step of InfoNCE over the batch: each question against every positive and hard negative
     in it; a passage that is gold for question i is no negative for it (except its own column).
 
@@ -152,17 +175,19 @@ def _infonce_step(
     embedded again, with gradients and the same dropout masks, and backpropagates its slice of
     the embeddings' gradient. The gradient is the full batch's (a test compares), while memory
     holds the activations of one micro-batch, however large the batch. `micro_batch=0`: the
-    whole batch in one pass (for a GPU with memory to spare; on a 2-core CPU it was slower)."""
+    whole batch in one pass (for a GPU with memory to spare; on a 2-core CPU it was slower).
+    Returns the loss, detached and on the device: reading it would wait for the device."""
     rows = [ex.positive for ex in batch] + [
         r for ex in batch for r in ex.negatives[: config.hard_negatives]
     ]
     texts = [config.query_prefix + ex.query for ex in batch] + [
         config.passage_prefix + text for text in mined.index.embed_texts(rows)
     ]
+    mask = gold.mask(batch, rows)
     if config.micro_batch == 0:  # the whole batch in one pass with gradients
-        loss = _infonce(embed(texts), batch, rows, config.temperature)
+        loss = _infonce(embed(texts), len(batch), mask, config.temperature)
         step(loss)
-        return float(loss.item())
+        return loss.detach()
     device = embed.precision.device
     parts = micro_batches(texts, config.micro_batch)
     states, cached = [], []
@@ -171,7 +196,7 @@ def _infonce_step(
             states.append(_rng_state(device))
             cached.append(embed(part))
     vectors = torch.cat(cached).requires_grad_()
-    loss = _infonce(vectors, batch, rows, config.temperature)
+    loss = _infonce(vectors, len(batch), mask, config.temperature)
 
     def backward(scale: Scale) -> None:
         scale(loss).backward()  # to the embeddings only: they are leaves here
@@ -182,7 +207,7 @@ def _infonce_step(
                 embed(part).backward(grad)
 
     step.run(backward)
-    return float(loss.item())
+    return loss.detach()
 
 
 def validate(encoder: Encoder, mined: MinedSet, examples: list[Example]) -> dict[str, Any]:
@@ -222,6 +247,7 @@ def _fit(
     """The training loop: shuffled batches without a shared gold chunk, one InfoNCE step each.
     Returns the per-step losses and the number of steps."""
     model = embed.model
+    gold = GoldTable(train)
     steps_per_epoch = sum(
         1 for _ in batches_without_shared_gold(train, config.batch_size, config.seed)
     )
@@ -237,7 +263,7 @@ def _fit(
     losses = run_steps(
         model,
         epochs,
-        lambda batch: _infonce_step(embed, batch, mined, config, step),
+        lambda batch: _infonce_step(embed, batch, mined, config, step, gold),
         total=total,
         desc="train-embedder",
         progress=progress,

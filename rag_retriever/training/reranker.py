@@ -281,25 +281,26 @@ def _step(
     mined: MinedSet,
     config: RerankerTrainingConfig,
     precision: Precision,
-) -> float:
+) -> torch.Tensor:
     """One optimizer step over the batch, its gradient accumulated micro-batch by micro-batch
-    (each part's mean loss weighted by its share of the questions). Returns the batch's loss."""
+    (each part's mean loss weighted by its share of the questions). Returns the batch's loss,
+    detached and on the device (reading it would wait for the device: run_steps reads the
+    losses only to print them, and all of them once at the end)."""
     per_part = (
         max(1, config.micro_batch // (1 + config.negatives)) if config.micro_batch else len(batch)
     )
     parts = micro_batches(batch, per_part)
-    total = 0.0
+    shares: list[torch.Tensor] = []
 
     def backward(scale: Scale) -> None:
-        nonlocal total
         for part in parts:
             loss = _batch_loss(tokenizer, reranker, list(part), mined, config, precision)
             share = loss * (len(part) / len(batch))
             scale(share).backward()
-            total += float(share.item())
+            shares.append(share.detach())
 
     step.run(backward)
-    return total
+    return torch.stack(shares).sum()
 
 
 def _batch_loss(

@@ -1,0 +1,95 @@
+"""The cross-encoder's batching: each pair tokenised once, batches sorted by token length, one
+copy of the scores per call; the oracle is the path it replaced (each batch tokenised with the
+tokenizer's own truncation and padding). Also where weights are held in half precision."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+from rag_retriever.device import (
+    AUTO_RERANK_BATCH_SIZE,
+    Precision,
+    for_inference,
+    holds_half_weights,
+    inference,
+)
+from rag_retriever.reranker import CrossEncoderReranker
+from tests.conftest import WORDS
+
+
+def _reference(reranker: CrossEncoderReranker, query: str, passages: list[str]) -> tuple:
+    tok = reranker.tokenizer
+    full = tok([query] * len(passages), passages, truncation=False)["input_ids"]
+    truncated = sum(len(ids) > reranker.max_length for ids in full)
+    query_len = len(tok(query)["input_ids"])
+    strategy = "only_second" if query_len < reranker.max_length - 8 else "longest_first"
+    scores = []
+    with torch.inference_mode():
+        for p in passages:  # one at a time: no padding at all
+            batch = tok(
+                [query],
+                [p],
+                truncation=strategy,
+                max_length=reranker.max_length,
+                return_tensors="pt",
+            )
+            scores.append(float(reranker.logits(dict(batch))[0]))
+    return np.array(scores, dtype=np.float32), truncated
+
+
+passage = st.lists(st.sampled_from(WORDS), min_size=0, max_size=80).map(" ".join)
+
+
+@given(
+    query=st.lists(st.sampled_from(WORDS), min_size=1, max_size=70).map(" ".join),
+    passages=st.lists(passage, min_size=1, max_size=9),
+    batch_size=st.integers(1, 4),
+)
+def test_scores_and_truncation_equal_the_reference(
+    tiny_reranker_dir: Path, query: str, passages: list[str], batch_size: int
+) -> None:
+    reranker = CrossEncoderReranker.load(
+        tiny_reranker_dir, device="cpu", dtype="fp32", batch_size=batch_size, max_length=64
+    )
+    ours = reranker.score(query, passages)
+    scores, truncated = _reference(reranker, query, passages)
+    np.testing.assert_allclose(ours.scores, scores, atol=1e-5)
+    assert ours.truncated == truncated
+
+
+def test_batches_are_sorted_by_tokens_not_characters(tiny_reranker_dir: Path) -> None:
+    reranker = CrossEncoderReranker.load(tiny_reranker_dir, device="cpu", dtype="fp32")
+    # "qdrant" is one token in 6 characters; "x y z ..." one token per 2 characters
+    passages = ["qdrant " * 6, "x " * 20, "a"]
+    tokens = reranker.tokenize_pairs("q", passages)
+    (first, *_) = list(tokens.batches(1))
+    assert first.rows.tolist() == [1]  # the most tokens, not the most characters
+
+
+def test_half_weights_on_cuda_only() -> None:
+    assert holds_half_weights(Precision(torch.device("cuda"), "fp16"))
+    assert holds_half_weights(Precision(torch.device("cuda"), "bf16"))
+    assert not holds_half_weights(Precision(torch.device("cuda"), "fp32"))
+    assert not holds_half_weights(Precision(torch.device("cpu"), "bf16"))  # autocast there
+    model = for_inference(torch.nn.Linear(2, 2), Precision(torch.device("cpu"), "bf16"))
+    assert next(model.parameters()).dtype == torch.float32
+
+
+@pytest.mark.parametrize(("weights", "autocast"), [(torch.float32, True), (torch.bfloat16, False)])
+def test_autocast_only_over_weights_of_another_dtype(weights: torch.dtype, autocast: bool) -> None:
+    model = torch.nn.Linear(2, 2).to(weights)
+    with inference(Precision(torch.device("cpu"), "bf16"), model):
+        assert torch.is_autocast_enabled("cpu") is autocast
+
+
+def test_batch_size_auto_is_the_devices_default(tiny_reranker_dir: Path) -> None:
+    reranker = CrossEncoderReranker.load(tiny_reranker_dir, device="cpu")
+    assert reranker.batch_size == AUTO_RERANK_BATCH_SIZE["cpu"] == 32
+    assert AUTO_RERANK_BATCH_SIZE["cuda"] >= 100  # the 100 pairs of a request: one pass
+    assert CrossEncoderReranker.load(tiny_reranker_dir, device="cpu", batch_size=5).batch_size == 5
