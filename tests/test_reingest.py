@@ -149,6 +149,29 @@ announce(sys.argv[1])
 sys.exit(cli.main(sys.argv[2:]))
 """
 
+
+def kill_after(method: str, nth: int, args: list[str], env: dict[str, str]) -> None:
+    """Run the CLI with `args`, SIGKILL it right after its `nth` call of the store's `method`."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", KILLABLE_INGEST, method, *args],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stderr is not None
+    seen = 0
+    for line in proc.stderr:
+        seen += line.strip() == f"kill-point {method}"
+        if seen == nth:
+            break
+    assert seen == nth, f"{args[0]} ended before {method} #{nth}"
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    proc.stderr.close()
+    assert proc.returncode == -signal.SIGKILL
+
+
 # (the Store call to kill after, which call of it, whether the new version is served then)
 KILL_POINTS = [
     ("upsert", 1, False),  # vectors half written
@@ -200,24 +223,7 @@ def test_sigkill_at_each_write_step_never_breaks_the_alias(
     before, _ = served()
     left_behind = 0
     for method, nth, moved in KILL_POINTS:
-        proc = subprocess.Popen(
-            [sys.executable, "-c", KILLABLE_INGEST, method, *args],
-            env=env,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        assert proc.stderr is not None
-        seen = 0
-        for line in proc.stderr:
-            seen += line.strip() == f"kill-point {method}"
-            if seen == nth:
-                break
-        assert seen == nth, f"ingest ended before {method} #{nth}"
-        proc.send_signal(signal.SIGKILL)
-        proc.wait()
-        proc.stderr.close()
-        assert proc.returncode == -signal.SIGKILL
+        kill_after(method, nth, args, env)
         now, unfinished = served()
         assert (now != before) == moved, method
         left_behind += len(unfinished)

@@ -328,6 +328,23 @@ def _cli_env(tmp_path: Path, encoder_dir: Path) -> dict[str, str]:
     }
 
 
+def _cli_ingest(corpus: Path, env: dict[str, str]) -> list[str]:
+    """`rag-retriever ingest CORPUS --collection kb` in a subprocess; returns the CLI command."""
+    import subprocess
+    import sys
+
+    cli = [sys.executable, "-m", "rag_retriever.cli"]
+    first = subprocess.run(
+        [*cli, "ingest", str(corpus), "--collection", "kb", "--no-progress"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert first.returncode == 0, first.stderr
+    return cli
+
+
 def _write_corpus(path: Path, docs: list[Document]) -> Path:
     import json
 
@@ -344,24 +361,14 @@ def test_sigkill_at_each_step_of_an_update_leaves_a_complete_version_served(
 ) -> None:
     """A real `rag-retriever update` subprocess, killed with SIGKILL after each named step; the
     alias always serves a complete version and the next update succeeds."""
-    import signal
     import subprocess
-    import sys
 
-    from tests.test_reingest import KILLABLE_INGEST
+    from tests.test_reingest import kill_after
 
     rng = random.Random(11)
     env = _cli_env(tmp_path, tiny_encoder_dir)
     corpus = _write_corpus(tmp_path / "corpus.jsonl", [doc(i, rng) for i in range(50)])
-    cli = [sys.executable, "-m", "rag_retriever.cli"]
-    first = subprocess.run(
-        [*cli, "ingest", str(corpus), "--collection", "kb", "--no-progress"],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert first.returncode == 0, first.stderr
+    cli = _cli_ingest(corpus, env)
 
     def served() -> str:
         store = EdgeStore(tmp_path / "data" / "edge")
@@ -386,23 +393,7 @@ def test_sigkill_at_each_step_of_an_update_leaves_a_complete_version_served(
             f"d{20 + i}",
             "--no-progress",
         ]
-        proc = subprocess.Popen(
-            [sys.executable, "-c", KILLABLE_INGEST, method, *args],
-            env=env,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        assert proc.stderr is not None
-        seen = 0
-        for line in proc.stderr:
-            seen += line.strip() == f"kill-point {method}"
-            if seen == nth:
-                break
-        assert seen == nth, f"update ended before {method} #{nth}"
-        proc.send_signal(signal.SIGKILL)
-        proc.wait()
-        proc.stderr.close()
+        kill_after(method, nth, args, env)
         now = served()
         assert (now != before) == moved, method
         before = now
@@ -438,20 +429,11 @@ def test_two_updates_at_once_from_two_processes_lose_nothing(
     tiny_encoder_dir: Path, tmp_path: Path
 ) -> None:
     import subprocess
-    import sys
 
     rng = random.Random(12)
     env = _cli_env(tmp_path, tiny_encoder_dir)
     corpus = _write_corpus(tmp_path / "corpus.jsonl", [doc(i, rng) for i in range(20)])
-    cli = [sys.executable, "-m", "rag_retriever.cli"]
-    first = subprocess.run(
-        [*cli, "ingest", str(corpus), "--collection", "kb", "--no-progress"],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert first.returncode == 0, first.stderr
+    cli = _cli_ingest(corpus, env)
     procs = []
     for name in ("left", "right"):
         change = _write_corpus(
