@@ -204,6 +204,8 @@ class Retriever:
         self._encoder_lock = threading.Lock()
         self.query_log = query_log
         self.cache = cache
+        # query vectors a cache lookup made, for the search of its misses (per thread)
+        self._encoded_here = threading.local()
         self.store = store
         self.reranker = reranker
         self.config = config or RetrievalConfig()
@@ -399,14 +401,23 @@ class Retriever:
         out: list[SearchResult | None] = [self.cache.get_exact(key, q) for q in queries]
         vectors: dict[int, np.ndarray] = {}
         todo = [i for i, r in enumerate(out) if r is None]
+        known: dict[str, tuple[np.ndarray, bool]] = {}
         if todo and MODE_STAGES[mode].dense:
-            encoded = self.encoder.encode_queries([queries[i] for i in todo]).vectors
+            encoded, cut = self._encode_queries([queries[i] for i in todo])
             vectors = dict(zip(todo, encoded, strict=True))
+            known = {queries[i]: (encoded[j], cut[j]) for j, i in enumerate(todo)}
             for i in todo:
                 out[i] = self.cache.get_similar(key, queries[i], vectors[i])
         lookup_ms = (time.perf_counter() - t0) * 1000 / len(queries)
         misses = [i for i, r in enumerate(out) if r is None]
-        fresh = self._search([queries[i] for i in misses], k, mode, default_mode, flt, collection)
+        # a miss is searched with the vector the lookup already made (not encoded twice)
+        self._encoded_here.vectors = known
+        try:
+            fresh = self._search(
+                [queries[i] for i in misses], k, mode, default_mode, flt, collection
+            )
+        finally:
+            self._encoded_here.vectors = None
         for i, searched in zip(misses, fresh, strict=True):
             out[i] = searched
             if searched.collection == name:  # the alias did not move meanwhile
@@ -568,6 +579,9 @@ class Retriever:
         return opened.name, traces
 
     def _encode_queries(self, queries: Sequence[str]) -> tuple[np.ndarray, list[bool]]:
+        known = getattr(self._encoded_here, "vectors", None)  # see _cached
+        if known is not None and all(q in known for q in queries):
+            return np.stack([known[q][0] for q in queries]), [known[q][1] for q in queries]
         encoded = self.encoder.encode_queries(list(queries))
         if not encoded.truncated:
             return encoded.vectors, [False] * len(queries)

@@ -159,3 +159,29 @@ def test_no_false_hit_on_squad_questions_that_ask_different_things(minilm) -> No
             SearchResult(**{**answer.__dict__, "notices": tuple(r["answers"])}),
         )
     assert len(rows) > 700 and false_hits == []
+
+
+def test_a_miss_is_encoded_once(tmp_path, tiny_encoder, monkeypatch) -> None:
+    """The lookup's query vector is the one the search uses: the cache costs a miss nothing."""
+    from rag_retriever.store import EdgeStore
+    from tests.conftest import collection_retriever
+    from tests.test_retriever import DOCS
+
+    store = EdgeStore(tmp_path / "edge")
+    retriever = collection_retriever(DOCS, store, tiny_encoder)
+    retriever.cache = SemanticCache(size=10, threshold=0.99)
+    calls: list[int] = []
+    original = tiny_encoder.encode_queries
+
+    def counting(queries, **kw):
+        calls.append(len(queries))
+        return original(queries, **kw)
+
+    monkeypatch.setattr(tiny_encoder, "encode_queries", counting)
+    fresh = retriever.retrieve("wine of the city", k=3, mode="hybrid")
+    assert calls == [1] and not any("cache" in n for n in fresh.notices)
+    monkeypatch.setattr(tiny_encoder, "encode_queries", original)
+    retriever.cache = None
+    plain = retriever.retrieve("wine of the city", k=3, mode="hybrid")
+    assert [h.chunk_id for h in plain.hits] == [h.chunk_id for h in fresh.hits]
+    store.close()
