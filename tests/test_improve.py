@@ -147,3 +147,58 @@ def test_a_new_embedder_s_fusion_is_fitted_on_questions_it_never_trained_on(
     assert len(questions) == expected
     run.state["results"]["embedder"] = {"kept": False}  # the live model saw none of them
     assert len(run._fusion_questions()[0]) == split["fusion"] + split["train"]
+
+
+def test_the_loop_serve_query_feedback_export_improve_answers_better(
+    env: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 19's loop, end to end: a served collection with a query log, users' questions and
+    their feedback over HTTP, `questions --from-log`, `improve` on the exported questions, and
+    the promoted version ranks the judged documents higher on those questions."""
+    from fastapi.testclient import TestClient
+
+    from rag_retriever.querylog import QueryLog
+    from rag_retriever.retriever import Retriever
+    from rag_retriever.server import create_app
+
+    _ingest(tmp_path)
+    live = _served(env)
+    settings = Settings.from_env(collection="kb")
+    retriever = Retriever.from_settings(settings)
+    retriever.query_log = QueryLog(tmp_path / "log")
+    asked = [json.loads(line) for line in _questions(tmp_path, filler=True).open()]
+    with TestClient(create_app(retriever, settings)) as http:
+        for q in asked:
+            body = http.post("/v1/search", json={"query": q["question"], "k": 10}).json()
+            gold = q["gold_doc_ids"][0]
+            if any(h["doc_id"] == gold for h in body["hits"]):  # users judge what they saw
+                sent = http.post(
+                    "/v1/feedback",
+                    json={"query_id": body["query_id"], "doc_id": gold, "relevant": True},
+                )
+                assert sent.status_code == 200, sent.text
+    retriever.query_log.close()
+    retriever.store.close()
+    exported = tmp_path / "exported.jsonl"
+    assert main(["questions", "--from-log", str(tmp_path / "log"), "--out", str(exported)]) == 0
+    made = [json.loads(line) for line in exported.open()]
+    assert len(made) >= 100  # most documents were found in the top 10 and judged
+    capsys.readouterr()
+    assert main(_improve(exported, "fusion")) == 0
+    assert "promoted: kb ->" in capsys.readouterr().out
+    new = _served(env)
+    assert new != live
+
+    def first_hits(name: str) -> int:
+        r = Retriever.from_settings(settings)
+        try:
+            return sum(
+                r.search(q["question"], k=1, mode="hybrid", collection=name)[0].doc_id
+                == q["gold_doc_ids"][0]
+                for q in made
+            )
+        finally:
+            r.store.close()
+
+    before, after = first_hits(live), first_hits(new)
+    assert after > before
