@@ -18,7 +18,7 @@ import json
 import logging
 import queue
 import threading
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -386,10 +386,20 @@ def tokenize(tokenizer: Any, texts: Sequence[str], max_length: int) -> Tokens:
     """Tokenise `texts` once: the full encoding gives each length (and so the truncation count);
     only the few texts over `max_length` are tokenised again, with the tokenizer's own
     truncation, so what is embedded is exactly what `tokenizer(..., truncation=True)` gives."""
+    return tokenize_once(tokenizer, [texts], max_length)
+
+
+def tokenize_once(
+    tokenizer: Any,
+    columns: Sequence[Sequence[str]],
+    max_length: int,
+    truncation: Callable[[], str | bool] = lambda: True,
+) -> Tokens:
+    """`columns` tokenised once (one column of texts, or two of pairs); the rows longer than
+    `max_length` again with `truncation()` (asked for only when a row is too long)."""
     want_types = "token_type_ids" in tokenizer.model_input_names
     full = tokenizer(
-        list(texts),
-        add_special_tokens=True,
+        *[list(c) for c in columns],
         truncation=False,
         return_attention_mask=False,
         return_token_type_ids=want_types,
@@ -401,8 +411,8 @@ def tokenize(tokenizer: Any, texts: Sequence[str], max_length: int) -> Tokens:
     long = [i for i, n in enumerate(lengths) if n > max_length]
     if long:
         cut = tokenizer(
-            [texts[i] for i in long],
-            truncation=True,
+            *[[c[i] for i in long] for c in columns],
+            truncation=truncation(),
             max_length=max_length,
             return_attention_mask=False,
             return_token_type_ids=want_types,

@@ -36,7 +36,7 @@ from rag_retriever.device import (
     for_inference,
     inference,
 )
-from rag_retriever.encoder import Tokens
+from rag_retriever.encoder import Tokens, tokenize_once
 from rag_retriever.errors import ModelLoadError
 from rag_retriever.quiet import quiet_transformers
 from rag_retriever.settings import Settings
@@ -184,43 +184,14 @@ class CrossEncoderReranker:
         """Each (query, passage) pair tokenised once; the few longer than `max_length` again,
         with the tokenizer's own truncation of the passage (or of both, when the query alone
         nearly fills the window)."""
-        want_types = "token_type_ids" in self.tokenizer.model_input_names
-        full = self.tokenizer(
-            [query] * len(passages),
-            list(passages),
-            truncation=False,
-            return_attention_mask=False,
-            return_token_type_ids=want_types,
-            verbose=False,
-        )
-        ids: list[list[int]] = full["input_ids"]
-        type_ids: list[list[int]] | None = full["token_type_ids"] if want_types else None
-        lengths = [len(x) for x in ids]
-        long = [i for i, n in enumerate(lengths) if n > self.max_length]
-        if long:
+
+        def strategy() -> str:
             query_len = len(self.tokenizer(query, verbose=False)["input_ids"])
             # A query that alone fills the window leaves no room for passage-only truncation.
-            strategy = "only_second" if query_len < self.max_length - 8 else "longest_first"
-            cut = self.tokenizer(
-                [query] * len(long),
-                [passages[i] for i in long],
-                truncation=strategy,
-                max_length=self.max_length,
-                return_attention_mask=False,
-                return_token_type_ids=want_types,
-            )
-            for j, i in enumerate(long):
-                ids[i] = cut["input_ids"][j]
-                if type_ids is not None:
-                    type_ids[i] = cut["token_type_ids"][j]
-        return Tokens(
-            ids,
-            type_ids,
-            lengths,
-            self.max_length,
-            pad_id=int(self.tokenizer.pad_token_id or 0),
-            pad_type_id=int(getattr(self.tokenizer, "pad_token_type_id", 0) or 0),
-            pad_left=self.tokenizer.padding_side == "left",
+            return "only_second" if query_len < self.max_length - 8 else "longest_first"
+
+        return tokenize_once(
+            self.tokenizer, [[query] * len(passages), passages], self.max_length, strategy
         )
 
     def score(self, query: str, passages: Sequence[str]) -> PairScores:
