@@ -177,12 +177,16 @@ def test_the_body_limit_applies_to_writes(tmp_path: Path, tiny_encoder: Encoder)
 
 
 def test_writes_within_the_window_are_one_version(tmp_path: Path, tiny_encoder: Encoder) -> None:
-    client, store = make_app(tmp_path, tiny_encoder, write_window_ms=400)
+    # a window far longer than the four requests need to arrive, even on a loaded CI machine
+    # (400 ms was once too short there); the barrier sends them together
+    client, store = make_app(tmp_path, tiny_encoder, write_window_ms=3000)
+    together = threading.Barrier(4)
     with client as http:
         answers: list[dict] = []
 
         def send(i: int) -> None:
             doc = {"id": f"new{i}", "text": f"golf hotel india {i}"}
+            together.wait()
             r = http.put(
                 "/v1/collections/kb/documents", json={"documents": [doc]}, headers=auth(WRITE)
             )
