@@ -34,7 +34,14 @@ import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from rag_retriever.records import Chunk, Document, chunk_point_id, content_hash, embed_text
+from rag_retriever.records import (
+    Chunk,
+    Document,
+    chunk_point_id,
+    content_hash,
+    embed_text,
+    section_at,
+)
 
 log = logging.getLogger(__name__)
 
@@ -103,6 +110,10 @@ class ChunkingConfig:
     # Longer titles are cut, so that a chunk always has room for its body; None = the smaller
     # of 48 tokens and a quarter of the window.
     max_title_tokens: int | None = None
+    # Prefix each chunk of a document with headings (markdown, HTML) with its heading path,
+    # `Title > Section > Subsection`, instead of the title alone; the whole path is cut to the
+    # title's limit of tokens.
+    heading_path: bool = True
 
     def __post_init__(self) -> None:
         if self.chunk_tokens <= 0:
@@ -191,8 +202,7 @@ class Chunker:
         title = self._fit_title(doc.title)
         title_tokens = self.count_tokens([title])[0] if title else 0
         room = cfg.room
-        # +1 is a margin for tokenizers that give the blank line between title and body a token.
-        budget = min(cfg.chunk_tokens, room - title_tokens - 1)
+        budget = self._budget(doc, title_tokens)
         for _ in range(8):
             chunks = self._chunk_with_budget(doc, title, budget)
             worst = max(self._embedded_tokens(chunks), default=0)
@@ -222,7 +232,7 @@ class Chunker:
                 title = self._fit_title(title)
                 n = self.count_tokens([title])[0] if title else 0
             titles.append(title)
-            budgets.append(min(cfg.chunk_tokens, cfg.room - n - 1))
+            budgets.append(self._budget(doc, n))
         spans = [self._spans(doc.text) for doc in docs]
         counts = self.count_tokens(
             [doc.text[s:e] for doc, ss in zip(docs, spans, strict=True) for s, e, _ in ss]
@@ -243,6 +253,30 @@ class Chunker:
         return out
 
     # -- internals --------------------------------------------------------------------------
+
+    def _budget(self, doc: Document, title_tokens: int) -> int:
+        """Tokens for a chunk's body: what the window leaves after the prefix (the title, or for
+        a document with headings the heading path, which is cut to the title's limit)."""
+        cfg = self.config
+        prefix = cfg.title_limit if cfg.heading_path and doc.headings else title_tokens
+        # +1 is a margin for tokenizers that give the blank line between title and body a token.
+        return min(cfg.chunk_tokens, cfg.room - max(prefix, title_tokens) - 1)
+
+    def _sections(self, doc: Document, title: str, starts: list[int]) -> list[str]:
+        """The heading path of each chunk (by where its own text starts), cut so that
+        `title > section` fits the title's limit of tokens; "" without headings."""
+        if not (self.config.heading_path and doc.headings):
+            return ["" for _ in starts]
+        paths = [section_at(doc.headings, at) for at in starts]
+        fitted = {p: self._fit_section(title, p) for p in set(paths)}
+        return [fitted[p] for p in paths]
+
+    def _fit_section(self, title: str, section: str) -> str:
+        limit = self.config.title_limit
+        words = section.split(" ")
+        while words and self.count_tokens([embed_text(title, "", " ".join(words))])[0] > limit:
+            words = words[: len(words) * 3 // 4] if len(words) > 1 else []
+        return " ".join(words).removesuffix(" >")
 
     def _fit_title(self, title: str) -> str:
         limit = self.config.title_limit
@@ -357,7 +391,8 @@ class Chunker:
             overlap = self._overlap(units, i, j, budget, paragraph_tokens)
             i, fresh = j - overlap, j
         chunks = []
-        for index, (a, b) in enumerate(ranges):
+        sections = self._sections(doc, title, [units[a].start for a, _ in ranges])
+        for index, ((a, b), section) in enumerate(zip(ranges, sections, strict=True)):
             start = 0 if index == 0 else units[a].start
             # Each chunk runs up to where the next unit starts, so the whitespace between
             # chunks belongs to one of them and the chunks tile the document.
@@ -373,8 +408,9 @@ class Chunker:
                     end=end,
                     text=body,
                     n_tokens=sum(u.tokens for u in units[a:b]),
-                    content_hash=content_hash(embed_text(title, body)),
+                    content_hash=content_hash(embed_text(title, body, section)),
                     metadata=doc.metadata,
+                    section=section,
                 )
             )
         return chunks

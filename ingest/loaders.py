@@ -22,6 +22,7 @@ HTML rendered by JavaScript.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from collections import Counter
@@ -32,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from rag_retriever.errors import DocumentError
-from rag_retriever.records import Document
+from rag_retriever.records import Document, Heading
 from rag_retriever.settings import default_of
 
 MAX_REPORTED_PROBLEMS = 20
@@ -235,18 +236,45 @@ def _title_of(text: str, fallback: str) -> str:
     return match.group(1).strip() if match else fallback
 
 
+_FENCE = re.compile(r"^\s{0,3}(```|~~~)")
+
+
+def markdown_headings(text: str, title: str) -> tuple[Heading, ...]:
+    """The ATX headings (`## Install`) of a markdown text, outside fenced code blocks; the first
+    heading is left out when it is the title (it prefixes every chunk already).
+
+    >>> markdown_headings("# Guide\\n\\n## Install\\n\\n```\\n# not one\\n```\\n", "Guide")
+    (Heading(start=9, level=2, text='Install'),)
+
+    Not handled: setext headings (a line underlined with === or ---)."""
+    headings: list[Heading] = []
+    fenced = False
+    at = 0
+    for line in text.splitlines(keepends=True):
+        if _FENCE.match(line):
+            fenced = not fenced
+        elif not fenced and (match := _HEADING.match(line.rstrip("\r\n"))):
+            level = len(line.lstrip(" ")) - len(line.lstrip(" ").lstrip("#"))
+            headings.append(Heading(at, level, match.group(1).strip()))
+        at += len(line)
+    if headings and headings[0].text == title:
+        headings.pop(0)
+    return tuple(headings)
+
+
 class _HTMLText(HTMLParser):
     """Visible text of an HTML page (scripts and styles dropped) and its <title>."""
 
     _SKIP = frozenset({"script", "style", "noscript", "template"})
-    _BLOCK = frozenset(
-        {"p", "div", "section", "article", "li", "br", "tr", "h1", "h2", "h3", "h4", "h5", "h6"}
-    )
+    _HEADINGS = frozenset({"h1", "h2", "h3", "h4", "h5", "h6"})
+    _BLOCK = frozenset({"p", "div", "section", "article", "li", "br", "tr"}) | _HEADINGS
 
     def __init__(self) -> None:
         super().__init__(convert_charrefs=True)
         self.parts: list[str] = []
         self.title = ""
+        self.headings: list[tuple[int, str]] = []  # (level, text) of each h1-h6, in order
+        self._heading: tuple[int, list[str]] | None = None
         self._skipping = 0
         self._in_title = False
 
@@ -257,6 +285,8 @@ class _HTMLText(HTMLParser):
             self._in_title = True
         elif tag in self._BLOCK:
             self.parts.append("\n\n")
+            if tag in self._HEADINGS:
+                self._heading = (int(tag[1]), [])
 
     def handle_endtag(self, tag: str) -> None:
         if tag in self._SKIP and self._skipping:
@@ -265,17 +295,43 @@ class _HTMLText(HTMLParser):
             self._in_title = False
         elif tag in self._BLOCK:
             self.parts.append("\n\n")
+            if tag in self._HEADINGS and self._heading is not None:
+                level, words = self._heading
+                self.headings.append((level, " ".join("".join(words).split())))
+                self._heading = None
 
     def handle_data(self, data: str) -> None:
         if self._in_title:
             self.title += data
         elif not self._skipping:
             self.parts.append(data)
+            if self._heading is not None:
+                self._heading[1].append(data)
 
-    def text(self) -> str:
+    def paragraphs(self) -> list[str]:
         joined = "".join(self.parts)
         paragraphs = [" ".join(p.split()) for p in re.split(r"\n\s*\n", joined)]
-        return "\n\n".join(p for p in paragraphs if p)
+        return [p for p in paragraphs if p]
+
+    def text_and_headings(self, title: str) -> tuple[str, tuple[Heading, ...]]:
+        """The visible text (paragraphs joined by a blank line) and where its headings are: each
+        heading is a paragraph of its own (a block tag), found in order."""
+        paragraphs = self.paragraphs()
+        starts, at = [], 0
+        for p in paragraphs:
+            starts.append(at)
+            at += len(p) + 2
+        headings: list[Heading] = []
+        i = 0
+        for level, text in self.headings:
+            j = next((j for j in range(i, len(paragraphs)) if paragraphs[j] == text), None)
+            if j is None or not text:
+                continue
+            headings.append(Heading(starts[j], level, text))
+            i = j + 1
+        if headings and headings[0].text == title:
+            headings.pop(0)
+        return "\n\n".join(paragraphs), tuple(headings)
 
 
 def html_document(raw: str, rel: str, fallback_title: str) -> Document:
@@ -283,7 +339,8 @@ def html_document(raw: str, rel: str, fallback_title: str) -> Document:
     parser.feed(raw)
     parser.close()
     title = " ".join(parser.title.split()) or fallback_title
-    return Document(id=rel, title=title, text=parser.text(), metadata={"path": rel})
+    text, headings = parser.text_and_headings(title)
+    return Document(id=rel, title=title, text=text, metadata={"path": rel}, headings=headings)
 
 
 def pdf_document(path: Path, rel: str) -> Document:
@@ -350,11 +407,18 @@ def _read_text(path: Path, rel: str) -> tuple[Document | None, str | None]:
     ), None
 
 
+def _read_markdown(path: Path, rel: str) -> tuple[Document | None, str | None]:
+    doc, problem = _read_text(path, rel)
+    if doc is None:
+        return None, problem
+    return dataclasses.replace(doc, headings=markdown_headings(doc.text, doc.title)), None
+
+
 # The file types a directory ingest reads, by suffix (lower case); any other file is skipped
 # and counted. A new type is one entry.
 READERS: dict[str, Reader] = {
-    ".md": _read_text,
-    ".markdown": _read_text,
+    ".md": _read_markdown,
+    ".markdown": _read_markdown,
     ".txt": _read_text,
     ".html": _read_html,
     ".htm": _read_html,

@@ -58,6 +58,7 @@ class CacheKey:
     mode: str
     k: int
     filter: str  # the filter's canonical JSON, "" for none
+    hit_options: str = ""  # diversity and expansion (retriever.HitOptions.key)
 
 
 @dataclass

@@ -38,6 +38,15 @@ class ChunkCache:
         self._lock = threading.Lock()
 
     def get(self, name: str, ids: Sequence[str]) -> dict[str, Chunk]:
+        """The chunks with these ids; CollectionNotFound when one is missing (the version
+        changed under the caller)."""
+        out = self.find(name, ids)
+        if len(out) != len(set(ids)):
+            raise CollectionNotFound(f"collection {name!r} changed while it was read")
+        return out
+
+    def find(self, name: str, ids: Sequence[str]) -> dict[str, Chunk]:
+        """The chunks with these ids that the version holds (the others are left out)."""
         out: dict[str, Chunk] = {}
         with self._lock:
             for cid in ids:
@@ -50,8 +59,6 @@ class ChunkCache:
             fetched = {
                 r.id: Chunk.from_payload(r.payload) for r in self.store.retrieve(name, missing)
             }
-            if len(fetched) != len(missing):
-                raise CollectionNotFound(f"collection {name!r} changed while it was read")
             out.update(fetched)
             with self._lock:
                 for cid, chunk in fetched.items():

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from rag_retriever import __version__
+from rag_retriever.context import EXPAND_KINDS
 from rag_retriever.errors import ConfigError, GateRejected, RagError
 from rag_retriever.ingest.loaders import describe_suffixes
 from rag_retriever.records import MODES, SearchFilter, SearchResult, check_alias
@@ -51,6 +52,8 @@ QUERY = (
     "rerank_fusion",
     "rerank_batch_size",
     "rerank_max_length",
+    "diversity_candidates",
+    "expand_tokens",
 )
 WRITE = (
     "chunk_tokens",
@@ -324,7 +327,14 @@ def cmd_search(args: argparse.Namespace) -> int:
     flt = SearchFilter(
         doc_ids=tuple(args.doc) if args.doc else None, equals=_parse_where(args.where)
     )
-    result = retriever.retrieve(args.query, k=args.k, mode=args.mode, filter=flt)
+    result = retriever.retrieve(
+        args.query,
+        k=args.k,
+        mode=args.mode,
+        filter=flt,
+        diversity=args.diversity,
+        expand=args.expand,
+    )
     if args.json:
         print(json.dumps(result.to_dict(), indent=2, ensure_ascii=False))
     else:
@@ -351,6 +361,12 @@ def format_result(result: SearchResult, width: int = 100) -> str:
         )
         snippet = " ".join(h.text.split())
         lines.append("     " + textwrap.shorten(snippet, width=width, placeholder=" ..."))
+        if h.context is not None:
+            c = h.context
+            lines.append(
+                f"{'':>5}context: chunks {c.first_chunk}-{c.last_chunk} [{c.start}:{c.end}] "
+                f"{textwrap.shorten(' '.join(c.text.split()), width=width - 40, placeholder=' ...')}"
+            )
         if h.matched_terms:
             lines.append(f"{'':>5}matched: {', '.join(h.matched_terms)}")
     if result.fusion:
@@ -794,6 +810,19 @@ def _add_search(sub: Any) -> None:
         "--doc", action="append", default=[], help="only chunks of this doc id (repeatable)"
     )
     p.add_argument("--where", action="append", default=[], help="metadata FIELD=VALUE (repeatable)")
+    p.add_argument(
+        "--diversity",
+        type=float,
+        default=None,
+        help="0 (ranked order) to 1: reorder the top hits by maximal marginal relevance",
+    )
+    p.add_argument(
+        "--expand",
+        choices=EXPAND_KINDS,
+        default=None,
+        help="print each hit's context: the chunks around it, or its section (up to "
+        "RAG_EXPAND_TOKENS, --expand-tokens)",
+    )
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     _setting_flags(p, "collection", *QUERY, "default_k", "max_k", "max_query_chars", *MODEL, *STORE)
     p.set_defaults(func=cmd_search)

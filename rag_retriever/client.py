@@ -31,7 +31,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any, Generic, Self, TypedDict, TypeVar, Unpack
+from typing import Any, Generic, Literal, Self, TypedDict, TypeVar, Unpack
 from urllib.parse import quote
 
 import httpx
@@ -152,12 +152,16 @@ def http_error(response: httpx.Response) -> RetrieverHTTPError:
 
 
 class SearchOptions(TypedDict, total=False):
-    """The options of every search method; those left out are the server's defaults."""
+    """The options of every search method; those left out are the server's defaults
+    (`diversity`, `expand` and `expand_tokens` as in Retriever.retrieve_batch)."""
 
     k: int | None
     mode: Mode | None
     filter: SearchFilter | None
     collection: str | None
+    diversity: float | None
+    expand: Literal["neighbours", "section"] | None
+    expand_tokens: int | None
 
 
 def search_body(**fields: Any) -> dict[str, Any]:

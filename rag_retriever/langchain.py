@@ -11,7 +11,9 @@ Each `Document` holds the chunk text; its metadata holds the chunk's provenance 
 doc_id, title, start, end, chunk_index), its final rank and score, every stage's rank and
 score (`dense_rank`, `dense_score`, `bm25_rank`, ..., `rerank_score`; None for a stage that did
 not run or did not return the chunk), the BM25 matched terms, the collection that answered, and
-the document's own metadata under "metadata".
+the document's own metadata under "metadata". With `expand`, the page content is the hit's merged
+context; metadata["text"] is then the hit's own chunk and metadata["context"] the context's
+offsets and chunk range.
 
 langchain-core is optional (`pip install 'rag-retriever[langchain]'`); nothing else in
 rag_retriever imports this module. It does not build chains, prompts or vector stores.
@@ -20,7 +22,7 @@ rag_retriever imports this module. It does not build chains, prompts or vector s
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from typing import Any, Literal
 
 try:
     from langchain_core.callbacks import (
@@ -50,8 +52,10 @@ def hit_to_document(
     hit's JSON form without the text, each stage flattened to `<stage>_rank` / `<stage>_score`."""
     metadata: dict[str, Any] = {}
     for key, value in hit.to_dict().items():
-        if key == "text":
+        if key == "text" and hit.context is None:
             continue
+        if key == "context" and value is not None:
+            value = {k: v for k, v in value.items() if k != "text"}  # it is the page_content
         if key in HIT_STAGES:
             metadata[f"{key}_rank"] = None if value is None else value["rank"]
             metadata[f"{key}_score"] = None if value is None else value["score"]
@@ -60,7 +64,8 @@ def hit_to_document(
     metadata["collection"] = collection
     # names the query for feedback (POST /v1/feedback, client.feedback) when a log is kept
     metadata["query_id"] = query_id
-    return Document(page_content=hit.text, metadata=metadata, id=hit.chunk_id)
+    content = hit.text if hit.context is None else hit.context.text
+    return Document(page_content=content, metadata=metadata, id=hit.chunk_id)
 
 
 def result_to_documents(result: SearchResult) -> list[Document]:
@@ -85,6 +90,12 @@ class RagRetrieverLangChain(BaseRetriever):
     mode: Mode | None = None
     filter: InstanceOf[SearchFilter] | None = None
     collection: str | None = None
+    # 0-1: maximal marginal relevance over the ranked hits (near-duplicates do not fill the top k)
+    diversity: float | None = None
+    # "neighbours" or "section": each Document's page_content is the hit's merged context
+    # (metadata keeps the hit's own text and offsets, and the context's)
+    expand: Literal["neighbours", "section"] | None = None
+    expand_tokens: int | None = None
 
     def _get_relevant_documents(
         self, query: str, *, run_manager: CallbackManagerForRetrieverRun
@@ -115,4 +126,7 @@ class RagRetrieverLangChain(BaseRetriever):
             "mode": self.mode,
             "filter": self.filter,
             "collection": self.collection,
+            "diversity": self.diversity,
+            "expand": self.expand,
+            "expand_tokens": self.expand_tokens,
         }

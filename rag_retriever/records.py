@@ -15,7 +15,7 @@ from __future__ import annotations
 import hashlib
 import re
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any, Literal
 
@@ -93,19 +93,60 @@ def content_hash(text: str) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
-def embed_text(title: str, body: str) -> str:
-    """The text that is embedded and BM25-indexed for a chunk: the title, a blank line, the body."""
-    return f"{title}\n\n{body}" if title else body
+def embed_text(title: str, body: str, section: str = "") -> str:
+    """The text that is embedded and BM25-indexed for a chunk: its heading path (the title, then
+    the section's headings: `Title > Section > Subsection`), a blank line, the body.
+
+    >>> embed_text("Guide", "Run it.", "Install > Linux")
+    'Guide > Install > Linux\\n\\nRun it.'
+    """
+    heading = HEADING_SEPARATOR.join(h for h in (title, section) if h)
+    return f"{heading}\n\n{body}" if heading else body
+
+
+# Between the levels of a heading path in a chunk's prefix (title > section > subsection).
+HEADING_SEPARATOR = " > "
+
+
+@dataclass(frozen=True)
+class Heading:
+    """A heading inside a document's text: where its line starts, its level (1 = top), its text."""
+
+    start: int
+    level: int
+    text: str
 
 
 @dataclass(frozen=True)
 class Document:
-    """One input document; `metadata` keeps every extra field of the input line."""
+    """One input document; `metadata` keeps every extra field of the input line.
+
+    `headings` (markdown and HTML files; in text order, the title's own heading left out) give
+    each chunk its heading path (`Chunk.section`)."""
 
     id: str
     title: str
     text: str
     metadata: Mapping[str, Any] = field(default_factory=dict)
+    headings: tuple[Heading, ...] = ()
+
+
+def section_at(headings: Sequence[Heading], position: int) -> str:
+    """The heading path in force at `position`: each heading before it that no later heading
+    of the same or a higher level replaced, top level first.
+
+    >>> hs = [Heading(0, 2, "Install"), Heading(20, 3, "Linux"), Heading(40, 2, "Use")]
+    >>> section_at(hs, 30), section_at(hs, 45), section_at(hs, 0)
+    ('Install > Linux', 'Use', 'Install')
+    """
+    stack: list[Heading] = []
+    for heading in headings:
+        if heading.start > position:
+            break
+        while stack and stack[-1].level >= heading.level:
+            stack.pop()
+        stack.append(heading)
+    return HEADING_SEPARATOR.join(h.text for h in stack)
 
 
 @dataclass(frozen=True)
@@ -122,10 +163,13 @@ class Chunk:
     n_tokens: int
     content_hash: str
     metadata: Mapping[str, Any] = field(default_factory=dict)
+    # The headings above the chunk's start below the title ("Install > Linux"), for markdown and
+    # HTML documents; "" when the document has none.
+    section: str = ""
 
     @property
     def embed_text(self) -> str:
-        return embed_text(self.title, self.text)
+        return embed_text(self.title, self.text, self.section)
 
     def to_payload(self) -> dict[str, Any]:
         """The Qdrant payload (and the row of the chunk table): everything but the vector."""
@@ -140,6 +184,8 @@ class Chunk:
             "n_tokens": self.n_tokens,
             "content_hash": self.content_hash,
             "metadata": dict(self.metadata),
+            # only when there is one: versions of documents without headings keep their payloads
+            **({"section": self.section} if self.section else {}),
         }
 
     @classmethod
@@ -155,6 +201,32 @@ class Chunk:
             n_tokens=int(payload["n_tokens"]),
             content_hash=str(payload["content_hash"]),
             metadata=dict(payload.get("metadata") or {}),
+            section=str(payload.get("section") or ""),
+        )
+
+
+@dataclass(frozen=True)
+class Context:
+    """The span around a hit that `expand` returns: consecutive chunks of its document merged
+    without repeating their overlap, `document.text[start:end] == text` (see context.py)."""
+
+    text: str
+    start: int
+    end: int
+    first_chunk: int  # chunk_index of the first chunk in the span
+    last_chunk: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Context:
+        return cls(
+            text=str(data["text"]),
+            start=int(data["start"]),
+            end=int(data["end"]),
+            first_chunk=int(data["first_chunk"]),
+            last_chunk=int(data["last_chunk"]),
         )
 
 
@@ -188,8 +260,13 @@ class Hit:
     bm25: StageScore | None = None
     fused: StageScore | None = None
     rerank: StageScore | None = None
+    # Where maximal marginal relevance put the hit, when the request asked for `diversity`.
+    mmr: StageScore | None = None
     matched_terms: tuple[str, ...] = ()
     metadata: Mapping[str, Any] = field(default_factory=dict)
+    section: str = ""  # the chunk's heading path below the title (markdown, HTML)
+    # The neighbouring chunks merged around the hit, when the request asked to `expand`.
+    context: Context | None = None
 
     @classmethod
     def of_chunk(cls, chunk: Chunk, **stages: Any) -> Hit:
@@ -204,6 +281,8 @@ class Hit:
             value = getattr(self, f.name)
             if f.name in HIT_STAGES:
                 value = None if value is None else {"rank": value.rank, "score": value.score}
+            elif isinstance(value, Context):
+                value = value.to_dict()
             elif isinstance(value, tuple):
                 value = list(value)
             elif isinstance(value, Mapping):
@@ -225,15 +304,28 @@ class Hit:
                 values[f.name] = tuple(raw or ())
             elif f.name == "metadata":
                 values[f.name] = dict(raw or {})
+            elif f.name == "context":
+                values[f.name] = None if raw is None else Context.from_dict(raw)
+            elif f.name == "section":  # absent from the answers of older servers
+                values[f.name] = str(raw or "")
             else:
                 values[f.name] = _SCALARS[str(f.type)](data[f.name])
         return cls(**values)
 
 
 # The stages a hit reports, in pipeline order (each a StageScore or None).
-HIT_STAGES = ("dense", "bm25", "fused", "rerank")
+HIT_STAGES = ("dense", "bm25", "fused", "rerank", "mmr")
 # A hit's provenance fields copied from its chunk (the chunk's `id` becomes `chunk_id`).
-_CHUNK_FIELDS_OF_HIT = ("doc_id", "title", "text", "start", "end", "chunk_index", "metadata")
+_CHUNK_FIELDS_OF_HIT = (
+    "doc_id",
+    "title",
+    "text",
+    "start",
+    "end",
+    "chunk_index",
+    "metadata",
+    "section",
+)
 _SCALARS: dict[str, Any] = {"str": str, "int": int, "float": float}
 
 

@@ -29,13 +29,15 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, fields
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypedDict, Unpack
 
 import numpy as np
 
 from rag_retriever.bm25 import BM25Model, Tokenizer
 from rag_retriever.cache import CacheKey, SemanticCache
 from rag_retriever.chunk_table import ChunkCache
+from rag_retriever.context import ExpandKind, check_expand, merge, neighbour_ids, window
+from rag_retriever.diversity import check_diversity, mmr
 from rag_retriever.errors import (
     CollectionNotFound,
     FingerprintMismatch,
@@ -93,6 +95,8 @@ class RetrievalConfig:
     default_k: int = _DEFAULTS.default_k
     max_k: int = _DEFAULTS.max_k
     max_query_chars: int = _DEFAULTS.max_query_chars
+    diversity_candidates: int = _DEFAULTS.diversity_candidates
+    expand_tokens: int = _DEFAULTS.expand_tokens
 
     def __post_init__(self) -> None:
         # One set of rules: those of the settings these fields come from (and only these).
@@ -124,6 +128,34 @@ MODE_STAGES: dict[Mode, Stages] = {
     "hybrid": Stages(dense=True, bm25=True, fuse=True),
     "rerank": Stages(dense=True, bm25=True, fuse=True, rerank=True),
 }
+
+
+class SearchOptions(TypedDict, total=False):
+    """The options of every search call (Retriever.retrieve_batch documents them)."""
+
+    k: int | None
+    mode: Mode | None
+    filter: SearchFilter | None
+    collection: str | None
+    diversity: float | None
+    expand: ExpandKind | None
+    expand_tokens: int | None
+
+
+@dataclass(frozen=True)
+class HitOptions:
+    """What a request asks of its hits besides the ranking: `diversity` (MMR's trade-off, 0 =
+    the ranked order) and `expand` (the hit's neighbouring chunks, or its section, merged into
+    `Hit.context`, up to `expand_tokens`)."""
+
+    diversity: float = 0.0
+    expand: ExpandKind | None = None
+    expand_tokens: int = _DEFAULTS.expand_tokens
+
+    @property
+    def key(self) -> str:
+        """What the cache tells apart (hits asked for differently are different answers)."""
+        return f"{self.diversity}|{self.expand}|{self.expand_tokens if self.expand else ''}"
 
 
 def serving_record(store: Store, alias_or_name: str) -> VersionRecord | None:
@@ -177,6 +209,10 @@ class OpenCollection:
     tuned_fusion: Fusion | None = None
     opened_at: float = 0.0
 
+
+# How many chunks on each side of a hit `expand` reads first; a window that reaches them reads
+# four times as far (two 200-token neighbours fill the default 600-token budget).
+EXPAND_FIRST_REACH = 2
 
 # A version's metadata is read again after this many seconds, so a fusion tuned by another
 # process is served without a restart.
@@ -281,39 +317,16 @@ class Retriever:
 
     # -- public API -------------------------------------------------------------------------
 
-    def search(
-        self,
-        query: str,
-        *,
-        k: int | None = None,
-        mode: Mode | None = None,
-        filter: SearchFilter | None = None,
-        collection: str | None = None,
-    ) -> list[Hit]:
-        return list(self.retrieve(query, k=k, mode=mode, filter=filter, collection=collection).hits)
+    def search(self, query: str, **options: Unpack[SearchOptions]) -> list[Hit]:
+        return list(self.retrieve(query, **options).hits)
 
     def search_batch(
-        self,
-        queries: Sequence[str],
-        *,
-        k: int | None = None,
-        mode: Mode | None = None,
-        filter: SearchFilter | None = None,
-        collection: str | None = None,
+        self, queries: Sequence[str], **options: Unpack[SearchOptions]
     ) -> list[list[Hit]]:
-        results = self.retrieve_batch(queries, k=k, mode=mode, filter=filter, collection=collection)
-        return [list(r.hits) for r in results]
+        return [list(r.hits) for r in self.retrieve_batch(queries, **options)]
 
-    def retrieve(
-        self,
-        query: str,
-        *,
-        k: int | None = None,
-        mode: Mode | None = None,
-        filter: SearchFilter | None = None,
-        collection: str | None = None,
-    ) -> SearchResult:
-        return self.retrieve_batch([query], k=k, mode=mode, filter=filter, collection=collection)[0]
+    def retrieve(self, query: str, **options: Unpack[SearchOptions]) -> SearchResult:
+        return self.retrieve_batch([query], **options)[0]
 
     def retrieve_batch(
         self,
@@ -323,15 +336,23 @@ class Retriever:
         mode: Mode | None = None,
         filter: SearchFilter | None = None,
         collection: str | None = None,
+        diversity: float | None = None,
+        expand: ExpandKind | None = None,
+        expand_tokens: int | None = None,
     ) -> list[SearchResult]:
         """Results for many queries; query vectors are encoded in one batched call. With a
-        cache, repeated (and near-identical) questions are answered from it (see cache.py)."""
+        cache, repeated (and near-identical) questions are answered from it (see cache.py).
+
+        `diversity` (0-1) reorders the top `diversity_candidates` of the ranked list by maximal
+        marginal relevance (diversity.py); `expand` ("neighbours" or "section") returns with each
+        hit the chunks around it, up to `expand_tokens` (context.py; unused without `expand`)."""
         k = self._check_k(k)
         chosen_mode = self._check_mode(mode)
+        shape = self._check_options(diversity, expand, expand_tokens)
         if self.cache is not None and queries:
-            results = self._cached(queries, k, chosen_mode, mode is None, filter, collection)
+            results = self._cached(queries, k, chosen_mode, mode is None, filter, collection, shape)
         else:
-            results = self._search(queries, k, chosen_mode, mode is None, filter, collection)
+            results = self._search(queries, k, chosen_mode, mode is None, filter, collection, shape)
         if self.query_log is not None:
             for result in results:
                 self.query_log.record(
@@ -347,10 +368,12 @@ class Retriever:
         default_mode: bool,
         flt: SearchFilter | None,
         collection: str | None,
+        shape: HitOptions,
     ) -> list[SearchResult]:
         name, traces = self.trace(queries, mode=mode, filter=flt, collection=collection)
         results = []
         for trace in traces:
+            hits = self._shaped_hits(name, trace, mode, k, shape)
             notices = []
             if trace.query_truncated:
                 notices.append(
@@ -371,7 +394,7 @@ class Retriever:
                     query=trace.query,
                     mode=mode,
                     collection=name,
-                    hits=tuple(self._hits(name, trace, mode, k)),
+                    hits=tuple(hits),
                     timings_ms={s: round(ms, 3) for s, ms in trace.timings_ms.items()},
                     query_truncated=trace.query_truncated,
                     notices=tuple(notices),
@@ -389,6 +412,7 @@ class Retriever:
         default_mode: bool,
         flt: SearchFilter | None,
         collection: str | None,
+        shape: HitOptions,
     ) -> list[SearchResult]:
         """Exact hits first, then (for modes that embed the query) near-identical questions;
         the rest searched and cached. A cached answer says so in its notices."""
@@ -397,7 +421,9 @@ class Retriever:
         for q in queries:
             self._check_query(q)
         name = self.store.resolve(collection or self.default_collection)
-        key = CacheKey(name, mode, k, json.dumps(flt.to_dict(), sort_keys=True) if flt else "")
+        key = CacheKey(
+            name, mode, k, json.dumps(flt.to_dict(), sort_keys=True) if flt else "", shape.key
+        )
         out: list[SearchResult | None] = [self.cache.get_exact(key, q) for q in queries]
         vectors: dict[int, np.ndarray] = {}
         todo = [i for i, r in enumerate(out) if r is None]
@@ -414,7 +440,7 @@ class Retriever:
         self._encoded_here.vectors = known
         try:
             fresh = self._search(
-                [queries[i] for i in misses], k, mode, default_mode, flt, collection
+                [queries[i] for i in misses], k, mode, default_mode, flt, collection, shape
             )
         finally:
             self._encoded_here.vectors = None
@@ -513,6 +539,21 @@ class Retriever:
                 f"k must be an integer from 1 to {self.config.max_k} (RAG_MAX_K), got {k!r}"
             )
         return k
+
+    def _check_options(
+        self, diversity: float | None, expand: str | None, expand_tokens: int | None
+    ) -> HitOptions:
+        try:
+            kind, tokens = check_expand(
+                expand, self.config.expand_tokens if expand_tokens is None else expand_tokens
+            )
+            return HitOptions(
+                diversity=0.0 if diversity is None else check_diversity(diversity),
+                expand=kind,
+                expand_tokens=tokens,
+            )
+        except ValueError as exc:
+            raise InvalidRequest(str(exc)) from None
 
     def _check_query(self, query: str) -> None:
         if not isinstance(query, str) or is_blank(query):
@@ -671,12 +712,107 @@ class Retriever:
             ]
         trace.timings_ms["rerank"] = (time.perf_counter() - t0) * 1000
 
-    def _hits(self, name: str, stages: Trace, mode: Mode, k: int) -> list[Hit]:
+    def _shaped_hits(
+        self, name: str, trace: Trace, mode: Mode, k: int, shape: HitOptions
+    ) -> list[Hit]:
+        """The top k hits, diversified and expanded as `shape` asks (each step timed)."""
+        final = trace.final(mode)
+        picked: dict[str, StageScore] = {}
+        if shape.diversity > 0 and final:
+            t0 = time.perf_counter()
+            final, picked = self._diversify(name, trace, mode, final, k, shape.diversity)
+            trace.timings_ms["diversity"] = (time.perf_counter() - t0) * 1000
+        hits = self._hits(name, trace, final[:k], picked)
+        if shape.expand is not None and hits:
+            t0 = time.perf_counter()
+            hits = self._expand(name, hits, shape.expand, shape.expand_tokens)
+            trace.timings_ms["expand"] = (time.perf_counter() - t0) * 1000
+        trace.timings_ms["total"] = sum(ms for s, ms in trace.timings_ms.items() if s != "total")
+        return hits
+
+    def _diversify(
+        self,
+        name: str,
+        trace: Trace,
+        mode: Mode,
+        final: list[tuple[str, StageScore]],
+        k: int,
+        diversity: float,
+    ) -> tuple[list[tuple[str, StageScore]], dict[str, StageScore]]:
+        """The final list with its top reordered by MMR, and each pick's MMR rank and score.
+
+        MMR chooses among the first `diversity_candidates` (at least k); in rerank mode only
+        among the reranked ones, whose scores share a scale (those after them are in fused
+        order, with fusion scores)."""
+        depth = max(self.config.diversity_candidates, k)
+        if MODE_STAGES[mode].rerank:
+            depth = min(depth, len(trace.rerank_fused or trace.rerank or ()))
+        pool = final[:depth]
+        if len(pool) < 2:
+            return final, {}
+        found = {
+            r.id: r.dense
+            for r in self.store.retrieve(name, [cid for cid, _ in pool], with_dense=True)
+            if r.dense is not None
+        }
+        if len(found) < len(pool):
+            raise CollectionNotFound(f"collection {name!r} changed while it was read")
+        vectors = np.stack([found[cid] for cid, _ in pool])
+        scores = np.array([s.score for _, s in pool])
+        picks = mmr(scores, vectors, diversity=diversity, k=min(k, len(pool)))
+        head = [pool[i] for i, _ in picks]
+        chosen = {cid for cid, _ in head}
+        ranks = {
+            pool[i][0]: StageScore(rank, score) for rank, (i, score) in enumerate(picks, start=1)
+        }
+        rest = [item for item in final if item[0] not in chosen]
+        return [(cid, ranks[cid]) for cid, _ in head] + rest, ranks
+
+    def _expand(self, name: str, hits: list[Hit], kind: ExpandKind, budget: int) -> list[Hit]:
+        """Each hit with its context: the chunks around it (see context.window), merged.
+
+        The neighbours are read by id (a chunk's id comes from its document and position), a
+        few on each side first and further only for a hit whose window reached the edge."""
+        known: dict[str, dict[int, Chunk]] = {}  # by hit chunk id: chunk index -> chunk
+        for hit in hits:
+            own = self.chunks(name, [hit.chunk_id])[hit.chunk_id]
+            known[hit.chunk_id] = {hit.chunk_index: own}
+        windows: dict[str, list[int]] = {}
+        todo = list(hits)
+        reach = EXPAND_FIRST_REACH
+        while todo:
+            wanted = {h.chunk_id: neighbour_ids(h.doc_id, h.chunk_index, reach) for h in todo}
+            found = self.chunk_cache.find(name, [cid for ids in wanted.values() for cid in ids])
+            later = []
+            for hit in todo:
+                chunks = known[hit.chunk_id]
+                chunks.update(
+                    {i: found[cid] for cid, i in wanted[hit.chunk_id].items() if cid in found}
+                )
+                span = window(chunks, hit.chunk_index, budget=budget, kind=kind)
+                windows[hit.chunk_id] = span
+                edge = span[0] == hit.chunk_index - reach or span[-1] == hit.chunk_index + reach
+                if edge:  # the window may go on beyond what was read
+                    later.append(hit)
+            todo, reach = later, reach * 4
+        return [
+            dataclasses.replace(
+                h, context=merge([known[h.chunk_id][i] for i in windows[h.chunk_id]])
+            )
+            for h in hits
+        ]
+
+    def _hits(
+        self,
+        name: str,
+        stages: Trace,
+        final: list[tuple[str, StageScore]],
+        mmr_stage: dict[str, StageScore],
+    ) -> list[Hit]:
         dense = dict(stages.dense or [])
         bm25 = dict(stages.bm25 or [])
         fused = dict(stages.fused or [])
         rerank = dict(stages.rerank or [])
-        final = stages.final(mode)[:k]
         chunks = self.chunks(name, [cid for cid, _ in final])
         query_terms = self.tokenizer.analyze(stages.query) if bm25 else []
         hits = []
@@ -692,6 +828,7 @@ class Retriever:
                     bm25=lexical,
                     fused=fused.get(cid),
                     rerank=rerank.get(cid),
+                    mmr=mmr_stage.get(cid),
                     matched_terms=() if lexical is None else self._matched(query_terms, chunk),
                 )
             )

@@ -48,6 +48,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from rag_retriever.auth import authorised, header
+from rag_retriever.context import EXPAND_KINDS, ExpandKind
 from rag_retriever.errors import CollectionNotFound, ConfigError, InvalidRequest, RagError
 from rag_retriever.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from rag_retriever.metrics import Metrics
@@ -59,7 +60,7 @@ from rag_retriever.records import (
     check_collection,
 )
 from rag_retriever.retriever import Retriever
-from rag_retriever.settings import Settings
+from rag_retriever.settings import EXPAND_TOKENS_MAX, Settings
 from rag_retriever.store.catalog import describe_collections
 from rag_retriever.writes import add_write_routes, is_write_path
 
@@ -93,8 +94,23 @@ class _Options(BaseModel):
     collection: str | None = Field(
         default=None, description="alias or collection (default RAG_COLLECTION)"
     )
+    diversity: float | None = Field(
+        default=None,
+        description="0 (the ranked order) to 1: reorder the top RAG_DIVERSITY_CANDIDATES hits "
+        "by maximal marginal relevance, so near-duplicate chunks do not fill the top k",
+        examples=[0.3],
+    )
+    expand: ExpandKind | None = Field(
+        default=None,
+        description="return each hit's context: 'neighbours' (the chunks around it) or "
+        "'section' (those under the same heading), merged, as hit.context",
+    )
+    expand_tokens: int | None = Field(
+        default=None,
+        description="tokens of context per hit with expand (default RAG_EXPAND_TOKENS)",
+    )
 
-    @field_validator("k", mode="before")
+    @field_validator("k", "expand_tokens", mode="before")
     @classmethod
     def _integral_float(cls, value: Any) -> Any:
         # JSON Schema's integer includes 4.0; strict parsing still refuses "4" and 4.5.
@@ -151,6 +167,14 @@ def _documented(settings: Settings, retriever: Retriever) -> tuple[type, type]:
         },
         "mode": {"anyOf": [{"enum": list(modes)}, {"type": "null"}]},
         "collection": {"anyOf": [*_COLLECTION, {"type": "null"}]},
+        "diversity": {"anyOf": [{"type": "number", "minimum": 0, "maximum": 1}, {"type": "null"}]},
+        "expand": {"anyOf": [{"enum": list(EXPAND_KINDS)}, {"type": "null"}]},
+        "expand_tokens": {
+            "anyOf": [
+                {"type": "integer", "minimum": 1, "maximum": EXPAND_TOKENS_MAX},
+                {"type": "null"},
+            ]
+        },
         "filter": {
             "anyOf": [
                 {
@@ -260,6 +284,9 @@ def _add_search_routes(app: FastAPI, retriever: Retriever, settings: Settings) -
             mode=body.mode,
             filter=_filter(body.filter),
             collection=body.collection,
+            diversity=body.diversity,
+            expand=body.expand,
+            expand_tokens=body.expand_tokens,
         )
         app.state.metrics.observe([result])
         return JSONResponse(result.to_dict())
@@ -276,6 +303,9 @@ def _add_search_routes(app: FastAPI, retriever: Retriever, settings: Settings) -
             mode=body.mode,
             filter=_filter(body.filter),
             collection=body.collection,
+            diversity=body.diversity,
+            expand=body.expand,
+            expand_tokens=body.expand_tokens,
         )
         app.state.metrics.observe(results)
         return JSONResponse({"results": [r.to_dict() for r in results]})

@@ -48,6 +48,10 @@ ENV_ONLY = frozenset(
 _EMPTY_IS_A_VALUE = frozenset({"query_prefix", "passage_prefix"})
 
 
+# The most tokens of context `expand` returns around one hit.
+EXPAND_TOKENS_MAX = 8192
+
+
 def _setting(default: Any, help: str, *, flag: str | None = None) -> Any:
     """One setting's default and help text; `flag` renames its CLI flag (default --<name>)."""
     return Field(default, description=help, json_schema_extra={"flag": flag} if flag else None)
@@ -136,6 +140,15 @@ class Settings(BaseSettings):
     )
     rerank_max_length: PositiveInt = _setting(
         256, "tokens of question plus chunk; longer chunks are cut and counted"
+    )
+    # Deep enough to find a different document for each of 10 slots; MMR over 50 costs < 1 ms.
+    diversity_candidates: PositiveInt = _setting(
+        50, "ranked hits that MMR chooses from when a request asks for diversity"
+    )
+    # A hit and a neighbour on each side at the default 200-token chunks; 3 such hits are about a
+    # fifth of a 4k-token prompt.
+    expand_tokens: Annotated[int, Field(ge=1, le=EXPAND_TOKENS_MAX)] = _setting(
+        600, "tokens of context per hit when a request asks to expand (chunks counted whole)"
     )
     default_k: PositiveInt = _setting(10, "hits returned when a request gives no k")
     max_k: PositiveInt = _setting(100, "the most hits a request may ask for")

@@ -14,7 +14,7 @@ import pytest
 
 from rag_retriever.client import AsyncRetrieverClient, RetrieverClient
 from rag_retriever.encoder import Encoder
-from rag_retriever.records import Hit, SearchFilter, StageScore
+from rag_retriever.records import Context, Hit, SearchFilter, StageScore
 from rag_retriever.retriever import Retriever
 from rag_retriever.settings import Settings
 from tests.test_server import build_retriever, live_server
@@ -104,11 +104,24 @@ def test_hit_to_document_maps_every_field() -> None:
         "fused_score": 0.03,
         "rerank_rank": None,
         "rerank_score": None,
+        "mmr_rank": None,
+        "mmr_score": None,
         "matched_terms": ["body"],
         "collection": "kb__m__v1",
         "query_id": "q1",
         "metadata": {"lang": "en"},
+        "section": "",
+        "context": None,
     }
+
+
+def test_an_expanded_hit_s_document_is_its_context() -> None:
+    context = Context(text="before. body text after.", start=2, end=26, first_chunk=1, last_chunk=3)
+    hit = Hit("c", "d", "T", "body text", 10, 19, 2, rank=1, score=0.5, context=context)
+    doc = hit_to_document(hit)
+    assert doc.page_content == context.text
+    assert doc.metadata["text"] == "body text"
+    assert doc.metadata["context"] == {"start": 2, "end": 26, "first_chunk": 1, "last_chunk": 3}
 
 
 def test_invoke_in_process(local: Retriever) -> None:
