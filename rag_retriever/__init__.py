@@ -21,6 +21,7 @@ _EXPORTS = {
     "Chunk": "records",
     "CollectionNotFound": "errors",
     "ConfigError": "errors",
+    "Context": "records",
     "CrossEncoderReranker": "reranker",
     "Document": "records",
     "DocumentError": "errors",
@@ -86,6 +87,9 @@ if TYPE_CHECKING:
     )
     from rag_retriever.records import (
         Chunk as Chunk,
+    )
+    from rag_retriever.records import (
+        Context as Context,
     )
     from rag_retriever.records import (
         Document as Document,
