@@ -244,7 +244,8 @@ class Hit:
 
     A stage that did not run, or did not return this chunk, is None, never zero.
     `score` is the score of the stage that produced the final order (cosine for `dense`,
-    BM25 for `bm25`, RRF for `hybrid`, the cross-encoder logit for `rerank`).
+    BM25 for `bm25`, RRF for `hybrid`, the cross-encoder logit for `rerank`; the MMR value when
+    the request asked for `diversity`).
     """
 
     chunk_id: str
