@@ -89,6 +89,9 @@ MAX_DELTA_SHARDS = 4
 # everything is merged into a new base (a full HNSW build), so over-fetching past tombstones and
 # the shard count stay bounded.
 BASE_MERGE_FRACTION = 0.5
+# How far below a floor score a shard is still asked for points (relative; the engine scores in
+# float32, whose relative precision is ~6e-8), so that a point tying with the floor is not lost.
+FLOOR_MARGIN = 1e-6
 # Points per write call when shards are merged.
 MERGE_BATCH = 512
 
@@ -127,6 +130,29 @@ class Manifest:
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Manifest:
         return cls(tuple(Segment.from_json(s) for s in data["segments"]), data.get("own"))
+
+
+def _limited(queries: Sequence[StageQuery], limits: Sequence[int]) -> list[StageQuery]:
+    return [
+        q if q.limit == n else replace(q, limit=n) for q, n in zip(queries, limits, strict=True)
+    ]
+
+
+def _live_head(
+    points: Sequence[Any], limit: int, deleted: frozenset[str]
+) -> tuple[list[str], float | None]:
+    """The ids of a shard's score-ordered points up to its `limit`-th live one, and that
+    point's score (None when the list holds fewer live points)."""
+    names: list[str] = []
+    live = 0
+    for point in points:
+        pid = str(point.id)
+        names.append(pid)
+        if pid not in deleted:
+            live += 1
+            if live == limit:
+                return names, float(point.score)
+    return names, None
 
 
 def _ranked(shard: int, points: Sequence[Any]) -> Iterator[tuple[float, int, int]]:
@@ -521,17 +547,29 @@ class EdgeStore(Store):
         if len(segments) == 1 and not segments[0].deleted:
             return [best_first(found) for found in self._query(segments[0].id, queries, None)]
         asked = [[self._fetch_limit(seg, q) for q in queries] for seg in segments]
-        fetched = [
-            self._points(
-                seg.id,
-                [replace(q, limit=n) for q, n in zip(queries, limits, strict=True)],
-                None,
-                ef_of=[q.limit for q in queries],
-            )
-            for seg, limits in zip(segments, asked, strict=True)
+        breadth = [q.limit for q in queries]
+        base = self._points(segments[0].id, _limited(queries, asked[0]), None, ef_of=breadth)
+        # The base's live top `limit` of each query, ids read once here and reused by the merge.
+        # No point that scores below its last one can make the answer, so the other shards are
+        # asked only for points above it (fewer points handed back and walked).
+        heads = [
+            _live_head(found, q.limit, segments[0].deleted)
+            for found, q in zip(base, queries, strict=True)
+        ]
+        floors = [floor for _, floor in heads]
+        fetched = [base] + [
+            self._points(seg.id, _limited(queries, limits), None, ef_of=breadth, floors=floors)
+            for seg, limits in zip(segments[1:], asked[1:], strict=True)
         ]
         return [
-            self._merge_lists(name, segments, q, [f[i] for f in fetched], [a[i] for a in asked])
+            self._merge_lists(
+                name,
+                segments,
+                q,
+                [f[i] for f in fetched],
+                [a[i] for a in asked],
+                [heads[i][0]] + [[] for _ in segments[1:]],
+            )
             for i, q in enumerate(queries)
         ]
 
@@ -552,6 +590,7 @@ class EdgeStore(Store):
         q: StageQuery,
         lists: list[list[Any]],
         asked: list[int],
+        names: list[list[str]],
     ) -> list[tuple[str, float]]:
         """The best `q.limit` live points of the shards' score-ordered lists. Walked best score
         first, so an id is read (~1.7 us each: the engine hands out `uuid.UUID`s) only for the
@@ -570,7 +609,7 @@ class EdgeStore(Store):
                 if ended is not None:
                     short = ended  # the next point may be outranked by one that shard did not send
                     break
-                pid = str(lists[j][k].id)
+                pid = names[j][k] if k < len(names[j]) else str(lists[j][k].id)
                 if pid not in segments[j].deleted:
                     out.append((pid, score))
                 if k == len(lists[j]) - 1 and len(lists[j]) == asked[j] < segments[j].points:
@@ -583,6 +622,7 @@ class EdgeStore(Store):
             # rare: the over-fetch left a shard short; ask it for its exact live top `limit`
             seg = segments[short]
             lists[short] = self._points(seg.id, [q], self._tombstones(name, seg))[0]
+            names[short] = []
             asked[short] = seg.points  # that list is now complete for this query
 
     def _query(
@@ -602,19 +642,27 @@ class EdgeStore(Store):
         queries: Sequence[StageQuery],
         excluded: Any,
         ef_of: Sequence[int] | None = None,
+        floors: Sequence[float | None] | None = None,
     ) -> list[list[Any]]:
         """One batched engine call, its scored points as the engine returns them (best first);
-        `ef_of` = the limit each query's HNSW breadth is sized for (default its own limit)."""
+        `ef_of` = the limit each query's HNSW breadth is sized for (default its own limit);
+        `floors` = the score each query's points must reach (None: any)."""
         bases = ef_of or [q.limit for q in queries]
+        lows = floors or [None] * len(queries)
         with engine_errors(f"searching shard {segment}"):
             results = self._shard(segment).query_batch(
                 self._edge.QueryBatchRequest(
-                    [self._request(q, excluded, b) for q, b in zip(queries, bases, strict=True)]
+                    [
+                        self._request(q, excluded, b, low)
+                        for q, b, low in zip(queries, bases, lows, strict=True)
+                    ]
                 )
             )
         return list(results)
 
-    def _request(self, q: StageQuery, excluded: Any, ef_base: int) -> Any:
+    def _request(
+        self, q: StageQuery, excluded: Any, ef_base: int, floor: float | None = None
+    ) -> Any:
         edge = self._edge
         if isinstance(q.vector, SparseVector):
             vector: Any = edge.SparseVector(list(q.vector.indices), list(q.vector.values))
@@ -629,6 +677,8 @@ class EdgeStore(Store):
             else None,
             with_payload=False,
             with_vector=False,
+            # a hair below the floor: a point that ties with it still comes back
+            score_threshold=None if floor is None else floor - FLOOR_MARGIN * max(1.0, abs(floor)),
         )
 
     def retrieve(
