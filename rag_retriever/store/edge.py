@@ -557,8 +557,17 @@ class EdgeStore(Store):
             for found, q in zip(base, queries, strict=True)
         ]
         floors = [floor for _, floor in heads]
+        # A delta shard's HNSW breadth follows the share of the live points it holds: it is
+        # expected to hold that share of any answer (the base keeps the full breadth).
+        live = sum(seg.live for seg in segments) or 1
         fetched = [base] + [
-            self._points(seg.id, _limited(queries, limits), None, ef_of=breadth, floors=floors)
+            self._points(
+                seg.id,
+                _limited(queries, limits),
+                None,
+                ef_of=[math.ceil(q.limit * seg.live / live) for q in queries],
+                floors=floors,
+            )
             for seg, limits in zip(segments[1:], asked[1:], strict=True)
         ]
         return [
