@@ -92,6 +92,13 @@ MAX_DELTA_SHARDS = 2
 # everything is merged into a new base (a full HNSW build), so over-fetching past tombstones and
 # the shard count stay bounded.
 BASE_MERGE_FRACTION = 0.5
+# Where a shard keeps its sparse (BM25) index and payload indexes: memory-mapped and paged in on
+# use (Qdrant's Memory.Cold) instead of read into RAM when the shard is opened. Measured at 100k
+# points on copies of one sealed shard: opening took ~0.2 s instead of ~0.5 s (the keyword index
+# of doc_id was the largest part), hybrid p50 unchanged (3.51 vs 3.51 ms, queries interleaved).
+# The dense vectors stay read into RAM: memory-mapped too, opening took ~0.08 s but hybrid p50
+# rose 12-17%.
+OPENED_MEMORY = "Cold"
 # How far below a floor score a shard is still asked for points (relative; the engine scores in
 # float32, whose relative precision is ~6e-8), so that a point tying with the floor is not lost.
 FLOOR_MARGIN = 1e-6
@@ -312,9 +319,10 @@ class EdgeStore(Store):
 
     def _create_shard(self, segment: str, dim: int) -> None:
         edge = self._edge
+        cold = getattr(edge.Memory, OPENED_MEMORY)
         config = edge.EdgeConfig(
             vectors={DENSE: edge.EdgeVectorParams(size=dim, distance=edge.Distance.Cosine)},
-            sparse_vectors={SPARSE: edge.EdgeSparseVectorParams()},
+            sparse_vectors={SPARSE: edge.EdgeSparseVectorParams(memory=cold)},
             # No WAL: a shard is written once by one process, and durable once flushed; a
             # shard without WAL can be opened by any number of processes at once.
             wal_enabled=False,
@@ -378,10 +386,11 @@ class EdgeStore(Store):
     def _seal_segment(self, segment: str, indexes: Mapping[str, IndexKind]) -> int:
         """Payload indexes, flush, optimize; returns the shard's point count."""
         edge = self._edge
+        cold = getattr(edge.Memory, OPENED_MEMORY)
         kinds = {
-            "keyword": edge.PayloadSchemaType.Keyword,
-            "integer": edge.PayloadSchemaType.Integer,
-            "bool": edge.PayloadSchemaType.Bool,
+            "keyword": edge.KeywordIndexParams(memory=cold),
+            "integer": edge.IntegerIndexParams(lookup=True, range=True, memory=cold),
+            "bool": edge.BoolIndexParams(memory=cold),
         }
         shard = self._shard(segment)
         with engine_errors(f"sealing shard {segment}"):
