@@ -11,13 +11,15 @@ serving the new version:
   quarter deleted);
 - then `--deltas` successive 1% deltas: hybrid p50 (dense + BM25 in one batched call, real query
   terms and their bag-of-words vectors) and dense recall@100 against an exact search, before and after,
-  with the shards a version reads, its disk use and this process's RSS.
+  with the shards a version reads, its disk use and this process's RSS; with `--rebuild`, the
+  same two figures for the corpus the deltas led to, built from scratch.
 
 Part 2, end to end with real text and the real model (`run_e2e`): SQuAD dev + SciFact ingested
 with all-MiniLM-L6-v2, then 1% of the documents changed (one sentence appended) through
 `update_documents`: time to served, next to the full ingest, encoding included.
 
-Usage: python -m bench.bench_update [--sizes 100000] [--deltas 100] [--server 10000] [--e2e]
+Usage: python -m bench.bench_update [--sizes 100000] [--deltas 100] [--rebuild] [--server 10000]
+[--e2e]
 """
 
 from __future__ import annotations
@@ -166,12 +168,14 @@ def _latency_and_recall(store: EdgeStore, queries: list[list[str]]) -> dict[str,
     }
 
 
-def run(sizes: tuple[int, ...] = (100_000,), deltas: int = 100) -> dict[str, Any]:
+def run(
+    sizes: tuple[int, ...] = (100_000,), deltas: int = 100, *, rebuild: bool = False
+) -> dict[str, Any]:
     queries = _queries()
-    return {str(n): _run_size(n, deltas, queries) for n in sizes}
+    return {str(n): _run_size(n, deltas, queries, rebuild) for n in sizes}
 
 
-def _run_size(n: int, deltas: int, queries: list[list[str]]) -> dict[str, Any]:
+def _run_size(n: int, deltas: int, queries: list[list[str]], rebuild: bool) -> dict[str, Any]:
     corpus = Corpus(n)
     encoder = RandomEncoder()
     with tempfile.TemporaryDirectory() as tmp:
@@ -222,6 +226,20 @@ def _run_size(n: int, deltas: int, queries: list[list[str]]) -> dict[str, Any]:
             }
         row["disk_mb"] = sum(p.stat().st_size for p in root.rglob("*") if p.is_file()) / 2**20
         row["rss_mb"] = _rss_mb()
+        if deltas and rebuild:
+            # the same corpus built from scratch: after 100 deltas ~63% of the documents differ
+            # from the first build's, which moves recall by itself
+            again = EdgeStore(root / "rebuilt")
+            ingest_documents(
+                LoadedCorpus(tuple(corpus.docs.values()), 0, "bench"),
+                alias="bench",
+                encoder=encoder,
+                store=again,
+                full=True,
+                options=opts,
+            )
+            row["rebuilt"] = _latency_and_recall(again, queries)
+            again.close()
         store.close()
     return row
 
@@ -341,6 +359,14 @@ def report(
                 f"{after['dense_recall_at_100']:.4f} ({after['dense_recall_at_100'] - fresh['dense_recall_at_100']:+.4f}), "
                 f"{after['shards']} shard(s)"
             )
+        again = r.get("rebuilt")
+        if after and again:
+            lines.append(
+                f"  the same corpus rebuilt from scratch: hybrid p50 {again['hybrid_p50_ms']:.2f} ms "
+                f"(after the deltas: {after['hybrid_p50_ms'] / again['hybrid_p50_ms']:.2f}x), dense "
+                f"recall@100 {again['dense_recall_at_100']:.4f} (after the deltas: "
+                f"{after['dense_recall_at_100'] - again['dense_recall_at_100']:+.4f})"
+            )
         lines.append(
             f"  disk {r['disk_mb']:,.0f} MB (two kept versions), RSS {r['rss_mb']:,.0f} MB"
         )
@@ -366,8 +392,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--deltas", type=int, default=100)
     parser.add_argument("--e2e", action="store_true", help="also the real-text, real-model run")
     parser.add_argument("--server", type=int, default=0, help="also the server path at N chunks")
+    parser.add_argument(
+        "--rebuild",
+        action="store_true",
+        help="after the deltas, also build the same corpus from scratch (its p50 and recall)",
+    )
     args = parser.parse_args(argv)
-    results = run(tuple(args.sizes), args.deltas)
+    results = run(tuple(args.sizes), args.deltas, rebuild=args.rebuild)
     server = run_server(args.server) if args.server else None
     for text in report(results, run_e2e() if args.e2e else None, server):
         print(text, flush=True)

@@ -26,7 +26,7 @@ from rag_retriever.ingest.writer import ingest_documents, update_documents
 from rag_retriever.profiles import ModelProfile, write_profile_file
 from rag_retriever.records import Document, embed_text
 from rag_retriever.retriever import Retriever
-from rag_retriever.store import SPARSE, EdgeStore, ServerStore, StageQuery, Store
+from rag_retriever.store import DENSE, SPARSE, EdgeStore, ServerStore, StageQuery, Store
 from rag_retriever.store import edge as edge_module
 
 WORDS = [
@@ -167,6 +167,64 @@ def test_bm25_after_random_deltas_equals_rank_bm25_on_the_current_corpus(
         got_top = [score for _, score in found]
         positive = [e for e in expected_top if e > 0]
         np.testing.assert_allclose(got_top[: len(positive)], positive, rtol=1e-5, atol=1e-5)
+    store.close()
+
+
+@pytest.mark.parametrize("over_fetch", [True, False])
+def test_a_search_across_shards_and_tombstones_equals_a_brute_force_one(
+    over_fetch: bool, tiny_encoder: Encoder, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Dense and BM25 top k (k from 1 to past the corpus) after random deltas equal an exact
+    search over the live points; without the over-fetch every tombstone near the top sends the
+    merge back to the engine with the tombstones as a filter, and the answer stays the same."""
+    if not over_fetch:
+        monkeypatch.setattr(EdgeStore, "_fetch_limit", staticmethod(lambda seg, q: q.limit))
+    monkeypatch.setattr(edge_module, "BASE_MERGE_FRACTION", 10.0)  # keep the tombstones
+    store = EdgeStore(tmp_path / "edge")
+    rng = random.Random(11)
+    corpus = {f"d{i}": doc(i, rng, rng.randint(2, 9)) for i in range(40)}
+    write(store, tiny_encoder, tmp_path, list(corpus.values()))
+    for _ in range(5):
+        upserts = [doc(rng.randint(0, 60), rng, rng.randint(2, 9)) for _ in range(6)]
+        upserts = list({d.id: d for d in upserts}.values())
+        deletes = rng.sample(sorted(set(corpus) - {d.id for d in upserts}), 3)
+        update(store, tiny_encoder, tmp_path, upserts, deletes)
+        corpus.update({d.id: d for d in upserts})
+        for gone in deletes:
+            del corpus[gone]
+    name = store.aliases()["kb"]
+    segments = store.manifest(name).segments
+    assert len(segments) > 1 and segments[0].deleted
+    live = [r.id for r in store.scroll(name)]
+    records = store.retrieve(name, live, with_dense=True, with_sparse=True)
+    assert len(live) == len(records) == len(set(live))
+    model = BM25Model(store.record(name).bm25, store.doc_freqs(name))
+    tok = Tokenizer()
+    for terms in ([rng.choice(WORDS)], rng.sample(WORDS, 2), rng.sample(WORDS, 3)):
+        sparse = model.query_vector(tok.tokenize(" ".join(terms)))
+        weights = dict(zip(sparse.indices, sparse.values, strict=True))
+        bm25 = {
+            r.id: sum(
+                weights.get(i, 0.0) * v
+                for i, v in zip(r.sparse.indices, r.sparse.values, strict=True)
+            )
+            for r in records
+            if r.sparse is not None
+        }
+        dense = records[rng.randrange(len(records))].dense
+        assert dense is not None
+        cosine = {r.id: float(np.dot(r.dense, dense)) for r in records if r.dense is not None}
+        for limit in (1, 2, 3, 5, 10, 60):
+            found_sparse, found_dense = store.search(
+                name, [StageQuery(SPARSE, sparse, limit), StageQuery(DENSE, dense, limit)]
+            )
+            positive = {pid: s for pid, s in bm25.items() if s > 0}
+            for found, exact in ((found_sparse, positive), (found_dense, cosine)):
+                best = sorted(exact.values(), reverse=True)[:limit]
+                np.testing.assert_allclose([s for _, s in found], best, rtol=1e-5, atol=1e-5)
+                assert {pid for pid, _ in found} <= exact.keys()  # live points only
+                # every point clearly above the k-th score is in (ties may go either way)
+                assert {p for p, s in exact.items() if s > best[-1] + 1e-5} <= dict(found).keys()
     store.close()
 
 
