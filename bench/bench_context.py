@@ -185,20 +185,26 @@ def headings_table(retriever: Retriever) -> dict[str, dict[str, float]]:
     return out
 
 
-def run(out: Path, limit: int | None = None) -> dict[str, Any]:
+def run(out: Path, limit: int | None = None, emit: Any = None) -> dict[str, Any]:
+    """Every table; `emit(lines)` is called with each part's report as soon as it is done."""
     settings = Settings.from_env(data_dir=out / "context-data", collection="squad")
     retriever = Retriever.from_settings(settings.replace(rerank_model=None), mode="hybrid")
     _ensure(retriever, "squad", load_documents(shared_path("squad_v11_dev", "docs.jsonl")))
     _ensure(retriever, "scifact", load_documents(shared_path("scifact", "docs.jsonl")))
     squad = read_jsonl(shared_path("squad_v11_dev", "questions_dev.jsonl"), limit)
     scifact = read_jsonl(shared_path("scifact", "questions_train.jsonl"), limit)
-    results = {
-        "squad_dev_diversity": diversity_table(retriever, squad, "squad"),
-        "scifact_train_diversity": diversity_table(retriever, scifact, "scifact"),
-        "squad_dev_expand": expand_table(retriever, squad, "squad"),
-        "mmr_cost": mmr_cost(retriever, "squad", [q["question"] for q in squad[:200]]),
-        "headings": headings_table(retriever),
+    parts = {
+        "headings": lambda: headings_table(retriever),
+        "mmr_cost": lambda: mmr_cost(retriever, "squad", [q["question"] for q in squad[:200]]),
+        "squad_dev_expand": lambda: expand_table(retriever, squad, "squad"),
+        "squad_dev_diversity": lambda: diversity_table(retriever, squad, "squad"),
+        "scifact_train_diversity": lambda: diversity_table(retriever, scifact, "scifact"),
     }
+    results: dict[str, Any] = {}
+    for key, part in parts.items():
+        results[key] = part()
+        if emit is not None:
+            emit(report({key: results[key]}))
     retriever.store.close()
     return results
 
@@ -215,25 +221,42 @@ def report(r: dict[str, Any]) -> list[str]:
                 f"  {row['diversity']:.1f}: {row['chunk_recall@1']:.3f} / {row['doc_recall@5']:.3f} / "
                 f"{row['distinct_docs@5']:.2f}  (MMR p50 {row['mmr_p50_ms']:.2f} ms)"
             )
-    c = r["mmr_cost"]
-    lines.append(
+    for key, part in r.items():
+        if key in DESCRIBE:
+            lines.extend(DESCRIBE[key](part))
+    return lines
+
+
+def _describe_cost(c: dict[str, float]) -> list[str]:
+    return [
         f"MMR over 50 candidates: ours p50 {c['ours_p50_ms']:.3f} ms vs langchain-core "
         f"maximal_marginal_relevance {c['langchain_p50_ms']:.3f} ms -> "
         f"{c['langchain_p50_ms'] / c['ours_p50_ms']:.2f}x; hybrid search p50 "
         f"{c['search_diverse_p50_ms']:.1f} ms with diversity vs {c['search_p50_ms']:.1f} ms without"
-    )
-    e = r["squad_dev_expand"]
-    lines.append(
+    ]
+
+
+def _describe_expand(e: dict[str, Any]) -> list[str]:
+    return [
         f"SQuAD dev, expand neighbours ({e['tokens']} tokens): answer span in the hit / in its "
         f"context: top 1 {e['span_in_hit@1']:.3f} / {e['span_in_context@1']:.3f}, top 5 "
         f"{e['span_in_hit@5']:.3f} / {e['span_in_context@5']:.3f}; expand p50 {e['expand_p50_ms']:.2f} ms"
-    )
-    for alias, h in r["headings"].items():
-        lines.append(
-            f"docs/ {alias}: doc r@1 {h['doc_recall@1']:.3f}, r@3 {h['doc_recall@3']:.3f}, "
-            f"MRR@5 {h['doc_mrr@5']:.3f} ({h['questions']} demo questions)"
-        )
-    return lines
+    ]
+
+
+def _describe_headings(headings: dict[str, dict[str, float]]) -> list[str]:
+    return [
+        f"docs/ {alias}: doc r@1 {h['doc_recall@1']:.3f}, r@3 {h['doc_recall@3']:.3f}, "
+        f"MRR@5 {h['doc_mrr@5']:.3f} ({h['questions']} demo questions)"
+        for alias, h in headings.items()
+    ]
+
+
+DESCRIBE: dict[str, Any] = {
+    "mmr_cost": _describe_cost,
+    "squad_dev_expand": _describe_expand,
+    "headings": _describe_headings,
+}
 
 
 def main() -> None:
@@ -241,7 +264,8 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path("bench-out"))
     parser.add_argument("--questions", type=int, default=None, help="first N questions per set")
     args = parser.parse_args()
-    print("\n".join(report(run(args.out, args.questions))))
+    print("== diverse hits, context, headings ==", flush=True)
+    run(args.out, args.questions, emit=lambda lines: print("\n".join(lines), flush=True))
 
 
 if __name__ == "__main__":
