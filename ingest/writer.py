@@ -25,7 +25,12 @@ removed); `update_documents` takes only documents to upsert and ids to delete. B
 Steps: lock the alias -> remove orphans -> read the live record -> chunk -> BM25 statistics ->
 create or derive `<alias>__<model>-<dim>__v<N>` marked `building` -> encode (or reuse) and upsert
 in blocks -> seal -> check that the engine holds every chunk -> mark `complete` -> optional gate ->
-swap the alias in one atomic step -> retention. Any exception (or Ctrl-C) before the swap deletes
+swap the alias in one atomic step -> retention. Chunking, encoding and upserting overlap
+(ingest/pipeline.py): a full build encodes the first block while the rest is chunked, and every
+write upserts block n-1 while block n encodes; the first upsert waits for the last chunk, since
+the document side of BM25 needs the corpus's average length (a delta's chunks are all cut first:
+whether it re-bases depends on them). `timings_s` then holds each stage's own time (`chunk`,
+`encode`, `write`; they overlap) and `pipeline`, their wall time together. Any exception (or Ctrl-C) before the swap deletes
 the new version and leaves the alias as it was; a process killed outright leaves a `building`
 version that the next write of the alias removes.
 """
