@@ -53,7 +53,7 @@ class _Done:
 _DONE = _Done()
 
 
-class Stopped(Exception):
+class StageStopped(Exception):
     """Raised inside a stage that waits for something when the pipeline stops."""
 
 
@@ -72,10 +72,10 @@ class Pipeline(Generic[A, B]):
         self._errors: list[BaseException] = []
 
     def wait(self, event: threading.Event) -> None:
-        """Wait in a stage for `event`, or raise Stopped when the pipeline stops first."""
+        """Wait in a stage for `event`, or raise StageStopped when the pipeline stops first."""
         while not event.wait(POLL_S):
             if self.stop.is_set():
-                raise Stopped
+                raise StageStopped
 
     def run(
         self,
@@ -153,7 +153,7 @@ class Pipeline(Generic[A, B]):
                 if not self._offer(inbox, item):
                     return
             self._offer(inbox, _DONE)
-        except Stopped:
+        except StageStopped:
             pass
         except BaseException as exc:  # raised again in the calling thread
             self._fail(exc)
@@ -179,7 +179,7 @@ class Pipeline(Generic[A, B]):
                     consume(item)
                 finally:
                     self.busy_s["consume"] += time.perf_counter() - began
-        except Stopped:
+        except StageStopped:
             pass
         except BaseException as exc:  # raised again in the calling thread
             self._fail(exc)

@@ -65,7 +65,7 @@ from rag_retriever.ingest.chunking import Chunker, ChunkingConfig
 from rag_retriever.ingest.loaders import LoadedCorpus, validate_documents
 from rag_retriever.ingest.lock import IngestLock
 from rag_retriever.ingest.parallel_chunking import iter_chunk_documents
-from rag_retriever.ingest.pipeline import Pipeline
+from rag_retriever.ingest.pipeline import Pipeline, StageStopped
 from rag_retriever.ingest.versions import documents_of
 from rag_retriever.records import Chunk, Document, SearchFilter, content_hash
 from rag_retriever.settings import Settings, default_of
@@ -670,11 +670,13 @@ class _Job:
             yield
         except Exception:
             log.error("write of %s failed; removing the partial version %s", self.alias, name)
-            self.store.delete(name)
+            with self._store_lock:  # after the write stage's last store call
+                self.store.delete(name)
             raise
         except BaseException:  # Ctrl-C, SIGTERM: a requested stop, not a failure
             log.info("write of %s stopped; removing the partial version %s", self.alias, name)
-            self.store.delete(name)
+            with self._store_lock:
+                self.store.delete(name)
             raise
 
     def _write(
@@ -737,6 +739,8 @@ class _Job:
             began = time.perf_counter()
             block, bm25 = item.block, models[0]
             for at in range(0, len(block.chunks), UPSERT_BATCH):
+                if pipeline.stop.is_set():  # another stage failed or the command stops
+                    raise StageStopped
                 part = block.chunks[at : at + UPSERT_BATCH]
                 sparse = [bm25.document_vector(t) for t in block.terms[at : at + UPSERT_BATCH]]
                 payloads = [{**c.to_payload(), "doc_hash": hashes[c.doc_id]} for c in part]
