@@ -51,6 +51,7 @@ _PARAGRAPH_BREAK = re.compile(r"\n[ \t\r\f\v]*\n\s*")
 # A sentence ends at . ! ? (or their full-width forms), optionally followed by closing quotes or
 # brackets, then whitespace, then something that can start a sentence.
 _SENTENCE_END = re.compile(r"[.!?。！？][\"'”’)\]]*\s+(?=[\"'“‘(\[]?[A-Z0-9À-Ý])")
+_DOTTED = re.compile(r"(\w\.)+\w?")
 # Words before a period that do not end a sentence.
 _ABBREVIATIONS = frozenset(
     [
@@ -165,8 +166,7 @@ def sentence_spans(text: str, start: int, end: int) -> list[tuple[int, int]]:
     pos = start
     for match in _SENTENCE_END.finditer(text, start, end):
         cut = match.start() + 1
-        word = re.search(r"(\S+)$", text[pos:cut])
-        if word and _is_abbreviation(word.group(1)):
+        if _is_abbreviation(_last_word(text, pos, cut)):
             continue
         spans.append((pos, match.end()))
         pos = match.end()
@@ -174,10 +174,20 @@ def sentence_spans(text: str, start: int, end: int) -> list[tuple[int, int]]:
     return [_strip(text, s, e) for s, e in spans if text[s:e].strip()]
 
 
+def _last_word(text: str, start: int, cut: int) -> str:
+    """The last run of non-whitespace of text[start:cut], which ends in a non-space character
+    (what `re.search(r"(\\S+)$", text[start:cut])` finds, without copying the sentence and
+    scanning it from the left: that was half of the sentence splitting's time)."""
+    i = cut - 1
+    while i > start and not text[i - 1].isspace():
+        i -= 1
+    return text[i:cut]
+
+
 def _is_abbreviation(word_with_period: str) -> bool:
     word = word_with_period.rstrip(".!?\"'”’)]").lower()
     # Initials and dotted abbreviations: "J.", "U.S."
-    if len(word) == 1 or re.fullmatch(r"(\w\.)+\w?", word):
+    if len(word) == 1 or _DOTTED.fullmatch(word):
         return True
     return word in _ABBREVIATIONS
 

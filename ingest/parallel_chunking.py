@@ -16,8 +16,8 @@ terminated when the parent leaves `chunk_documents` for any reason (an error, Ke
 the CLI's SIGTERM exception), and on Linux receive SIGTERM if the parent dies without cleaning up
 (SIGKILL), so none outlives the command.
 
-Not handled: sharing work with the encoder (the caller overlaps chunking and encoding, if it
-wants, by calling this on slices of its corpus from another thread).
+`iter_chunk_documents` yields the chunks slice by slice, so the ingest pipeline
+(ingest/pipeline.py) encodes the first ones while the workers cut the rest.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ import multiprocessing
 import os
 import signal
 import sys
+import threading
 from collections.abc import Iterator, Sequence
 
 from rag_retriever.ingest.chunking import Chunker, ChunkingConfig, TokenCounter
@@ -39,6 +40,8 @@ DOCS_PER_TASK = 64
 # Below this many tasks the workers' start-up (~0.3 s each: a fresh interpreter imports the
 # chunker and unpickles the tokenizer) costs more than it saves; chunk in this process.
 MIN_TASKS_FOR_WORKERS = 4
+# How often a waiting iter_chunk_documents looks at its `stop` event.
+_POLL_S = 0.05
 # prctl(2): PR_SET_PDEATHSIG asks the kernel for a signal when the parent process exits.
 _PR_SET_PDEATHSIG = 1
 
@@ -65,14 +68,41 @@ def chunk_documents(
     (default: one per core; 1 = in this process). `count_tokens` must be picklable, such as
     `Encoder.token_counter`, a `TokenizerCounter` (a bound method of a loaded model is not), and
     importable by the workers (not defined in the `__main__` script)."""
+    return [
+        chunks
+        for part in iter_chunk_documents(
+            docs, count_tokens, config, workers=workers, docs_per_task=docs_per_task
+        )
+        for chunks in part
+    ]
+
+
+def iter_chunk_documents(
+    docs: Sequence[Document],
+    count_tokens: TokenCounter,
+    config: ChunkingConfig,
+    *,
+    workers: int | None = None,
+    docs_per_task: int = DOCS_PER_TASK,
+    stop: threading.Event | None = None,
+) -> Iterator[list[list[Chunk]]]:
+    """`chunk_documents`, slice by slice as the workers finish them (in order), so that a caller
+    can encode the first chunks while the rest are cut. Closing the generator, or setting
+    `stop` while it waits for a worker, ends the workers (the ingest pipeline does both from
+    the thread that iterates)."""
     workers = default_workers() if workers is None else workers
     if workers < 1 or docs_per_task < 1:
         raise ValueError(
             f"workers and docs_per_task must be positive, got {workers}, {docs_per_task}"
         )
-    if workers == 1 or len(docs) < MIN_TASKS_FOR_WORKERS * docs_per_task:
-        return Chunker(count_tokens, config).chunk_many(docs)
     slices = [list(docs[i : i + docs_per_task]) for i in range(0, len(docs), docs_per_task)]
+    if workers == 1 or len(docs) < MIN_TASKS_FOR_WORKERS * docs_per_task:
+        chunker = Chunker(count_tokens, config)
+        for piece in slices:
+            if stop is not None and stop.is_set():
+                return
+            yield chunker.chunk_many(piece)
+        return
     # spawn, not fork: the parent holds torch's and the encoder's threads, and a forked copy of
     # a multi-threaded process can deadlock on a lock some thread held.
     context = multiprocessing.get_context("spawn")
@@ -89,12 +119,21 @@ def chunk_documents(
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
     try:
-        out = [chunks for part in pool.imap(_chunk_slice, slices) for chunks in part]
+        results = pool.imap(_chunk_slice, slices)
+        for _ in slices:
+            while True:
+                if stop is not None and stop.is_set():
+                    return
+                try:
+                    done = results.next(timeout=_POLL_S)
+                    break
+                except multiprocessing.TimeoutError:
+                    continue
+            yield done
         pool.close()
     finally:
         pool.terminate()  # at once on an error, Ctrl-C or SIGTERM; after close(), a no-op wait
         pool.join()
-    return out
 
 
 @contextlib.contextmanager

@@ -25,7 +25,12 @@ removed); `update_documents` takes only documents to upsert and ids to delete. B
 Steps: lock the alias -> remove orphans -> read the live record -> chunk -> BM25 statistics ->
 create or derive `<alias>__<model>-<dim>__v<N>` marked `building` -> encode (or reuse) and upsert
 in blocks -> seal -> check that the engine holds every chunk -> mark `complete` -> optional gate ->
-swap the alias in one atomic step -> retention. Any exception (or Ctrl-C) before the swap deletes
+swap the alias in one atomic step -> retention. Chunking, encoding and upserting overlap
+(ingest/pipeline.py): a full build encodes the first block while the rest is chunked, and every
+write upserts block n-1 while block n encodes; the first upsert waits for the last chunk, since
+the document side of BM25 needs the corpus's average length (a delta's chunks are all cut first:
+whether it re-bases depends on them). `timings_s` then holds each stage's own time (`chunk`,
+`encode`, `write`; they overlap) and `pipeline`, their wall time together. Any exception (or Ctrl-C) before the swap deletes
 the new version and leaves the alias as it was; a process killed outright leaves a `building`
 version that the next write of the alias removes.
 """
@@ -37,6 +42,7 @@ import dataclasses
 import json
 import logging
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -58,7 +64,8 @@ from rag_retriever.errors import (
 from rag_retriever.ingest.chunking import Chunker, ChunkingConfig
 from rag_retriever.ingest.loaders import LoadedCorpus, validate_documents
 from rag_retriever.ingest.lock import IngestLock
-from rag_retriever.ingest.parallel_chunking import chunk_documents
+from rag_retriever.ingest.parallel_chunking import iter_chunk_documents
+from rag_retriever.ingest.pipeline import Pipeline, StageStopped
 from rag_retriever.ingest.versions import documents_of
 from rag_retriever.records import Chunk, Document, SearchFilter, content_hash
 from rag_retriever.settings import Settings, default_of
@@ -83,6 +90,9 @@ ENCODE_BLOCK = 1024
 UPSERT_BATCH = 256
 # Document ids per filtered read of the live version (a delta reads only what it touches).
 LOOKUP_BATCH = 256
+# Encoded blocks waiting for the write stage: one being written, one ready, while the next one
+# is encoded (ingest/pipeline.py); each is ENCODE_BLOCK x dim float32 (1.5 MB for MiniLM).
+PIPELINE_DEPTH = 2
 
 Kind = Literal["full", "delta", "unchanged"]
 
@@ -295,6 +305,36 @@ class _Delta:
     not_found: int
 
 
+@dataclass(frozen=True)
+class _Block:
+    """Chunks to encode and write together, with their BM25 terms."""
+
+    chunks: list[Chunk]
+    terms: list[list[str]]
+
+
+@dataclass(frozen=True)
+class _Encoded:
+    block: _Block
+    vectors: np.ndarray
+
+
+@dataclass
+class _Chunked:
+    """What the chunk stage of a full build has made so far; `done` once it is all there."""
+
+    chunks: list[Chunk] = field(default_factory=list)
+    terms: list[list[str]] = field(default_factory=list)
+    done: threading.Event = field(default_factory=threading.Event)
+
+
+def _blocks(chunks: Sequence[Chunk], terms: Sequence[list[str]]) -> list[_Block]:
+    return [
+        _Block(list(chunks[at : at + ENCODE_BLOCK]), list(terms[at : at + ENCODE_BLOCK]))
+        for at in range(0, len(chunks), ENCODE_BLOCK)
+    ]
+
+
 class _Job:
     """One write of an alias, as named steps; `timings` records each step's wall time."""
 
@@ -308,6 +348,9 @@ class _Job:
         self.chunking = chunking_config_for(encoder, options.chunk_tokens, options.overlap_tokens)
         self.chunker = Chunker(encoder.count_tokens, self.chunking)
         self.tokenizer = Tokenizer()
+        # The encode stage reads reusable vectors while the write stage upserts: one store call
+        # at a time (qdrant-client's local mode is not thread-safe).
+        self._store_lock = threading.Lock()
         self.timings: dict[str, float] = {}
         self._clock = time.perf_counter()
         self.orphans = remove_orphans(store, alias)
@@ -409,8 +452,9 @@ class _Job:
         self.lap("chunk")
         touched = [d.id for d in delta.write] + delta.remove
         gone = [c for doc_id in touched for c in live.chunks.get(doc_id, [])]
+        new_terms = [self._terms(c) for c in new_chunks]
         bm25 = BM25Model(self.live.bm25, self.store.doc_freqs(self.live_name)).with_delta(
-            added=[self._terms(c) for c in new_chunks], removed=[self._terms(c) for c in gone]
+            added=new_terms, removed=[self._terms(c) for c in gone]
         )
         self.lap("bm25_stats")
         if bm25.stats.drift > self.opts.rebase_drift:
@@ -437,7 +481,17 @@ class _Job:
         with self._building(name):
             self.store.derive(name, self.live_name, record, [c.id for c in gone])
             self.lap("derive")
-            stats = self._write(name, new_chunks, bm25, reusable, self.live_name, delta.write)
+            blocks = iter(_blocks(new_chunks, new_terms))
+            stats = self._write(
+                Pipeline(PIPELINE_DEPTH),
+                name,
+                blocks,
+                lambda: bm25,
+                reusable=reusable,
+                reuse_from=self.live_name,
+                documents=delta.write,
+                total=len(new_chunks),
+            )
             self._finish(name, record, bm25, new_chunks, documents=documents, chunks=chunks)
         return self._report(
             corpus,
@@ -475,23 +529,43 @@ class _Job:
             else None
             for doc in corpus.documents
         ]
-        fresh = iter(
-            self._chunk([d for d, k in zip(corpus.documents, kept, strict=True) if k is None])
-        )
-        chunks: list[Chunk] = []
-        for k in kept:
-            chunks.extend(k if k is not None else next(fresh))
         reused_documents = sum(k is not None for k in kept)
-        self.lap("chunk")
-        bm25 = BM25Model.build(self._terms(c) for c in chunks)
-        self.lap("bm25_stats")
         version = self.store.next_version(self.alias)
         name = collection_name(self.alias, self.encoder.fingerprint.slug, version)
-        record = self._new_record(version, bm25, Lineage(full_build=name), corpus.source)
         reusable = {c.content_hash: c.id for cs in live.chunks.values() for c in cs}
+        # Chunk -> encode -> write overlap (ingest/pipeline.py). The document side of BM25
+        # needs the corpus's average length, so the first write waits for the last chunk:
+        # chunking runs ahead (it is several times faster than encoding) and the encoder starts
+        # on the first block at once.
+        pipeline: Pipeline[_Block, _Encoded] = Pipeline(PIPELINE_DEPTH)
+        chunked = _Chunked()
+        built: list[tuple[BM25Model, VersionRecord]] = []
+
+        def create() -> BM25Model:  # the write stage, before its first upsert
+            pipeline.wait(chunked.done)
+            began = time.perf_counter()
+            bm25 = BM25Model.build(chunked.terms)
+            self.timings["bm25_stats"] = round(time.perf_counter() - began, 3)
+            record = self._new_record(version, bm25, Lineage(full_build=name), corpus.source)
+            with self._store_lock:
+                self.store.create(name, self.encoder.fingerprint.dim, record)
+            built.append((bm25, record))
+            return bm25
+
         with self._building(name):
-            self.store.create(name, self.encoder.fingerprint.dim, record)
-            stats = self._write(name, chunks, bm25, reusable, self.live_name, corpus.documents)
+            stats = self._write(
+                pipeline,
+                name,
+                self._chunk_blocks(corpus.documents, kept, chunked, pipeline.stop),
+                create,
+                reusable=reusable,
+                reuse_from=self.live_name,
+                documents=corpus.documents,
+                total=None,
+            )
+            self.timings["chunk"] = round(pipeline.busy_s["produce"], 3)
+            chunks = chunked.chunks
+            bm25, record = built[0]
             self._finish(
                 name, record, bm25, chunks, documents=len(corpus.documents), chunks=len(chunks)
             )
@@ -511,13 +585,60 @@ class _Job:
     # -- shared steps -------------------------------------------------------------------------
 
     def _chunk(self, documents: Sequence[Document]) -> list[list[Chunk]]:
-        """Each document's chunks, in worker processes when there are many (exact offsets and
-        ids unchanged: ingest/parallel_chunking.py); an encoder without a picklable token
-        counter (a test wrapper) chunks here."""
+        """Each document's chunks (`_iter_chunk`, all at once)."""
+        return [chunks for part in self._iter_chunk(documents) for chunks in part]
+
+    def _iter_chunk(
+        self, documents: Sequence[Document], stop: threading.Event | None = None
+    ) -> Iterator[list[list[Chunk]]]:
+        """Each document's chunks, slice by slice, in worker processes when there are many
+        (exact offsets and ids unchanged: ingest/parallel_chunking.py); an encoder without a
+        picklable token counter (a test wrapper) chunks here."""
         counter = getattr(self.encoder, "token_counter", None)
         if counter is None:
-            return [self.chunker.chunk_all([d]) for d in documents]
-        return chunk_documents(documents, counter, self.chunking)
+            return ([self.chunker.chunk_all([d])] for d in documents)
+        return iter_chunk_documents(documents, counter, self.chunking, stop=stop)
+
+    def _chunk_blocks(
+        self,
+        documents: Sequence[Document],
+        kept: Sequence[list[Chunk] | None],
+        out: _Chunked,
+        stop: threading.Event,
+    ) -> Iterator[_Block]:
+        """The chunk stage of a full build: every document's chunks in document order (an
+        unchanged document's live chunks as they are), with their BM25 terms, in blocks of
+        ENCODE_BLOCK, as the workers return them; `out` collects them all."""
+        todo = [d for d, k in zip(documents, kept, strict=True) if k is None]
+        slices = self._iter_chunk(todo, stop)
+        fresh = (chunks for part in slices for chunks in part)
+        bar = tqdm(
+            total=len(documents),
+            desc="chunking",
+            unit="doc",
+            position=0,
+            disable=not self.opts.progress,
+        )
+        at = 0  # out.chunks[at:] are not yet in a block
+        try:
+            for k in kept:
+                chunks = k if k is not None else next(fresh)
+                out.chunks.extend(chunks)
+                out.terms.extend(self._terms(c) for c in chunks)
+                bar.update(1)
+                while len(out.chunks) - at >= ENCODE_BLOCK:
+                    yield _Block(
+                        out.chunks[at : at + ENCODE_BLOCK], out.terms[at : at + ENCODE_BLOCK]
+                    )
+                    at += ENCODE_BLOCK
+            if at < len(out.chunks):
+                yield _Block(out.chunks[at:], out.terms[at:])
+            out.done.set()
+        finally:
+            bar.close()
+            close = getattr(slices, "close", None)
+            if close is not None:
+                close()  # ends the chunking workers (an error, a stop)
 
     def _terms(self, chunk: Chunk) -> list[str]:
         return self.tokenizer.tokenize(chunk.embed_text)
@@ -549,67 +670,102 @@ class _Job:
             yield
         except Exception:
             log.error("write of %s failed; removing the partial version %s", self.alias, name)
-            self.store.delete(name)
+            with self._store_lock:  # after the write stage's last store call
+                self.store.delete(name)
             raise
         except BaseException:  # Ctrl-C, SIGTERM: a requested stop, not a failure
             log.info("write of %s stopped; removing the partial version %s", self.alias, name)
-            self.store.delete(name)
+            with self._store_lock:
+                self.store.delete(name)
             raise
 
     def _write(
         self,
+        pipeline: Pipeline[_Block, _Encoded],
         name: str,
-        chunks: list[Chunk],
-        bm25: BM25Model,
+        blocks: Iterator[_Block],
+        prepare: Callable[[], BM25Model],
+        *,
         reusable: dict[str, str],
         reuse_from: str | None,
         documents: Iterable[Document],
+        total: int | None,
     ) -> tuple[int, int, int]:
-        """Encode (or reuse) and upsert `chunks`; returns (reused, encoded, truncated)."""
-        reused = encoded = truncated = 0
+        """Encode (or reuse) and upsert the chunks of `blocks` (ENCODE_BLOCK each, as before, so
+        the encoder sees the same batches): blocks are encoded in this thread while the previous
+        ones are written in another and the next ones chunked (`pipeline`). `prepare` runs once
+        in the write stage before its first upsert (a full build creates the collection there)
+        and gives the BM25 model of the document side. Returns (reused, encoded, truncated)."""
+        counts = {"reused": 0, "encoded": 0, "truncated": 0}
+        busy = {"encode": 0.0, "write": 0.0}
         dim = self.encoder.fingerprint.dim
         hashes = {doc.id: document_hash(doc) for doc in documents}
-        bar = tqdm(
-            total=len(chunks),
-            desc=f"embedding {name}",
-            unit="chunk",
-            disable=not self.opts.progress,
-        )
-        try:
-            for start in range(0, len(chunks), ENCODE_BLOCK):
-                block = chunks[start : start + ENCODE_BLOCK]
-                vectors = np.empty((len(block), dim), dtype=np.float32)
-                found = self._vectors(reuse_from, reusable, [c.content_hash for c in block])
-                todo = []
-                for i, c in enumerate(block):
-                    if c.content_hash in found:
-                        vectors[i] = found[c.content_hash]
-                        reused += 1
-                    else:
-                        todo.append(i)
-                if todo:
-                    result = self.encoder.encode_passages([block[i].embed_text for i in todo])
-                    vectors[todo] = result.vectors
-                    encoded += len(todo)
-                    truncated += result.truncated
-                for at in range(0, len(block), UPSERT_BATCH):
-                    part = block[at : at + UPSERT_BATCH]
+        models: list[BM25Model] = []
+        bars = [
+            tqdm(
+                total=total,
+                desc=f"{stage} {name}",
+                unit="chunk",
+                position=position,
+                disable=not self.opts.progress,
+            )
+            for position, stage in ((1, "embedding"), (2, "writing"))
+        ]
+
+        def encode(block: _Block) -> _Encoded:
+            began = time.perf_counter()
+            vectors = np.empty((len(block.chunks), dim), dtype=np.float32)
+            with self._store_lock:
+                found = self._vectors(reuse_from, reusable, [c.content_hash for c in block.chunks])
+            todo = []
+            for i, c in enumerate(block.chunks):
+                if c.content_hash in found:
+                    vectors[i] = found[c.content_hash]
+                    counts["reused"] += 1
+                else:
+                    todo.append(i)
+            if todo:
+                result = self.encoder.encode_passages([block.chunks[i].embed_text for i in todo])
+                vectors[todo] = result.vectors
+                counts["encoded"] += len(todo)
+                counts["truncated"] += result.truncated
+            bars[0].update(len(block.chunks))
+            busy["encode"] += time.perf_counter() - began
+            return _Encoded(block, vectors)
+
+        def write(item: _Encoded) -> None:
+            if not models:
+                models.append(prepare())
+            began = time.perf_counter()
+            block, bm25 = item.block, models[0]
+            for at in range(0, len(block.chunks), UPSERT_BATCH):
+                if pipeline.stop.is_set():  # another stage failed or the command stops
+                    raise StageStopped
+                part = block.chunks[at : at + UPSERT_BATCH]
+                sparse = [bm25.document_vector(t) for t in block.terms[at : at + UPSERT_BATCH]]
+                payloads = [{**c.to_payload(), "doc_hash": hashes[c.doc_id]} for c in part]
+                with self._store_lock:
                     self.store.upsert(
                         name,
                         [c.id for c in part],
-                        vectors[at : at + len(part)],
-                        [bm25.document_vector(self._terms(c)) for c in part],
-                        [{**c.to_payload(), "doc_hash": hashes[c.doc_id]} for c in part],
+                        item.vectors[at : at + len(part)],
+                        sparse,
+                        payloads,
                     )
-                    bar.set_postfix(reused=reused, encoded=encoded, refresh=False)
-                    if bar.total is not None and bar.n + len(part) >= bar.total:
-                        bar.n = bar.total  # the final line is drawn once, by close()
-                    else:
-                        bar.update(len(part))
+                bars[1].update(len(part))
+            busy["write"] += time.perf_counter() - began
+
+        try:
+            pipeline.run(blocks, encode, write)
+            if not models:  # no chunk to write (a delta that only deletes)
+                prepare()
         finally:
-            bar.close()
-        self.lap("embed_upsert")
-        return reused, encoded, truncated
+            for bar in bars:
+                bar.close()
+        self.lap("pipeline")
+        self.timings["encode"] = round(busy["encode"], 3)
+        self.timings["write"] = round(busy["write"], 3)
+        return counts["reused"], counts["encoded"], counts["truncated"]
 
     def _vectors(
         self, source: str | None, reusable: dict[str, str], text_hashes: Sequence[str]

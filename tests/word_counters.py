@@ -15,6 +15,9 @@ def words(texts: Sequence[str]) -> list[int]:
 class SlowWords:
     """Word counts, slowly: keeps the workers busy long enough to be signalled mid-work."""
 
+    def __init__(self, delay_s: float = 0.01) -> None:
+        self.delay_s = delay_s
+
     def __call__(self, texts: Sequence[str]) -> list[int]:
-        time.sleep(0.01)
+        time.sleep(self.delay_s)
         return words(texts)

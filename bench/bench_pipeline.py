@@ -1,0 +1,154 @@
+"""Ingest end to end, stage by stage: this checkout against an earlier one, in the same run.
+
+Usage:
+    git worktree add --detach /tmp/rag-before a543cf9   # the sequential ingest (before issue 22's pipeline)
+    python -m bench.bench_pipeline --before /tmp/rag-before [--rounds 1] [--out FILE]
+
+Each round runs, in turn, the earlier checkout and this one, each in a fresh subprocess (same
+Python, same virtual environment, the checkout first on the path) that loads all-MiniLM-L6-v2
+on the CPU and ingests SQuAD (dev articles) and then SciFact into a new embedded store. Stages,
+measured the same way for both: chunk = chunking + BM25 terms and statistics; encode = time
+inside `Encoder.encode_passages`; write = building sparse vectors and payloads and upserting
+(the earlier writer's encode-and-upsert lap minus its encoding); seal = the store's seal; total
+= the wall time of `ingest_documents`. In the pipelined checkout chunk, encode and write overlap,
+so their sum exceeds the total. Ratios measured side by side are what to read on a shared
+machine; the absolute times move with its load.
+
+Not measured: a GPU (bench/bench_gpu.py), deltas (bench/bench_update.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from bench.bench_common import shared_path
+
+HERE = Path(__file__).resolve().parents[1]
+CORPORA = ("squad_v11_dev", "scifact")
+
+# Runs inside the subprocess, with the checkout to measure first on sys.path.
+_CHILD = """
+import json, sys, tempfile, time
+from pathlib import Path
+from rag_retriever.encoder import Encoder
+from rag_retriever.ingest.loaders import load_documents
+from rag_retriever.ingest.writer import ingest_documents
+from rag_retriever.store import EdgeStore
+import rag_retriever.ingest.writer as writer
+
+spent = {"encode": 0.0}
+original = Encoder.encode_passages
+def timed(self, *args, **kwargs):
+    began = time.perf_counter()
+    try:
+        return original(self, *args, **kwargs)
+    finally:
+        spent["encode"] += time.perf_counter() - began
+Encoder.encode_passages = timed
+
+encoder = Encoder.load("all-MiniLM-L6-v2", device="cpu")
+encoder.encode_passages(["warm up"] * 8)
+out = {"writer": writer.__file__}
+for name, path in zip(sys.argv[1::2], sys.argv[2::2]):
+    corpus = load_documents(Path(path))
+    with tempfile.TemporaryDirectory() as tmp:
+        store = EdgeStore(Path(tmp) / "edge")
+        spent["encode"] = 0.0
+        began = time.perf_counter()
+        report = ingest_documents(corpus, alias=name.replace("_", "-"), encoder=encoder,
+                                  store=store, lock_dir=Path(tmp))
+        total = time.perf_counter() - began
+        store.close()
+    t = report.timings_s
+    encode = spent["encode"]
+    chunk = t.get("chunk", 0.0) + t.get("bm25_stats", 0.0)
+    write = t["write"] if "write" in t else t["embed_upsert"] - encode
+    out[name] = {"documents": report.documents, "chunks": report.chunks, "chunk": chunk,
+                 "encode": encode, "write": write, "seal": t.get("seal", 0.0), "total": total,
+                 "timings_s": t}
+print(json.dumps(out))
+"""
+
+STAGES = ("chunk", "encode", "write", "seal", "total")
+
+
+def ingest_with(checkout: Path) -> dict[str, Any]:
+    args = [a for name in CORPORA for a in (name, str(shared_path(name, "docs.jsonl")))]
+    env = {**os.environ, "PYTHONPATH": str(checkout), "RAG_LOG_LEVEL": "WARNING"}
+    done = subprocess.run(
+        [sys.executable, "-c", _CHILD, *args],
+        cwd=tempfile.gettempdir(),
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"ingest with {checkout} failed:\n{done.stderr[-3000:]}")
+    result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    if not result["writer"].startswith(str(checkout)):
+        raise RuntimeError(f"{checkout} was not the code measured: {result['writer']}")
+    return result
+
+
+def run(before: Path, rounds: int = 1) -> dict[str, Any]:
+    """The best (lowest) time of each stage over `rounds` alternating runs of each checkout."""
+    out: dict[str, Any] = {"before": str(before), "after": str(HERE), "rounds": []}
+    for _ in range(rounds):
+        out["rounds"].append({"before": ingest_with(before), "after": ingest_with(HERE)})
+    best: dict[str, Any] = {}
+    for side in ("before", "after"):
+        for name in CORPORA:
+            runs = [r[side][name] for r in out["rounds"]]
+            best.setdefault(side, {})[name] = {
+                **{s: min(r[s] for r in runs) for s in STAGES},
+                "chunks": runs[0]["chunks"],
+                "documents": runs[0]["documents"],
+            }
+    out["best"] = best
+    return out
+
+
+def report(r: dict[str, Any]) -> list[str]:
+    best = r["best"]
+    lines = [f"ingest end to end, before ({r['before']}) vs after (this checkout), same run:"]
+    for name in CORPORA:
+        b, a = best["before"][name], best["after"][name]
+        lines.append(f"{name} ({a['documents']} docs, {a['chunks']} chunks):")
+        for stage in STAGES:
+            lines.append(
+                f"  {stage:<6} before {b[stage]:7.1f}s  after {a[stage]:7.1f}s  "
+                f"-> {b[stage] / a[stage] if a[stage] else float('inf'):.2f}x"
+            )
+    b_total = sum(best["before"][n]["total"] for n in CORPORA)
+    a_total = sum(best["after"][n]["total"] for n in CORPORA)
+    lines.append(
+        f"both corpora: before {b_total:.1f}s, after {a_total:.1f}s -> {b_total / a_total:.2f}x"
+    )
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--before", type=Path, required=True, help="checkout to compare with")
+    parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument("--out", type=Path, help="also write the results as JSON here")
+    args = parser.parse_args(argv)
+    results = run(args.before.resolve(), args.rounds)
+    if args.out:
+        args.out.write_text(json.dumps(results, indent=2), encoding="utf-8")
+    print("\n".join(report(results)))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

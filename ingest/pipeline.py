@@ -1,0 +1,199 @@
+"""Three ingest stages at once: produce (chunk) -> transform (encode) -> consume (write), in order,
+with bounded queues between them.
+
+Example:
+    >>> pipeline = Pipeline(depth=2)
+    >>> out = []
+    >>> pipeline.run(iter([1, 2, 3]), lambda x: x * 10, out.append)
+    >>> out, sorted(pipeline.busy_s)
+    ([10, 20, 30], ['consume', 'produce', 'transform'])
+
+`produce` runs in a thread, `transform` in the calling thread (the encoder and its device stay
+where they were, and Ctrl-C, which Python delivers to the main thread, interrupts it there), and
+`consume` in a thread. While item n is transformed, item n+1 is produced and item n-1 consumed;
+the queue to `consume` holds at most `depth` items (encoded vectors: memory stays flat however
+slow the writes), the queue from `produce` at most `produce_ahead` (None: the producer never
+waits; the writer's producer keeps every chunk anyway, for the version's BM25 statistics, and a
+write stage that waits for those statistics must not stop the chunking that makes them). Items
+reach `consume` in the order `produce` made them.
+
+Stopping: an exception in any stage, or a KeyboardInterrupt / SystemExit (the CLI's SIGTERM) in
+the calling thread, sets `stop`; the other stages see it within `POLL_S` between items, the
+producer's iterator is closed in its own thread (so a generator's `finally` runs there: worker
+pools are terminated), both threads are joined, and the first error is raised in the calling
+thread. The caller then cleans up (the writer deletes the partial version) knowing no stage is
+still writing. `busy_s` holds each stage's own time (they overlap: their sum exceeds the wall
+time).
+
+Not handled: more than one thread per stage, or reordering.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any, Generic, TypeVar
+
+A = TypeVar("A")
+B = TypeVar("B")
+
+# How often a waiting stage looks at `stop` (and the calling thread at the others' errors).
+POLL_S = 0.05
+# How long the calling thread waits for a stopping stage (one item's work at most: one upsert
+# batch, or one task of the chunking workers) before it gives up on it: both within 2 s.
+JOIN_S = 0.8
+
+
+class _Done:
+    """Marks the end of a queue."""
+
+
+_DONE = _Done()
+
+
+class StageStopped(Exception):
+    """Raised inside a stage that waits for something when the pipeline stops."""
+
+
+class Pipeline(Generic[A, B]):
+    """One run of produce -> transform -> consume (module docstring)."""
+
+    def __init__(self, depth: int = 2, *, produce_ahead: int | None = None) -> None:
+        if depth < 1 or (produce_ahead is not None and produce_ahead < 1):
+            raise ValueError(
+                f"depth and produce_ahead must be at least 1, got {depth}, {produce_ahead}"
+            )
+        self.depth = depth
+        self.produce_ahead = produce_ahead
+        self.stop = threading.Event()
+        self.busy_s: dict[str, float] = {"produce": 0.0, "transform": 0.0, "consume": 0.0}
+        self._errors: list[BaseException] = []
+
+    def wait(self, event: threading.Event) -> None:
+        """Wait in a stage for `event`, or raise StageStopped when the pipeline stops first."""
+        while not event.wait(POLL_S):
+            if self.stop.is_set():
+                raise StageStopped
+
+    def run(
+        self,
+        produce: Iterator[A],
+        transform: Callable[[A], B],
+        consume: Callable[[B], None],
+    ) -> None:
+        inbox: queue.Queue[Any] = queue.Queue(self.produce_ahead or 0)
+        outbox: queue.Queue[Any] = queue.Queue(self.depth)
+        producer = threading.Thread(
+            target=self._produce, args=(produce, inbox), name="ingest-chunk", daemon=True
+        )
+        consumer = threading.Thread(
+            target=self._consume, args=(consume, outbox), name="ingest-write", daemon=True
+        )
+        producer.start()
+        consumer.start()
+        try:
+            while True:
+                item = self._get(inbox)
+                if item is _DONE:
+                    break
+                began = time.perf_counter()
+                result = transform(item)
+                self.busy_s["transform"] += time.perf_counter() - began
+                self._put(outbox, result)
+            self._put(outbox, _DONE)
+            while consumer.is_alive():
+                consumer.join(POLL_S)
+                self._raise_errors()
+        except BaseException:
+            self.stop.set()
+            raise
+        finally:
+            self.stop.set()  # the producer may still run if the consumer failed
+            producer.join(JOIN_S)
+            consumer.join(JOIN_S)
+        self._raise_errors()
+
+    # -- the calling thread -----------------------------------------------------------------
+
+    def _raise_errors(self) -> None:
+        if self._errors:
+            raise self._errors[0]
+
+    def _get(self, box: queue.Queue[Any]) -> Any:
+        while True:
+            self._raise_errors()
+            try:
+                return box.get(timeout=POLL_S)
+            except queue.Empty:
+                continue
+
+    def _put(self, box: queue.Queue[Any], item: Any) -> None:
+        while True:
+            self._raise_errors()
+            try:
+                box.put(item, timeout=POLL_S)
+                return
+            except queue.Full:
+                continue
+
+    # -- the stage threads ------------------------------------------------------------------
+
+    def _produce(self, produce: Iterator[A], inbox: queue.Queue[Any]) -> None:
+        try:
+            while not self.stop.is_set():
+                began = time.perf_counter()
+                try:
+                    item = next(produce)
+                except StopIteration:
+                    break
+                finally:
+                    self.busy_s["produce"] += time.perf_counter() - began
+                if not self._offer(inbox, item):
+                    return
+            self._offer(inbox, _DONE)
+        except StageStopped:
+            pass
+        except BaseException as exc:  # raised again in the calling thread
+            self._fail(exc)
+        finally:
+            close = getattr(produce, "close", None)
+            if close is not None:
+                try:
+                    close()
+                except BaseException as exc:  # raised again in the calling thread
+                    self._fail(exc)
+
+    def _consume(self, consume: Callable[[B], None], outbox: queue.Queue[Any]) -> None:
+        try:
+            while not self.stop.is_set():
+                try:
+                    item = outbox.get(timeout=POLL_S)
+                except queue.Empty:
+                    continue
+                if item is _DONE:
+                    return
+                began = time.perf_counter()
+                try:
+                    consume(item)
+                finally:
+                    self.busy_s["consume"] += time.perf_counter() - began
+        except StageStopped:
+            pass
+        except BaseException as exc:  # raised again in the calling thread
+            self._fail(exc)
+
+    def _offer(self, box: queue.Queue[Any], item: Any) -> bool:
+        """Put `item` unless the pipeline stops first."""
+        while not self.stop.is_set():
+            try:
+                box.put(item, timeout=POLL_S)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def _fail(self, exc: BaseException) -> None:
+        self._errors.append(exc)
+        self.stop.set()

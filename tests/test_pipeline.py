@@ -1,0 +1,260 @@
+"""The ingest pipeline: stages overlap but keep their order, errors and stops end every stage,
+and the collection it writes is, point for point, what the stages run one after another give."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from rag_retriever.bm25 import BM25Model, Tokenizer
+from rag_retriever.encoder import Encoder
+from rag_retriever.ingest.chunking import Chunker
+from rag_retriever.ingest.loaders import LoadedCorpus
+from rag_retriever.ingest.pipeline import Pipeline
+from rag_retriever.ingest.writer import chunking_config_for, document_hash, ingest_documents
+from rag_retriever.records import Document
+from rag_retriever.store import Store
+from tests.test_parallel_chunking import _alive, _wait_gone
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _stage_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name in ("ingest-chunk", "ingest-write")]
+
+
+def test_items_keep_their_order_and_the_write_queue_stays_bounded() -> None:
+    pipeline: Pipeline[int, int] = Pipeline(depth=2)
+    transformed: list[int] = []
+    seen: list[int] = []
+    ahead: list[int] = []
+
+    def transform(x: int) -> int:
+        transformed.append(x)
+        ahead.append(len(transformed) - len(seen))
+        return x * 10
+
+    def consume(x: int) -> None:
+        time.sleep(0.01)  # the slowest stage
+        seen.append(x)
+
+    pipeline.run(iter(range(50)), transform, consume)
+    assert seen == [x * 10 for x in range(50)]
+    # one being written + `depth` queued + the one just transformed
+    assert max(ahead) <= 2 + 2
+    assert pipeline.busy_s["consume"] >= 0.4
+    assert not _stage_threads()
+
+
+@pytest.mark.parametrize("stage", ["produce", "transform", "consume"])
+def test_an_error_in_any_stage_stops_all_and_is_raised_here(stage: str) -> None:
+    closed = threading.Event()
+
+    def produce():
+        try:
+            for i in range(1000):
+                if stage == "produce" and i == 5:
+                    raise RuntimeError("boom in produce")
+                yield i
+        finally:
+            closed.set()  # the generator is closed in its own thread
+
+    def transform(x: int) -> int:
+        if stage == "transform" and x == 5:
+            raise RuntimeError("boom in transform")
+        return x
+
+    def consume(x: int) -> None:
+        if stage == "consume" and x == 5:
+            raise RuntimeError("boom in consume")
+        time.sleep(0.001)
+
+    began = time.monotonic()
+    with pytest.raises(RuntimeError, match=f"boom in {stage}"):
+        pipeline: Pipeline[int, int] = Pipeline(depth=2, produce_ahead=4)
+        pipeline.run(produce(), transform, consume)
+    assert time.monotonic() - began < 2.0
+    assert closed.wait(2.0)
+    assert not _stage_threads()
+
+
+def test_ctrl_c_in_the_calling_thread_stops_the_stages() -> None:
+    def transform(x: int) -> int:
+        if x == 3:
+            raise KeyboardInterrupt
+        return x
+
+    pipeline: Pipeline[int, int] = Pipeline(depth=1)
+    with pytest.raises(KeyboardInterrupt):
+        pipeline.run(iter(range(10**6)), transform, lambda x: None)
+    assert not _stage_threads()
+
+
+def _docs(n: int) -> list[Document]:
+    return [
+        Document(
+            f"d{i}",
+            f"Title {i}",
+            f"The river {i} runs to the city. Apples grow on trees number {i}.\n\n"
+            + "Kings drink wine in Paris. " * (i % 7),
+            {"n": i},
+        )
+        for i in range(n)
+    ]
+
+
+def test_the_pipelined_collection_is_the_sequential_one(
+    store: Store, tiny_encoder: Encoder, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Oracle: the chunker, BM25 over every chunk, and the encoder called on the same blocks,
+    one after another; every point's dense vector, sparse vector and payload match."""
+    monkeypatch.setattr("rag_retriever.ingest.writer.ENCODE_BLOCK", 8)
+    monkeypatch.setattr("rag_retriever.ingest.writer.UPSERT_BATCH", 3)
+    docs = _docs(40)
+    report = ingest_documents(
+        LoadedCorpus(tuple(docs), 0, "test"), alias="kb", encoder=tiny_encoder, store=store
+    )
+    config = chunking_config_for(tiny_encoder, 200, 48)
+    chunks = Chunker(tiny_encoder.count_tokens, config).chunk_all(docs)
+    terms = [Tokenizer().tokenize(c.embed_text) for c in chunks]
+    bm25 = BM25Model.build(terms)
+    dense = np.concatenate(
+        [
+            tiny_encoder.encode_passages([c.embed_text for c in chunks[at : at + 8]]).vectors
+            for at in range(0, len(chunks), 8)
+        ]
+    )
+    assert report.chunks == len(chunks) > 16  # several blocks
+    assert store.record(report.collection).bm25 == bm25.stats
+    points = {
+        p.id: p
+        for p in store.retrieve(
+            report.collection, [c.id for c in chunks], with_dense=True, with_sparse=True
+        )
+    }
+    hashes = {d.id: document_hash(d) for d in docs}
+    for i, c in enumerate(chunks):
+        point = points[c.id]
+        assert point.dense is not None and np.array_equal(point.dense, dense[i])
+        assert point.sparse is not None
+        expected = bm25.document_vector(terms[i])
+        assert point.sparse.indices == expected.indices
+        assert np.allclose(point.sparse.values, expected.values, rtol=1e-6)
+        assert dict(point.payload) == {**c.to_payload(), "doc_hash": hashes[c.doc_id]}
+
+
+def test_a_failing_write_stage_leaves_the_alias_and_no_partial_version(
+    store: Store, tiny_encoder: Encoder, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    corpus = LoadedCorpus(tuple(_docs(6)), 0, "test")
+    good = ingest_documents(corpus, alias="kb", encoder=tiny_encoder, store=store)
+    monkeypatch.setattr("rag_retriever.ingest.writer.ENCODE_BLOCK", 4)
+    calls = []
+    upsert = type(store).upsert
+
+    def failing(self, *args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:
+            raise OSError("disk full (injected)")
+        return upsert(self, *args, **kwargs)
+
+    monkeypatch.setattr(type(store), "upsert", failing)
+    with pytest.raises(OSError, match="injected"):
+        ingest_documents(
+            LoadedCorpus(tuple(_docs(30)), 0, "test"),
+            alias="kb",
+            encoder=tiny_encoder,
+            store=store,
+            full=True,
+        )
+    assert store.aliases() == {"kb": good.collection}
+    assert [v.name for v in store.versions("kb")] == [good.collection]
+    assert not _stage_threads()
+
+
+# An ingest whose chunking runs in 2 worker processes (5,000 documents, a slow token counter)
+# while a slow fake encoder encodes; prints the workers' pids once they run. SIGTERM raises as
+# the CLI's handler does.
+_SCRIPT = """
+import multiprocessing, signal, sys, threading, time
+import numpy as np
+from rag_retriever.encoder import Encoded
+from rag_retriever.ingest.loaders import LoadedCorpus
+from rag_retriever.ingest.writer import ingest_documents
+from rag_retriever.profiles import Fingerprint
+from rag_retriever.records import Document
+from rag_retriever.store import EdgeStore
+from tests.word_counters import SlowWords
+
+class SlowEncoder:
+    fingerprint = Fingerprint("fake", "0" * 64, "mean", "", "", 8, 128)
+    max_seq_length = 128
+    special_tokens = 2
+    token_counter = SlowWords(0.2)
+    def count_tokens(self, texts):
+        return self.token_counter(texts)
+    def encode_passages(self, passages, *, progress=False):
+        time.sleep(0.05)
+        vectors = np.ones((len(passages), 8), dtype=np.float32) / np.sqrt(8)
+        return Encoded(vectors, 0, 0)
+
+def stop(signum, frame):
+    raise SystemExit(143)
+
+def announce():
+    while len(multiprocessing.active_children()) < 2:
+        time.sleep(0.05)
+    time.sleep(0.5)
+    print(" ".join(str(p.pid) for p in multiprocessing.active_children()), flush=True)
+
+signal.signal(signal.SIGTERM, stop)
+threading.Thread(target=announce, daemon=True).start()
+docs = [Document(str(i), "T", "Alpha bravo. Charlie delta. " * 40) for i in range(5000)]
+from pathlib import Path
+store = EdgeStore(Path(sys.argv[1]))
+ingest_documents(LoadedCorpus(tuple(docs), 0, "t"), alias="kb", encoder=SlowEncoder(),
+                 store=store, lock_dir=Path(sys.argv[1]))
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(sys.platform != "linux", reason="reads /proc")
+@pytest.mark.parametrize("how", ["sigterm", "ctrl-c"])
+def test_the_pipeline_stops_with_the_command(how: str, tmp_path: Path) -> None:
+    """Mid-ingest (chunking workers running, the encoder busy): the command ends, no chunking
+    worker outlives it, and no version is left but for the partial one being removed."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _SCRIPT, str(tmp_path / "edge")],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        assert proc.stdout is not None
+        workers = [int(p) for p in proc.stdout.readline().split()]
+        assert len(workers) == 2, proc.stderr.read() if proc.stderr else ""
+        assert all(_alive(p) for p in workers)
+        sent = time.monotonic()
+        if how == "sigterm":
+            proc.send_signal(signal.SIGTERM)
+        else:
+            os.killpg(proc.pid, signal.SIGINT)
+        proc.wait(timeout=30)
+        # 2 s on an idle machine; the bound is loose for a loaded CI machine
+        assert time.monotonic() - sent < 10.0
+        assert _wait_gone(workers, 10.0) == []
+        assert proc.returncode == (143 if how == "sigterm" else -signal.SIGINT)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
