@@ -210,11 +210,13 @@ def run(out: Path, limit: int | None = None, emit: Any = None) -> dict[str, Any]
 
 
 def report(r: dict[str, Any]) -> list[str]:
-    lines = ["== diverse hits, context, headings =="]
+    lines = []
     for label, key in (
         ("SQuAD dev", "squad_dev_diversity"),
         ("SciFact train", "scifact_train_diversity"),
     ):
+        if key not in r:
+            continue
         lines.append(f"{label}, hybrid, diversity: chunk r@1 / doc r@5 / distinct docs in top 5")
         for row in r[key]:
             lines.append(
