@@ -39,7 +39,7 @@ from bench.bench_common import percentile, shared_path
 from rag_retriever.encoder import Encoder, embed_batch
 from rag_retriever.ingest.chunking import Chunker, ChunkingConfig
 from rag_retriever.ingest.loaders import load_documents
-from rag_retriever.ingest.parallel_chunking import chunk_documents, default_workers
+from rag_retriever.ingest.parallel_chunking import chunk_documents, cores
 from rag_retriever.profiles import resolve_model
 from rag_retriever.quiet import quiet_transformers
 from rag_retriever.reranker import CrossEncoderReranker
@@ -59,7 +59,7 @@ def run(
 ) -> dict[str, Any]:
     model = str(model_dir or resolve_model("all-MiniLM-L6-v2").source)
     scifact = _docs(data_dir, "scifact", 300 if small else None)
-    out: dict[str, Any] = {"torch": torch.__version__, "cores": default_workers()}
+    out: dict[str, Any] = {"torch": torch.__version__, "cores": cores()}
     out["chunking"] = _chunking(model, scifact)
     if device == "cuda" and not torch.cuda.is_available():
         return {**out, "skipped": "no CUDA device"}
@@ -96,7 +96,7 @@ def _chunking(model: str, docs: list[Any], repeats: int = 2) -> dict[str, Any]:
     assert counters["after"]().by_pieces, "this tokenizer is not counted by pieces"
     expected = Chunker(counters["before"](), config).chunk_all(docs)
     out: dict[str, Any] = {"documents": len(docs), "chunks": len(expected)}
-    for workers in sorted({1, 2, min(4, default_workers()), min(8, default_workers())}):
+    for workers in sorted({1, 2, min(4, cores()), min(8, cores())}):
         for _ in range(repeats):
             for name, make in counters.items():
                 began = time.perf_counter()
