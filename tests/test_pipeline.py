@@ -215,6 +215,8 @@ def announce():
     time.sleep(0.5)
     print(" ".join(str(p.pid) for p in multiprocessing.active_children()), flush=True)
 
+import rag_retriever.ingest.parallel_chunking as parallel_chunking
+parallel_chunking.MAX_CORES_IN_PROCESS = 0  # worker processes even on a 2-core machine
 signal.signal(signal.SIGTERM, stop)
 threading.Thread(target=announce, daemon=True).start()
 docs = [Document(str(i), "T", "Alpha bravo. Charlie delta. " * 40) for i in range(5000)]
