@@ -202,3 +202,17 @@ def test_the_loop_serve_query_feedback_export_improve_answers_better(
 
     before, after = first_hits(live), first_hits(new)
     assert after > before
+
+
+def test_the_fusion_step_can_fit_on_synthetic_questions_and_is_judged_on_real_ones(
+    env: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _ingest(tmp_path)
+    questions = _questions(tmp_path, filler=True)
+    code = main([*_improve(questions, "fusion"), "--synthetic-fusion", "30"])
+    assert code in (0, 1), capsys.readouterr().err  # promoted, or refused by the gate
+    state = json.loads((env / "improve" / "kb" / "state.json").read_text())
+    fusion = state["results"]["fusion"]
+    assert fusion["fitted_on"] == "30 synthetic questions (made from the corpus)"
+    # judged on the real held-out part, whose questions it never saw
+    assert fusion["figures"]["questions"] == state["split"]["held_out"]
