@@ -109,9 +109,13 @@ def synthetic_lists(
         texts = [q.question for q in batch]
         _, traces = retriever.trace(texts, mode="hybrid", collection=name)
         query_vectors = retriever.encoder.encode_queries(texts).vectors
-        for q, trace, qv in zip(batch, traces, query_vectors, strict=True):
-            cut = _cut_texts(table, q)
-            vectors = retriever.encoder.encode_passages(list(cut.values())).vectors
+        cuts = [_cut_texts(table, q) for q in batch]
+        # one encoder call per batch: a call per question costs its fixed overhead each time
+        passages = retriever.encoder.encode_passages([t for cut in cuts for t in cut.values()])
+        at = 0
+        for q, trace, qv, cut in zip(batch, traces, query_vectors, cuts, strict=True):
+            vectors = passages.vectors[at : at + len(cut)]
+            at += len(cut)
             query_terms = opened.bm25.query_vector(retriever.tokenizer.tokenize(q.question))
             dense_new = {r: float(np.dot(qv, v)) for r, v in zip(cut, vectors, strict=True)}
             bm25_new = {
