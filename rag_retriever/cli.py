@@ -575,21 +575,14 @@ def cmd_train_reranker(args: argparse.Namespace) -> int:
 
 
 def cmd_tune_fusion(args: argparse.Namespace) -> int:
-    from rag_retriever.eval.questions import Question, load_questions
+    from rag_retriever.eval.questions import load_questions
     from rag_retriever.retriever import Retriever
     from rag_retriever.training.fusion import tune_fusion
 
     settings = _settings(args, collection=args.collection, rerank_model=None)
-    if (args.questions is None) == (args.synthetic_questions is None):
-        raise ConfigError(
-            "give --questions FILE (labelled questions) or --synthetic-questions N (questions "
-            "made from the collection, when you have none), one of the two"
-        )
-    questions: list[Question] = []
-    if args.questions is not None:
-        questions, problems = load_questions(args.questions)
-        for problem in problems:
-            print(f"problem: {problem}", file=sys.stderr)
+    questions, problems = load_questions(args.questions)
+    for problem in problems:
+        print(f"problem: {problem}", file=sys.stderr)
     retriever = Retriever.from_settings(settings.replace(rerank_model=None))
     report = tune_fusion(
         retriever,
@@ -599,7 +592,6 @@ def cmd_tune_fusion(args: argparse.Namespace) -> int:
         seed=args.seed,
         store=not args.dry_run,
         progress=not args.no_progress,
-        synthetic=args.synthetic_questions or 0,
     )
     if args.json:
         print(json.dumps(report.to_json(), indent=2))
@@ -914,14 +906,7 @@ def _add_tune_fusion(sub: Any) -> None:
         help="fit the fusion of dense and BM25 (RRF k, weights, depths, or DBSF) on questions",
     )
     p.add_argument("--collection", required=True, help="alias or version to tune")
-    p.add_argument("--questions", type=Path, help="labelled questions (.jsonl)")
-    p.add_argument(
-        "--synthetic-questions",
-        type=_positive_int,
-        metavar="N",
-        help="no labelled questions: fit on N sentences taken out of the collection's chunks "
-        "(each chunk without its sentence is the answer)",
-    )
+    p.add_argument("--questions", type=Path, required=True, help="labelled questions (.jsonl)")
     p.add_argument(
         "--held-out", type=float, default=0.3, help="part checked, split by document (0.3)"
     )
@@ -964,13 +949,6 @@ def _add_improve(sub: Any) -> None:
     )
     p.add_argument("--seed", type=int, default=0, help="seed of the split and training (0)")
     p.add_argument(
-        "--synthetic-fusion",
-        type=_positive_int,
-        metavar="N",
-        help="fit the fusion on N questions made from the corpus instead of the fusion part "
-        "(judged on the real held-out part all the same)",
-    )
-    p.add_argument(
         "--max-regression",
         type=float,
         default=0.01,
@@ -996,16 +974,6 @@ def _add_improve(sub: Any) -> None:
         *STORE,
     )
     p.set_defaults(func=cmd_improve)
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number: {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
 
 
 def _duration(text: str) -> float:
@@ -1035,7 +1003,6 @@ def cmd_improve(args: argparse.Namespace) -> int:
         seed=args.seed,
         max_regression=args.max_regression,
         progress=not args.no_progress,
-        synthetic_fusion=args.synthetic_fusion or 0,
     )
     work_dir = args.work_dir or settings.data_dir / "improve" / settings.collection
     say = (lambda line: print(line, file=sys.stderr)) if args.json else print

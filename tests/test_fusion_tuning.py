@@ -61,7 +61,9 @@ def retriever(store: Store, tiny_encoder: Encoder) -> Retriever:
             full=True,  # a second version of the same corpus
             retention_grace_s=0,
         )
-    return Retriever(encoder=tiny_encoder, store=store, collection="kb")
+    # RRF k=60 as the default: it lets the tiny encoder's noise in, so tuning has a loss to fix
+    # (the adaptive default already ranks the rare keyword first here)
+    return Retriever(encoder=tiny_encoder, store=store, collection="kb").with_config(fusion="rrf")
 
 
 def test_split_keeps_each_document_on_one_side() -> None:
@@ -273,23 +275,3 @@ def test_synthetic_lists_take_the_sentence_out_of_the_corpus(
         assert dict(dense)[q.row] == pytest.approx(float(np.dot(qv, pv)), abs=1e-4)
         for ranked in (dense, bm25):
             assert [s for _, s in ranked] == sorted((s for _, s in ranked), reverse=True)
-
-
-def test_tune_fusion_fits_on_synthetic_questions(env: Path, tmp_path: Path) -> None:
-    corpus = write_jsonl(
-        tmp_path / "docs.jsonl", [{"id": d.id, "title": d.title, "text": d.text} for d in PROSE]
-    )
-    assert main(["ingest", str(corpus), "--collection", "prose", "--no-progress"]) == 0
-    args = ["tune-fusion", "--collection", "prose", "--dry-run", "--no-progress", "--json"]
-    assert main([*args, "--synthetic-questions", "20"]) == 0
-    # neither, or both: exit 2 with the fix
-    assert main(args) == 2
-    questions = write_jsonl(
-        tmp_path / "q.jsonl", [{"id": "q", "question": "x", "gold_doc_ids": ["p1"]}]
-    )
-    assert main([*args, "--questions", str(questions), "--synthetic-questions", "20"]) == 2
-    with pytest.raises(SystemExit) as exited:
-        main([*args, "--synthetic-questions", "0"])
-    assert exited.value.code == 2
-    # too few to fit and check
-    assert main([*args, "--synthetic-questions", "5"]) == 2

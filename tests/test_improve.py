@@ -38,6 +38,13 @@ def _questions(tmp_path: Path, *, filler: bool) -> Path:
     return write_jsonl(tmp_path / f"questions-{filler}.jsonl", rows)
 
 
+@pytest.fixture(autouse=True)
+def _rrf_default(monkeypatch: pytest.MonkeyPatch) -> None:
+    """RRF k=60 as the untuned fusion: it lets the tiny encoder's noise in, so the fusion step
+    has a loss to fix (the adaptive default already ranks each unique word's document first)."""
+    monkeypatch.setenv("RAG_FUSION", "rrf")
+
+
 def _ingest(tmp_path: Path) -> None:
     assert main(["ingest", str(_corpus(tmp_path)), "--collection", "kb", "--no-progress"]) == 0
 
@@ -101,7 +108,7 @@ def test_a_helpful_fusion_is_promoted_and_a_run_resumes(
     new = _served(env)
     assert new != live and "promoted: kb ->" in out
     meta = json.loads((env / "edge" / "collections" / new / "meta.json").read_text())
-    assert meta["fusion"]["method"] in ("rrf", "dbsf")
+    assert meta["fusion"]["method"] in ("rrf", "dbsf", "minmax", "zscore", "adaptive")
     reranker = json.loads((env / "improve" / "kb" / "state.json").read_text())["results"][
         "reranker"
     ]
@@ -202,17 +209,3 @@ def test_the_loop_serve_query_feedback_export_improve_answers_better(
 
     before, after = first_hits(live), first_hits(new)
     assert after > before
-
-
-def test_the_fusion_step_can_fit_on_synthetic_questions_and_is_judged_on_real_ones(
-    env: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    _ingest(tmp_path)
-    questions = _questions(tmp_path, filler=True)
-    code = main([*_improve(questions, "fusion"), "--synthetic-fusion", "30"])
-    assert code in (0, 1), capsys.readouterr().err  # promoted, or refused by the gate
-    state = json.loads((env / "improve" / "kb" / "state.json").read_text())
-    fusion = state["results"]["fusion"]
-    assert fusion["fitted_on"] == "30 synthetic questions (made from the corpus)"
-    # judged on the real held-out part, whose questions it never saw
-    assert fusion["figures"]["questions"] == state["split"]["held_out"]

@@ -1,5 +1,4 @@
-"""Fit a version's fusion (method, RRF k, per-list weights, depths) on the user's questions, or,
-when there are none, on questions made from the corpus (training/synthetic.py).
+"""Fit a version's fusion (method, RRF k, per-list weights, depths) on the user's questions.
 
 Example:
     >>> report = tune_fusion(retriever, questions, collection="squad")   # doctest: +SKIP
@@ -37,12 +36,6 @@ from rag_retriever.eval.metrics import mrr_at_k, recall_at_k
 from rag_retriever.eval.questions import Question
 from rag_retriever.fusion import K_DEFAULT, METHODS, Fusion
 from rag_retriever.retriever import Retriever
-from rag_retriever.training.synthetic import (
-    MAX_WORDS,
-    MIN_WORDS,
-    synthetic_lists,
-    synthetic_questions,
-)
 
 BATCH = 64
 # The grid: RRF's k from "top ranks dominate" to the paper's 60 and beyond; the BM25 list's
@@ -176,23 +169,16 @@ def tune_fusion(
     seed: int = 0,
     store: bool = True,
     progress: bool = False,
-    synthetic: int = 0,
 ) -> TuningReport:
-    """Fit the fusion of `collection` on `questions` (or, with `synthetic` > 0 and no questions,
-    on that many questions made from its chunks); store it only when it beats the default on the
-    held-out part (see the module docstring)."""
+    """Fit the fusion of `collection` on `questions`; store it only when it beats the default on
+    the held-out part (see the module docstring)."""
     opened = retriever.open_collection(collection, "hybrid")
     table = ChunkTable.load(retriever.store, opened.name)
-    if synthetic:
-        if questions:
-            raise InvalidRequest("fit on labelled questions or on synthetic ones, not both")
-        train, held = _synthetic_parts(retriever, table, synthetic, held_out_fraction, seed)
-    else:
-        usable = usable_questions(questions, table, opened.name)
-        train_q, held_q = split_by_document(usable, held_out_fraction, seed)
-        cached = _first_stage_lists(retriever, opened.name, table, usable, progress)
-        train = [cached[q.id] for q in train_q]
-        held = [cached[q.id] for q in held_q]
+    usable = usable_questions(questions, table, opened.name)
+    train_q, held_q = split_by_document(usable, held_out_fraction, seed)
+    cached = _first_stage_lists(retriever, opened.name, table, usable, progress)
+    train = [cached[q.id] for q in train_q]
+    held = [cached[q.id] for q in held_q]
     default = retriever.untuned_fusion()
     grid = list(candidates(min(default.depths)))
     best, best_figures = _best_fusion(default, grid, train, progress)
@@ -248,31 +234,6 @@ def usable_questions(
             f"{job} needs at least {minimum} ({hint})"
         )
     return usable
-
-
-def _synthetic_parts(
-    retriever: Retriever, table: ChunkTable, n: int, held_out_fraction: float, seed: int
-) -> tuple[list[Lists], list[Lists]]:
-    """The lists of `n` synthetic questions (training/synthetic.py), split by document."""
-    if n < MIN_QUESTIONS:
-        raise InvalidRequest(
-            f"--synthetic-questions must be at least {MIN_QUESTIONS} (to fit and check), got {n}"
-        )
-    made = synthetic_questions(table, n, seed=seed)
-    if len(made) < MIN_QUESTIONS:
-        raise InvalidRequest(
-            f"{table.collection} gave {len(made)} synthetic questions (sentences of "
-            f"{MIN_WORDS}-{MAX_WORDS} words); fitting needs at least {MIN_QUESTIONS}"
-        )
-    lists = {
-        q.id: Lists(dense, bm25, [set(item) for item in items])
-        for q, (dense, bm25, items) in zip(
-            made, synthetic_lists(retriever, table, made), strict=True
-        )
-    }
-    as_questions = [Question(q.id, q.question, (q.doc_id,), (), (), i) for i, q in enumerate(made)]
-    train_q, held_q = split_by_document(as_questions, held_out_fraction, seed)
-    return [lists[q.id] for q in train_q], [lists[q.id] for q in held_q]
 
 
 def _best_fusion(

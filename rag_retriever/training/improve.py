@@ -95,9 +95,6 @@ class ImproveOptions:
     seed: int = 0
     max_regression: float = 0.01
     progress: bool = True
-    # > 0: the fusion step fits on this many questions made from the corpus
-    # (training/synthetic.py) instead of the fusion part; still judged on the real held-out part.
-    synthetic_fusion: int = 0
 
 
 def _figures(run: EvalRun) -> dict[str, Any]:
@@ -186,7 +183,6 @@ class Improve:
             "fusion_part": self.options.fusion_part,
             "seed": self.options.seed,
             "steps": list(self.options.steps),
-            "synthetic_fusion": self.options.synthetic_fusion,
         }
         path = self.work_dir / STATE_FILE
         if path.is_file():
@@ -421,8 +417,7 @@ class Improve:
 
     def _fusion(self) -> dict[str, Any]:
         name, before = self._current()
-        synthetic = self.options.synthetic_fusion
-        questions, which = ([], "synthetic") if synthetic else self._fusion_questions()
+        questions, which = self._fusion_questions()
         report = tune_fusion(
             self._retriever(name),
             questions,
@@ -430,12 +425,8 @@ class Improve:
             seed=self.options.seed,
             store=False,
             progress=self.options.progress,
-            synthetic=synthetic,
         )
-        if synthetic:
-            questions_fitted = f"{synthetic} synthetic questions (made from the corpus)"
-        else:
-            questions_fitted = f"{len(questions)} questions ({which})"
+        questions_fitted = f"{len(questions)} questions ({which})"
         previous = self.store.record(name).fusion
         self._update_record(name, fusion={**report.best.to_json(), "tuning": report.to_json()})
         after = self._evaluate(name)
