@@ -2,7 +2,7 @@
 the ratio. Results go to `<out>/bench.json` and `<out>/bench.txt`.
 
 Usage:
-    python -m bench [--out bench-out] [--only bm25 engine ingest update query load operate training gpu]
+    python -m bench [--out bench-out] [--only bm25 engine ingest update query load operate training fusion gpu]
         [--reranker DIR]
 
 Needs ../shared/data (SQuAD and SciFact). Takes about 20 minutes on 2 CPU cores (the engine at
@@ -20,7 +20,18 @@ import time
 from pathlib import Path
 from typing import Any
 
-BENCHES = ("bm25", "engine", "ingest", "update", "query", "load", "operate", "training", "gpu")
+BENCHES = (
+    "bm25",
+    "engine",
+    "ingest",
+    "update",
+    "query",
+    "load",
+    "operate",
+    "training",
+    "fusion",
+    "gpu",
+)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -76,7 +87,8 @@ class _Report:
 
 
 def _run_standalone(args: argparse.Namespace, report: _Report) -> dict[str, Any]:
-    """The benchmarks that bring their own data: BM25, the engine, ingest, GPU (in that order).
+    """The benchmarks that bring their own data: BM25, the engine, ingest, update, fusion, GPU
+    (in that order).
     Each module is imported only when its benchmark runs."""
     results: dict[str, Any] = {}
     if "bm25" in args.only:
@@ -106,6 +118,12 @@ def _run_standalone(args: argparse.Namespace, report: _Report) -> dict[str, Any]
         report.emit(
             bench_update.report(results["update"], results["update_e2e"], results["update_server"])
         )
+
+    if "fusion" in args.only:
+        from bench import bench_fusion
+
+        results["fusion"] = bench_fusion.run(args.out)
+        report.emit(bench_fusion.report(results["fusion"]))
 
     if "gpu" in args.only:
         from bench import bench_gpu

@@ -1,5 +1,7 @@
 """Rank fusion as pure functions: reciprocal rank fusion (Cormack, Clarke & Buettcher, SIGIR
-2009), distribution-based score fusion, and `Fusion`, the choice a collection version makes.
+2009), distribution-based score fusion, convex combinations of min-max or z-normalised scores
+(Bruch, Gai & Ingber, TOIS 2023), a query-adaptive combination, and `Fusion`, the choice a
+collection version makes.
 
 Example:
     >>> [(i, round(s, 5)) for i, s in rrf([["a", "b"], ["b", "c"]], k=60)]
@@ -10,13 +12,23 @@ no calibration between cosine and BM25 scores, only ranks. A list that repeats a
 its first (best) position. Equal scores are ordered by the best rank the id reached in any list,
 then by the order the lists are given in, then by first appearance, so the output is
 deterministic.
+
+The score-based fusions (dbsf, minmax, zscore, adaptive) map each list's scores to a
+non-negative scale on which the list's lowest score is 0 (DBSF: its mean - 3 std), so an id a
+list did not return contributes 0 from it: it is treated as scoring no better than the list's
+last entry. Not handled: more than the lists given (no learned weights here; see
+training/fusion.py), and scores that are not finite.
 """
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Mapping, Sequence
+import math
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
+
+from rag_retriever.errors import InvalidRequest
+from rag_retriever.records import FusionMethod
 
 K_DEFAULT = 60  # the constant of the original paper; robust across collections there
 
@@ -96,6 +108,93 @@ def dbsf(
     return sorted(scores.items(), key=lambda kv: (-kv[1], order[kv[0]]))
 
 
+def _scored_fusion(
+    lists: Sequence[Sequence[tuple[Id, float]]],
+    weights: Sequence[float] | None,
+    normalise: Callable[[Sequence[float]], list[float]],
+    confidence: Callable[[Sequence[float]], float] | None = None,
+) -> list[tuple[Id, float]]:
+    """sum over lists of weight_L x confidence_L x normalise_L(score), an absent id adding 0;
+    equal fused scores keep the order of first appearance (lists in the order given)."""
+    weights = _checked_weights(weights, len(lists))
+    scores: dict[Id, float] = {}
+    for scored, weight in zip(lists, weights, strict=True):
+        first: dict[Id, float] = {}
+        for item, value in scored:  # a repeated id counts at its first (best) position
+            first.setdefault(item, value)
+        if not first:
+            continue
+        values = list(first.values())
+        factor = weight * (1.0 if confidence is None else confidence(values))
+        for item, normalised in zip(first, normalise(values), strict=True):
+            scores[item] = scores.get(item, 0.0) + factor * normalised
+    order = {item: i for i, item in enumerate(scores)}
+    return sorted(scores.items(), key=lambda kv: (-kv[1], order[kv[0]]))
+
+
+def _min_max(values: Sequence[float]) -> list[float]:
+    """(v - min) / (max - min): the list's best is 1, its last 0; all equal -> 1 each."""
+    low, high = min(values), max(values)
+    return [1.0 if high == low else (v - low) / (high - low) for v in values]
+
+
+def _std(values: Sequence[float]) -> float:
+    mean = sum(values) / len(values)
+    return (sum((v - mean) ** 2 for v in values) / len(values)) ** 0.5
+
+
+def _z_above_min(values: Sequence[float]) -> list[float]:
+    """(v - mean) / std shifted so the list's lowest is 0, i.e. (v - min) / std; a list of equal
+    scores (std 0) -> 1 each. The same order as the z-score, with an absent id at the list's
+    lowest z."""
+    low, std = min(values), _std(values)
+    return [1.0 if std == 0 else (v - low) / std for v in values]
+
+
+def _top_z(values: Sequence[float]) -> float:
+    """How far a list's best score stands out of its list: (max - mean) / std (0 when all are
+    equal). A lexical list with one passage that matches the rare words of the question has a
+    high one; a flat list of near-equal cosines a low one."""
+    std = _std(values)
+    return 0.0 if std == 0 else (max(values) - sum(values) / len(values)) / std
+
+
+def minmax(
+    lists: Sequence[Sequence[tuple[Id, float]]], *, weights: Sequence[float] | None = None
+) -> list[tuple[Id, float]]:
+    """Convex combination of min-max normalised scores: sum of weight_L x (s - min_L) / (max_L -
+    min_L) over the lists (weights (1-a, a) give the convex combination; only their ratio counts).
+
+    >>> [(i, round(s, 3)) for i, s in minmax([[("a", 0.9), ("b", 0.5)], [("b", 12.0), ("c", 3.0)]])]
+    [('a', 1.0), ('b', 1.0), ('c', 0.0)]
+    """
+    return _scored_fusion(lists, weights, _min_max)
+
+
+def zscore(
+    lists: Sequence[Sequence[tuple[Id, float]]], *, weights: Sequence[float] | None = None
+) -> list[tuple[Id, float]]:
+    """Convex combination of z-normalised scores, (s - mean_L) / std_L per list, an id absent from
+    a list counted at that list's lowest z (so the sum is of (s - min_L) / std_L).
+
+    >>> [(i, round(s, 3)) for i, s in zscore([[("a", 3.0), ("b", 1.0)], [("b", 2.0), ("c", 0.0)]])]
+    [('a', 2.0), ('b', 2.0), ('c', 0.0)]
+    """
+    return _scored_fusion(lists, weights, _z_above_min)
+
+
+def adaptive(
+    lists: Sequence[Sequence[tuple[Id, float]]], *, weights: Sequence[float] | None = None
+) -> list[tuple[Id, float]]:
+    """Query-adaptive: `zscore` with each list's weight multiplied, per query, by its confidence,
+    how far its best score stands out, (max_L - mean_L) / std_L. No parameter beyond the weights.
+
+    >>> [(i, round(s, 3)) for i, s in adaptive([[("a", 3.0), ("b", 1.0)], [("b", 9.0), ("c", 0.0), ("d", 0.0)]])]
+    [('b', 3.0), ('a', 2.0), ('c', 0.0), ('d', 0.0)]
+    """
+    return _scored_fusion(lists, weights, _z_above_min, _top_z)
+
+
 class _Fuse(Protocol):
     """A fusion method over scored lists: (id, score) pairs best first, one weight per list."""
 
@@ -116,18 +215,38 @@ def _by_score(
     return dbsf(lists, weights=weights)  # no constant: the scores are normalised instead
 
 
+def _by_minmax(
+    lists: Sequence[Sequence[tuple[Id, float]]], *, k: int, weights: Sequence[float]
+) -> list[tuple[Id, float]]:
+    return minmax(lists, weights=weights)
+
+
+def _by_zscore(
+    lists: Sequence[Sequence[tuple[Id, float]]], *, k: int, weights: Sequence[float]
+) -> list[tuple[Id, float]]:
+    return zscore(lists, weights=weights)
+
+
+def _by_adaptive(
+    lists: Sequence[Sequence[tuple[Id, float]]], *, k: int, weights: Sequence[float]
+) -> list[tuple[Id, float]]:
+    return adaptive(lists, weights=weights)
+
+
 @dataclass(frozen=True)
 class _Method:
     fuse: _Fuse
     uses_k: bool  # whether the RRF constant k means anything to it (tuning varies it if so)
 
 
-FusionMethod = Literal["rrf", "dbsf"]
 # The fusion methods, by name: what each does with the two lists. A new method is one entry here
-# (and its name in FusionMethod); the tuner's grid and the validation derive from it.
+# (and its name in records.FusionMethod); the tuner's grid and the validation derive from it.
 METHODS: dict[FusionMethod, _Method] = {
     "rrf": _Method(_by_rank, uses_k=True),
     "dbsf": _Method(_by_score, uses_k=False),
+    "minmax": _Method(_by_minmax, uses_k=False),
+    "zscore": _Method(_by_zscore, uses_k=False),
+    "adaptive": _Method(_by_adaptive, uses_k=False),
 }
 FUSION_METHODS: tuple[FusionMethod, ...] = tuple(METHODS)
 
@@ -143,19 +262,49 @@ class Fusion:
     depths: tuple[int, int] = (100, 100)  # how many of each list take part
 
     def __post_init__(self) -> None:
-        if self.method not in FUSION_METHODS:
-            raise ValueError(f"fusion method must be one of {FUSION_METHODS}, got {self.method!r}")
-        if self.k < 1 or min(self.depths) < 1 or len(self.depths) != 2:
-            raise ValueError(f"fusion k and depths must be positive, got {self.k}, {self.depths}")
-        if len(self.weights) != 2 or min(self.weights) < 0 or not any(self.weights):
-            raise ValueError(f"fusion weights must be two non-negative numbers, {self.weights}")
+        if self.method not in METHODS:
+            raise InvalidRequest(
+                f"fusion method must be one of {', '.join(METHODS)}, got {self.method!r}"
+            )
+        if len(self.depths) != 2 or self.k < 1 or min(self.depths) < 1:
+            raise InvalidRequest(
+                f"fusion k and both depths must be at least 1, got k={self.k}, depths={self.depths}"
+            )
+        if (
+            len(self.weights) != 2
+            or not all(math.isfinite(w) and w >= 0 for w in self.weights)
+            or not any(self.weights)
+        ):
+            raise InvalidRequest(
+                f"fusion weights must be two finite non-negative numbers, not both 0 "
+                f"(dense,bm25), got {self.weights}"
+            )
 
     def fuse(
         self, dense: Sequence[tuple[Id, float]], bm25: Sequence[tuple[Id, float]]
     ) -> list[tuple[Id, float]]:
-        """The fused list of (id, score), best first."""
-        lists = [dense[: self.depths[0]], bm25[: self.depths[1]]]
-        return METHODS[self.method].fuse(lists, k=self.k, weights=self.weights)
+        """The fused list of (id, score), best first: the fusion of each list's first `depths`
+        entries, then every other id of the two lists, with score 0, by the best rank it reached
+        (ties: the dense list first). So depths change how the lists are weighed, never how deep
+        the fused list is: it holds every id either list returned, and a tuned depth of 20
+        cannot shrink the reranker's candidates or recall at 50 or 100 to 40 ids.
+
+        >>> [i for i, _ in Fusion(depths=(1, 1)).fuse([("a", .9), ("b", .8)], [("c", 7.), ("b", 5.)])]
+        ['a', 'c', 'b']
+        """
+        head = METHODS[self.method].fuse(
+            [dense[: self.depths[0]], bm25[: self.depths[1]]], k=self.k, weights=self.weights
+        )
+        if len(dense) <= self.depths[0] and len(bm25) <= self.depths[1]:
+            return head
+        fused = {item for item, _ in head}
+        tail: dict[Id, tuple[int, int]] = {}  # id -> (best rank, list index)
+        for list_index, ranked in enumerate((dense, bm25)):
+            for rank, (item, _) in enumerate(ranked, start=1):
+                if item not in fused and (item not in tail or rank < tail[item][0]):
+                    tail[item] = (rank, list_index)
+        order = sorted(tail, key=lambda item: tail[item])
+        return head + [(item, 0.0) for item in order]
 
     def describe(self) -> str:
         weights = ",".join(f"{w:g}" for w in self.weights)

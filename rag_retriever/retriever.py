@@ -44,7 +44,7 @@ from rag_retriever.errors import (
     InvalidRequest,
     VersionIncompatible,
 )
-from rag_retriever.fusion import Fusion, rrf
+from rag_retriever.fusion import Fusion, FusionMethod, rrf
 from rag_retriever.querylog import QueryLog, new_query_id
 from rag_retriever.records import (
     Chunk,
@@ -83,6 +83,7 @@ class RetrievalConfig:
     """The query path's knobs. Defaults, meaning and validation are those of the settings of the
     same name (settings.py declares each once)."""
 
+    fusion: FusionMethod = _DEFAULTS.fusion
     dense_top_n: int = _DEFAULTS.dense_top_n
     bm25_top_n: int = _DEFAULTS.bm25_top_n
     rrf_k: int = _DEFAULTS.rrf_k
@@ -668,12 +669,19 @@ class Retriever:
             trace.timings_ms["search"] = per_query_ms
 
     def fusion_for(self, opened: OpenCollection) -> Fusion:
-        """The version's tuned fusion, else RRF with the settings' k, weights and depths."""
+        """The version's tuned fusion, else the settings' (method, k, weights and depths)."""
         if opened.tuned_fusion is not None:
             return opened.tuned_fusion
+        return self.untuned_fusion()
+
+    def untuned_fusion(self) -> Fusion:
+        """The fusion of a version that stored none: the settings' method, k, weights, depths."""
         cfg = self.config
         return Fusion(
-            "rrf", k=cfg.rrf_k, weights=cfg.rrf_weights, depths=(cfg.dense_top_n, cfg.bm25_top_n)
+            cfg.fusion,
+            k=cfg.rrf_k,
+            weights=cfg.rrf_weights,
+            depths=(cfg.dense_top_n, cfg.bm25_top_n),
         )
 
     def _fuse(self, trace: Trace, fusion: Fusion) -> None:

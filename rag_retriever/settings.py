@@ -25,7 +25,7 @@ from pydantic_settings import BaseSettings, NoDecode, PydanticBaseSettingsSource
 from pydantic_settings.sources import EnvSettingsSource
 
 from rag_retriever.errors import ConfigError
-from rag_retriever.records import check_collection
+from rag_retriever.records import FusionMethod, check_collection
 
 Device = Literal["auto", "cpu", "cuda"]
 LogLevel = Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"]
@@ -113,6 +113,16 @@ class Settings(BaseSettings):
         48, "tokens shared by consecutive chunks (one or two sentences)", flag="--overlap-tokens"
     )
 
+    # The fusion of the dense and BM25 lists a version serves until `tune-fusion` stores its own
+    # (rag_retriever/fusion.py, METHODS). "adaptive" (z-scores, each list weighted per query by
+    # how far its best score stands out; equal weights, no other parameter) was at least as good
+    # as the better single list at recall@1/@5/@10 on SQuAD dev and train (chunk and document
+    # level) and SciFact, and chosen again on each held-out half; RRF k=60 lost 5.1 points of
+    # recall@1 to BM25 on SQuAD dev (`python -m bench --only fusion`, README "Choosing the
+    # default fusion").
+    fusion: FusionMethod = _setting(
+        "adaptive", "how the dense and BM25 lists are fused untuned (a tuned version uses its own)"
+    )
     dense_top_n: PositiveInt = _setting(100, "depth of the dense list before fusion")
     bm25_top_n: PositiveInt = _setting(100, "depth of the BM25 list before fusion")
     # Reciprocal rank fusion constant (Cormack, Clarke & Buettcher, SIGIR 2009).
@@ -120,7 +130,7 @@ class Settings(BaseSettings):
         60, "the reciprocal rank fusion constant (a tuned version uses its own fusion)"
     )
     rrf_weights: Annotated[tuple[float, float], NoDecode] = _setting(
-        (1.0, 1.0), "DENSE,BM25 weights of the lists in the fusion (1,0 = dense order)"
+        (1.0, 1.0), "DENSE,BM25 weights of the lists in the untuned fusion (1,0 = dense order)"
     )
     rerank_model: str | None = _setting(
         None, "cross-encoder directory or hub id; unset turns reranking off"

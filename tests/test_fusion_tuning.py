@@ -4,22 +4,34 @@ version."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
+import numpy as np
 import pytest
 
+from rag_retriever.bm25 import sparse_dot
+from rag_retriever.chunk_table import ChunkTable
 from rag_retriever.cli import main
 from rag_retriever.encoder import Encoder
-from rag_retriever.errors import InvalidRequest
+from rag_retriever.errors import ConfigError, InvalidRequest
 from rag_retriever.eval.questions import Question, load_questions
-from rag_retriever.fusion import Fusion
+from rag_retriever.fusion import METHODS, Fusion
 from rag_retriever.ingest.loaders import LoadedCorpus
 from rag_retriever.ingest.writer import ingest_documents
 from rag_retriever.records import Document
 from rag_retriever.retriever import Retriever
+from rag_retriever.settings import Settings
 from rag_retriever.store import Store
 from rag_retriever.store.catalog import rollback
-from rag_retriever.training.fusion import split_by_document, tune_fusion
+from rag_retriever.training.fusion import (
+    Lists,
+    _best_fusion,
+    score,
+    split_by_document,
+    tune_fusion,
+)
+from rag_retriever.training.synthetic import synthetic_lists, synthetic_questions
 from tests.conftest import write_jsonl
 
 # Each document has a rare keyword that BM25 finds at once; the tiny random encoder does not.
@@ -49,7 +61,9 @@ def retriever(store: Store, tiny_encoder: Encoder) -> Retriever:
             full=True,  # a second version of the same corpus
             retention_grace_s=0,
         )
-    return Retriever(encoder=tiny_encoder, store=store, collection="kb")
+    # RRF k=60 as the default: it lets the tiny encoder's noise in, so tuning has a loss to fix
+    # (the adaptive default already ranks the rare keyword first here)
+    return Retriever(encoder=tiny_encoder, store=store, collection="kb").with_config(fusion="rrf")
 
 
 def test_split_keeps_each_document_on_one_side() -> None:
@@ -119,3 +133,145 @@ def test_tune_fusion_command_dry_run(
     assert code == 0
     out = capsys.readouterr().out
     assert "held-out default" in out and "held-out best" in out and "(--dry-run)" in out
+
+
+# -- a fitted fusion never cuts depth (issue 21, item 5) ----------------------------------------
+
+
+def _depth_case() -> list[Lists]:
+    """Two questions on disjoint lists of 60: q1's gold is BM25's first (a BM25-heavy fusion
+    ranks it 1, equal RRF 2); q2's gold is dense's 20th, absent from BM25 (equal RRF ranks it
+    40th, a BM25 weight of 4 puts all 60 BM25 ids above it: 80th)."""
+    dense = [(i, 1.0 - i / 100) for i in range(60)]
+    bm25 = [(1000 + i, 60.0 - i) for i in range(60)]
+    return [Lists(dense, bm25, [{1000}]), Lists(dense, bm25, [{19}])]
+
+
+def test_a_fusion_that_loses_recall_at_depth_is_never_chosen() -> None:
+    lists = _depth_case()
+    default = Fusion("rrf")
+    heavy = Fusion("rrf", weights=(1.0, 4.0))
+    base, candidate = score(default, lists), score(heavy, lists)
+    assert (base.recall1, base.recall50) == (0.0, 1.0)
+    assert (candidate.recall1, candidate.recall50) == (0.5, 0.5)
+    assert candidate.mrr10 > base.mrr10  # better by the objective alone ...
+    assert not candidate.keeps_depth_of(base) and not candidate.beats(base)  # ... lost at 50
+    assert _best_fusion(default, [heavy], lists, progress=False) == (default, base)
+    # a candidate that keeps the depth is chosen as before
+    light = Fusion("rrf", weights=(1.0, 1.01))
+    assert _best_fusion(default, [light], lists, progress=False)[0] == light
+
+
+def test_depths_chosen_by_tuning_leave_the_fused_list_whole(
+    retriever: Retriever, tmp_path: Path
+) -> None:
+    """A stored fusion of depths 1,1 (the shallowest) still serves k=100 and 50 candidates."""
+    served = retriever.store.aliases()["kb"]
+    shallow = Fusion("dbsf", weights=(1.0, 3.0), depths=(1, 1))
+    record = retriever.store.record(served)
+    retriever.store.put_record(served, dataclasses.replace(record, fusion=shallow.to_json()))
+    retriever._opened.clear()
+    query = "kwab city hills"
+    result = retriever.retrieve(query, k=100, mode="hybrid")
+    assert result.fusion == shallow.describe()
+    dense = {h.chunk_id for h in retriever.search(query, k=100, mode="dense")}
+    bm25 = {h.chunk_id for h in retriever.search(query, k=100, mode="bm25")}
+    assert len(result.hits) == min(100, len(dense | bm25)) > 2
+    assert {h.chunk_id for h in result.hits} == dense | bm25
+
+
+def test_the_tuning_report_shows_recall_at_depth(retriever: Retriever, tmp_path: Path) -> None:
+    questions, _ = load_questions(questions_file(tmp_path))
+    report = tune_fusion(retriever, questions, collection="kb", store=False)
+    for part in (report.train, report.held_out):
+        for figures in part.values():
+            assert {"recall@50", "recall@100"} <= set(figures.to_json())
+    assert report.held_out["best"].keeps_depth_of(report.held_out["default"])
+
+
+# -- the untuned default is a setting -----------------------------------------------------------
+
+
+def test_the_untuned_fusion_is_the_settings_and_a_bad_one_is_refused(
+    retriever: Retriever,
+) -> None:
+    for method in METHODS:
+        configured = retriever.with_config(fusion=method)
+        configured._opened.clear()
+        result = configured.retrieve("kwab city hills", k=5, mode="hybrid")
+        assert result.fusion == Fusion(method).describe()
+    with pytest.raises(
+        ConfigError, match="RAG_FUSION must be one of rrf, dbsf, minmax, zscore, adaptive"
+    ):
+        Settings.from_env({"RAG_FUSION": "max"})
+    with pytest.raises(ConfigError, match="RAG_RRF_WEIGHTS"):
+        Settings.from_env({"RAG_RRF_WEIGHTS": "0,0"})
+
+
+# -- fitting on synthetic questions (issue 21, item 2) ------------------------------------------
+
+# Six-word sentences: the tiny encoder's chunks are short, and a chunk must keep some text once
+# its sentence is taken out.
+SENTENCES = (
+    "Ice carved this deep valley slowly.",
+    "Ships came to the old harbour.",
+    "Wheat grew on the high terraces.",
+    "Trains ran to the northern coast.",
+)
+PROSE = tuple(
+    Document(f"p{i}", f"P{i}", f"{SENTENCES[i % 4]} The {KEYWORDS[i]} stands by the river.")
+    for i in range(24)
+)
+
+
+def test_synthetic_questions_are_sentences_from_many_documents(
+    store: Store, tiny_encoder: Encoder
+) -> None:
+    ingest_documents(LoadedCorpus(PROSE, 0, "t"), alias="prose", encoder=tiny_encoder, store=store)
+    table = ChunkTable.load(store, store.resolve("prose"))
+    made = synthetic_questions(table, 12, seed=3)
+    assert made == synthetic_questions(table, 12, seed=3)  # deterministic
+    assert made != synthetic_questions(table, 12, seed=4)
+    assert len({q.doc_id for q in made}) == 12  # one per document before any second
+    docs = {d.id: d.text for d in PROSE}
+    for q in made:
+        assert docs[q.doc_id][q.start : q.end] == q.question
+        assert q.question in SENTENCES or KEYWORDS[int(q.doc_id[1:])] in q.question
+        chunk = table.chunks[q.row]
+        assert chunk.doc_id == q.doc_id and chunk.start <= q.start < q.end <= chunk.end
+    with pytest.raises(ValueError):
+        synthetic_questions(table, 0)
+
+
+def test_synthetic_lists_take_the_sentence_out_of_the_corpus(
+    store: Store, tiny_encoder: Encoder
+) -> None:
+    ingest_documents(LoadedCorpus(PROSE, 0, "t"), alias="prose", encoder=tiny_encoder, store=store)
+    retriever = Retriever(encoder=tiny_encoder, store=store, collection="prose")
+    name = store.resolve("prose")
+    table = ChunkTable.load(store, name)
+    made = synthetic_questions(table, 4, seed=0)
+    lists = synthetic_lists(retriever, table, made)
+    opened = retriever.open_collection(name)
+    for q, (dense, bm25, items) in zip(made, lists, strict=True):
+        assert items == [{q.row}]
+        # oracle: the chunk's own text with the sentence cut, scored by BM25 and the encoder
+        text = table.embed_texts([q.row])[0].replace(q.question, " ")
+        terms = retriever.tokenizer.tokenize(q.question)
+        expected_bm25 = sparse_dot(
+            opened.bm25.query_vector(terms),
+            opened.bm25.document_vector(retriever.tokenizer.tokenize(text)),
+        )
+        got = dict(bm25)
+        if expected_bm25 > 0:
+            assert got[q.row] == pytest.approx(expected_bm25, rel=1e-5)
+        else:
+            assert q.row not in got
+        _, traces = retriever.trace([q.question], mode="hybrid", collection=name)
+        before = {table.row_of[c]: s.score for c, s in traces[0].bm25 or []}
+        assert before[q.row] > got.get(q.row, 0.0)  # the sentence itself no longer matches
+        qv = tiny_encoder.encode_queries([q.question]).vectors[0]
+        pv = tiny_encoder.encode_passages([" ".join(text.split())]).vectors[0]
+        assert dict(dense)[q.row] == pytest.approx(float(np.dot(qv, pv)), abs=1e-4)
+        for ranked in (dense, bm25):
+            assert [s for _, s in ranked] == sorted((s for _, s in ranked), reverse=True)

@@ -23,11 +23,11 @@ from rag_retriever.errors import (
     InvalidRequest,
     ModelLoadError,
 )
-from rag_retriever.fusion import rrf
+from rag_retriever.fusion import METHODS, rrf
 from rag_retriever.ingest.loaders import LoadedCorpus
 from rag_retriever.ingest.writer import ingest_documents
 from rag_retriever.profiles import ModelProfile, write_profile_file
-from rag_retriever.records import Document, SearchFilter
+from rag_retriever.records import Document, FusionMethod, SearchFilter
 from rag_retriever.reranker import CrossEncoderReranker, PairScores, Scorer
 from rag_retriever.retriever import RetrievalConfig, Retriever
 from rag_retriever.settings import Settings
@@ -106,13 +106,27 @@ def test_equal_scores_come_in_chunk_id_order(
     assert [h.chunk_id for h in hits] == sorted(h.chunk_id for h in hits)
 
 
-def test_hybrid_is_rrf_of_the_two_lists(collection) -> None:
+@pytest.mark.parametrize("method", list(METHODS))
+def test_hybrid_is_the_configured_fusion_of_the_two_lists(collection, method: FusionMethod) -> None:
     retriever, _ = collection
+    retriever = retriever.with_config(fusion=method)
     query = "river mountain"
-    dense = [h.chunk_id for h in retriever.search(query, k=100, mode="dense")]
-    bm25 = [h.chunk_id for h in retriever.search(query, k=100, mode="bm25")]
+    dense_hits = retriever.search(query, k=100, mode="dense")
+    bm25_hits = retriever.search(query, k=100, mode="bm25")
+    dense = [h.chunk_id for h in dense_hits]
+    bm25 = [h.chunk_id for h in bm25_hits]
     hybrid = retriever.search(query, k=100, mode="hybrid")
-    expected = rrf([dense, bm25], k=60)
+    if method == "rrf":
+        expected = rrf([dense, bm25], k=60)
+    else:
+        expected = METHODS[method].fuse(
+            [
+                [(h.chunk_id, h.score) for h in dense_hits],
+                [(h.chunk_id, h.score) for h in bm25_hits],
+            ],
+            k=60,
+            weights=(1.0, 1.0),
+        )
     assert [h.chunk_id for h in hybrid] == [i for i, _ in expected]
     top = hybrid[0]
     assert top.fused is not None and top.fused.rank == 1 and top.score == top.fused.score
@@ -141,7 +155,10 @@ def test_hybrid_filtered_equals_fusion_of_filtered_lists(collection) -> None:
     q = "apples wine river"
     dense = [h.chunk_id for h in retriever.search(q, k=100, mode="dense", filter=flt)]
     bm25 = [h.chunk_id for h in retriever.search(q, k=100, mode="bm25", filter=flt)]
-    hybrid = [h.chunk_id for h in retriever.search(q, k=100, mode="hybrid", filter=flt)]
+    hybrid = [
+        h.chunk_id
+        for h in retriever.with_config(fusion="rrf").search(q, k=100, mode="hybrid", filter=flt)
+    ]
     assert hybrid == [i for i, _ in rrf([dense, bm25])]
 
 

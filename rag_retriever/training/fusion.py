@@ -1,4 +1,4 @@
-"""Fit a version's fusion (RRF k, per-list weights, depths, or DBSF) on the user's questions.
+"""Fit a version's fusion (method, RRF k, per-list weights, depths) on the user's questions.
 
 Example:
     >>> report = tune_fusion(retriever, questions, collection="squad")   # doctest: +SKIP
@@ -8,9 +8,12 @@ Example:
 The questions are split by document (no gold document in both parts), the dense and BM25 lists
 of every question are fetched once, and every candidate fusion is scored on those cached lists
 (no re-encoding per trial). The winner on the training part is checked on the held-out part
-against the default (RRF k=60, equal weights); it is stored in the version's metadata only when
-it beats the default there, so a version never serves a fusion that lost. The objective is
-MRR@10 (ties: recall@1), which rewards the top ranks a chat app reads.
+against the default (the untuned fusion of the settings); it is stored in the version's metadata
+only when it beats the default there, so a version never serves a fusion that lost. The objective
+is MRR@10 (ties: recall@1), which rewards the top ranks a chat app reads. A fusion that loses
+recall@50 or recall@100 to the default (the reranker's candidates, what a caller asking for 100
+reads) is never chosen nor stored, whatever its MRR: depths only weigh the lists (the fused
+list always holds every id of both, see Fusion.fuse), and the selection guards the rest.
 Not handled: fusions of more than the two lists, and learning-to-rank.
 """
 
@@ -43,6 +46,12 @@ DEPTHS = (20, 50, 100)
 MIN_QUESTIONS = 20
 # What a fusion is chosen by: MRR@10, ties broken by recall@1 (the top ranks a chat app reads).
 OBJECTIVE = ("mrr@10", "recall@1")
+# Recall at the depths a reranker (50 candidates by default) and a caller (k up to 100) read: a
+# fitted fusion may not lower them (issue 21: DBSF at depths 20,20 raised nDCG@10 by 0.006 on
+# SciFact and cut recall@100 from 0.963 to 0.917). Float sums of the same hits may differ in the
+# last bits only.
+DEEP = ("recall50", "recall100")
+DEPTH_TOLERANCE = 1e-9
 
 
 @dataclass(frozen=True)
@@ -60,15 +69,28 @@ class Figures:
     recall1: float
     recall5: float
     questions: int
+    recall50: float = 0.0
+    recall100: float = 0.0
 
     def metrics(self) -> dict[str, float]:
-        return {"mrr@10": self.mrr10, "recall@1": self.recall1, "recall@5": self.recall5}
+        return {
+            "mrr@10": self.mrr10,
+            "recall@1": self.recall1,
+            "recall@5": self.recall5,
+            "recall@50": self.recall50,
+            "recall@100": self.recall100,
+        }
+
+    def keeps_depth_of(self, other: Figures) -> bool:
+        """Recall@50 and @100 at least `other`'s: what comes after the fusion loses nothing."""
+        return all(getattr(self, f) >= getattr(other, f) - DEPTH_TOLERANCE for f in DEEP)
 
     def beats(self, other: Figures) -> bool:
-        """Better on the objective (MRR@10, ties: recall@1)."""
-        return judge(
+        """Better on the objective (MRR@10, ties: recall@1), and no loss at depth."""
+        better = judge(
             self.metrics(), other.metrics(), metric=OBJECTIVE[0], tie_break=OBJECTIVE[1]
         ).better
+        return better and self.keeps_depth_of(other)
 
     def to_json(self) -> dict[str, float]:
         return {**{k: round(v, 4) for k, v in self.metrics().items()}, "questions": self.questions}
@@ -107,14 +129,16 @@ def candidates(max_depth: int) -> Iterator[Fusion]:
 
 
 def score(fusion: Fusion, lists: Sequence[Lists]) -> Figures:
-    mrr = r1 = r5 = 0.0
+    mrr = r1 = r5 = r50 = r100 = 0.0
     for q in lists:
-        ranking = [row for row, _ in fusion.fuse(q.dense, q.bm25)][:10]
+        ranking = [row for row, _ in fusion.fuse(q.dense, q.bm25)][:100]
         mrr += mrr_at_k(ranking, q.items, 10)
         r1 += recall_at_k(ranking, q.items, 1)
         r5 += recall_at_k(ranking, q.items, 5)
+        r50 += recall_at_k(ranking, q.items, 50)
+        r100 += recall_at_k(ranking, q.items, 100)
     n = max(len(lists), 1)
-    return Figures(mrr / n, r1 / n, r5 / n, len(lists))
+    return Figures(mrr / n, r1 / n, r5 / n, len(lists), r50 / n, r100 / n)
 
 
 def split_by_document(
@@ -155,7 +179,7 @@ def tune_fusion(
     cached = _first_stage_lists(retriever, opened.name, table, usable, progress)
     train = [cached[q.id] for q in train_q]
     held = [cached[q.id] for q in held_q]
-    default = _default_fusion(retriever)
+    default = retriever.untuned_fusion()
     grid = list(candidates(min(default.depths)))
     best, best_figures = _best_fusion(default, grid, train, progress)
     # DBSF at its defaults too: the alternative default the project considers (equal weights)
@@ -212,25 +236,16 @@ def usable_questions(
     return usable
 
 
-def _default_fusion(retriever: Retriever) -> Fusion:
-    """The fusion the retriever runs untuned: RRF with its configured k, weights and depths."""
-    return Fusion(
-        "rrf",
-        k=retriever.config.rrf_k,
-        weights=retriever.config.rrf_weights,
-        depths=(retriever.config.dense_top_n, retriever.config.bm25_top_n),
-    )
-
-
 def _best_fusion(
     default: Fusion, grid: Sequence[Fusion], train: Sequence[Lists], progress: bool
 ) -> tuple[Fusion, Figures]:
-    """The fusion of `grid` that scores best on `train`, and its figures; `default` unless one
-    beats it (ties keep the earlier)."""
+    """The fusion of `grid` that scores best on `train` without losing recall@50/@100 to
+    `default`, and its figures; `default` unless one beats it (ties keep the earlier)."""
     best, best_figures = default, score(default, train)
+    default_figures = best_figures
     for fusion in tqdm(grid, desc="fusions", unit="fusion", disable=not progress):
         figures = score(fusion, train)
-        if figures.beats(best_figures):
+        if figures.beats(best_figures) and figures.keeps_depth_of(default_figures):
             best, best_figures = fusion, figures
     return best, best_figures
 

@@ -426,6 +426,7 @@ class Improve:
             store=False,
             progress=self.options.progress,
         )
+        questions_fitted = f"{len(questions)} questions ({which})"
         previous = self.store.record(name).fusion
         self._update_record(name, fusion={**report.best.to_json(), "tuning": report.to_json()})
         after = self._evaluate(name)
@@ -439,9 +440,9 @@ class Improve:
         return {
             "kept": kept,
             "fusion": report.best.to_json(),
-            "fitted_on": f"{len(questions)} questions ({which})",
+            "fitted_on": questions_fitted,
             "figures": figures,
-            "summary": f"{verdict} (fitted on {len(questions)} questions, {which}): "
+            "summary": f"{verdict} (fitted on {questions_fitted}): "
             f"{_describe(before)} -> {_describe(figures)}",
         }
 
