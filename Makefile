@@ -38,7 +38,7 @@ lint: setup
 	$(BIN)/ruff check --fix .
 	$(BIN)/ruff format .
 
-## bench: every benchmark, each against its peer measured in the same run (~15 minutes on 2 cores)
+## bench: every benchmark, each against its peer measured in the same run (about an hour on 2 cores)
 bench: setup
 	$(BIN)/python -m bench --out bench-out
 

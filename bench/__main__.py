@@ -2,12 +2,13 @@
 the ratio. Results go to `<out>/bench.json` and `<out>/bench.txt`.
 
 Usage:
-    python -m bench [--out bench-out] [--only bm25 engine ingest update query load operate training fusion gpu]
-        [--reranker DIR]
+    python -m bench [--out bench-out] [--only bm25 engine ingest update query load operate training
+        fusion context gpu] [--reranker DIR] [--context-questions N]
 
-Needs ../shared/data (SQuAD and SciFact). Takes about 20 minutes on 2 CPU cores (the engine at
-100k chunks, with qdrant-client's local mode as its peer, is a third of it; training memory
-about 7). `gpu` (bench/bench_gpu.py) says "skipped" in one line without a CUDA device.
+Needs ../shared/data (SQuAD and SciFact). Takes about an hour on 2 CPU cores: the engine at 100k
+chunks (with qdrant-client's local mode as its peer), the update deltas at 100k, and the fusion
+and context benchmarks' first runs (each encodes SQuAD and SciFact once and caches them under
+--out) take most of it. `gpu` (bench/bench_gpu.py) says "skipped" in one line without a CUDA device.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ BENCHES = (
     "operate",
     "training",
     "fusion",
+    "context",
     "gpu",
 )
 
@@ -67,6 +69,12 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--update-sizes", type=int, nargs="+", default=[100_000], help="e.g. 100000 1000000"
+    )
+    parser.add_argument(
+        "--context-questions",
+        type=int,
+        default=2000,
+        help="questions per set for the diversity/expand benchmark (default 2000)",
     )
     parser.add_argument("--update-deltas", type=int, default=100, help="successive 1%% deltas")
     parser.add_argument("--load-seconds", type=float, default=20.0)
@@ -124,6 +132,14 @@ def _run_standalone(args: argparse.Namespace, report: _Report) -> dict[str, Any]
 
         results["fusion"] = bench_fusion.run(args.out)
         report.emit(bench_fusion.report(results["fusion"]))
+
+    if "context" in args.only:
+        from bench import bench_context
+
+        results["context"] = bench_context.run(args.out, args.context_questions)
+        report.emit(
+            ["== diverse hits, context, headings ==", *bench_context.report(results["context"])]
+        )
 
     if "gpu" in args.only:
         from bench import bench_gpu

@@ -49,7 +49,7 @@ import tokenizers
 SEPARATORS = " \t\n\r"
 # Distinct pieces remembered per counter before the memory is cleared (~100 MB at worst; a
 # SciFact-sized corpus has ~60k distinct pieces).
-MAX_CACHED_PIECES = 1_000_000
+MAX_CACHED_PIECES = 2**20  # about a million
 # Longer pieces (a URL, a base64 blob) are counted every time rather than kept.
 MAX_CACHED_PIECE_CHARS = 256
 
