@@ -760,7 +760,9 @@ class Retriever:
             return final, {}
         found = {
             r.id: r.dense
-            for r in self.store.retrieve(name, [cid for cid, _ in pool], with_dense=True)
+            for r in self.store.retrieve(
+                name, [cid for cid, _ in pool], with_dense=True, with_payload=False
+            )
             if r.dense is not None
         }
         if len(found) < len(pool):

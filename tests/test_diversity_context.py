@@ -320,3 +320,22 @@ def test_the_cli_prints_contexts_and_refuses_bad_diversity(
     assert "context: chunks" in capsys.readouterr().out
     assert main([*args, "--diversity", "3"]) == 2
     assert "diversity must be a number from 0" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("which", ["store", "server_store"])
+def test_vectors_can_be_read_without_payloads(
+    which: str, request: pytest.FixtureRequest, tiny_encoder: Encoder
+) -> None:
+    """What MMR reads: the dense vectors alone, equal to those read with their payloads."""
+    engine: Store = request.getfixturevalue(which)
+    retriever = collection_retriever(DOCS, engine, tiny_encoder)
+    name = engine.resolve("kb")
+    ids = [h.chunk_id for h in retriever.search("apples", k=4, mode="bm25")]
+    full = {r.id: r for r in engine.retrieve(name, ids, with_dense=True)}
+    bare = {r.id: r for r in engine.retrieve(name, ids, with_dense=True, with_payload=False)}
+    assert set(bare) == set(full) == set(ids)
+    for cid, record in bare.items():
+        assert record.payload == {} and full[cid].payload["chunk_id"] == cid
+        read_with_payload = full[cid].dense
+        assert record.dense is not None and read_with_payload is not None
+        assert np.array_equal(record.dense, read_with_payload)

@@ -218,9 +218,16 @@ class Store(ABC):
 
     @abstractmethod
     def retrieve(
-        self, name: str, ids: Sequence[str], *, with_dense: bool = False, with_sparse: bool = False
+        self,
+        name: str,
+        ids: Sequence[str],
+        *,
+        with_dense: bool = False,
+        with_sparse: bool = False,
+        with_payload: bool = True,
     ) -> list[Record]:
-        """The points with these ids (missing ids are left out), in no particular order."""
+        """The points with these ids (missing ids are left out), in no particular order; without
+        `with_payload` their payloads are empty (reading only vectors is cheaper)."""
 
     @abstractmethod
     def scroll(self, name: str, *, flt: SearchFilter | None = None) -> Iterator[Record]:

@@ -703,25 +703,39 @@ class EdgeStore(Store):
         )
 
     def retrieve(
-        self, name: str, ids: Sequence[str], *, with_dense: bool = False, with_sparse: bool = False
+        self,
+        name: str,
+        ids: Sequence[str],
+        *,
+        with_dense: bool = False,
+        with_sparse: bool = False,
+        with_payload: bool = True,
     ) -> list[Record]:
         if not ids:
             return []
         out: list[Record] = []
         for seg in self.manifest(name).segments:
-            found = self._retrieve_segment(seg.id, ids, dense=with_dense, sparse=with_sparse)
+            found = self._retrieve_segment(
+                seg.id, ids, dense=with_dense, sparse=with_sparse, payload=with_payload
+            )
             out.extend(r for r in found if r.id not in seg.deleted)
         return out
 
     def _retrieve_segment(
-        self, segment: str, ids: Sequence[str], *, dense: bool = False, sparse: bool = False
+        self,
+        segment: str,
+        ids: Sequence[str],
+        *,
+        dense: bool = False,
+        sparse: bool = False,
+        payload: bool = True,
     ) -> list[Record]:
         if not ids:
             return []
         vectors = [v for v, wanted in ((DENSE, dense), (SPARSE, sparse)) if wanted]
         with engine_errors(f"reading shard {segment}"):
             records = self._shard(segment).retrieve(
-                list(ids), with_payload=True, with_vector=vectors or False
+                list(ids), with_payload=payload, with_vector=vectors or False
             )
         return [make_record(r.id, r.payload, r.vector, dense=dense, sparse=sparse) for r in records]
 

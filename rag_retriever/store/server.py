@@ -263,14 +263,20 @@ class ServerStore(Store):
         return [best_first((str(p.id), float(p.score)) for p in r.points) for r in responses]
 
     def retrieve(
-        self, name: str, ids: Sequence[str], *, with_dense: bool = False, with_sparse: bool = False
+        self,
+        name: str,
+        ids: Sequence[str],
+        *,
+        with_dense: bool = False,
+        with_sparse: bool = False,
+        with_payload: bool = True,
     ) -> list[Record]:
         if not ids:
             return []
         vectors = [v for v, wanted in ((DENSE, with_dense), (SPARSE, with_sparse)) if wanted]
         with self._call(name):
             records = self.client.retrieve(
-                name, ids=list(ids), with_payload=True, with_vectors=vectors or False
+                name, ids=list(ids), with_payload=with_payload, with_vectors=vectors or False
             )
         return [
             make_record(r.id, r.payload, r.vector, dense=with_dense, sparse=with_sparse)
