@@ -125,6 +125,26 @@ chunk_documents(docs, SlowWords(), CFG, workers=2, docs_per_task=4)
 """
 
 
+def start_with_workers(script: str, *args: str) -> tuple[subprocess.Popen[str], list[int]]:
+    """`python -c script args` in a session of its own, and the pids of the 2 worker processes
+    it prints once they run."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", script, *args],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    assert proc.stdout is not None
+    workers = [int(p) for p in proc.stdout.readline().split()]
+    if len(workers) != 2:
+        proc.kill()
+        raise AssertionError(proc.stderr.read() if proc.stderr else "no workers announced")
+    return proc, workers
+
+
 def _alive(pid: int) -> bool:
     try:
         state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
@@ -147,19 +167,8 @@ def test_workers_stop_with_the_command(how: str) -> None:
     """SIGTERM to the command, Ctrl-C (SIGINT to its process group), or SIGKILL: the command
     ends at once (the corpus would take minutes; the bound is loose for a busy CI machine) and
     no worker outlives it."""
-    proc = subprocess.Popen(
-        [sys.executable, "-c", _SCRIPT],
-        cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
+    proc, workers = start_with_workers(_SCRIPT)
     try:
-        assert proc.stdout is not None
-        workers = [int(p) for p in proc.stdout.readline().split()]
-        assert len(workers) == 2, proc.stderr.read() if proc.stderr else ""
         sent = time.monotonic()
         if how == "sigterm":
             proc.send_signal(signal.SIGTERM)

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
 import sys
 import threading
 import time
@@ -22,9 +21,7 @@ from rag_retriever.ingest.pipeline import Pipeline
 from rag_retriever.ingest.writer import chunking_config_for, document_hash, ingest_documents
 from rag_retriever.records import Document
 from rag_retriever.store import Store
-from tests.test_parallel_chunking import _alive, _wait_gone
-
-ROOT = Path(__file__).resolve().parents[1]
+from tests.test_parallel_chunking import _alive, _wait_gone, start_with_workers
 
 
 def _stage_threads() -> list[threading.Thread]:
@@ -233,19 +230,8 @@ ingest_documents(LoadedCorpus(tuple(docs), 0, "t"), alias="kb", encoder=SlowEnco
 def test_the_pipeline_stops_with_the_command(how: str, tmp_path: Path) -> None:
     """Mid-ingest (chunking workers running, the encoder busy): the command ends, no chunking
     worker outlives it, and no version is left but for the partial one being removed."""
-    proc = subprocess.Popen(
-        [sys.executable, "-c", _SCRIPT, str(tmp_path / "edge")],
-        cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
+    proc, workers = start_with_workers(_SCRIPT, str(tmp_path / "edge"))
     try:
-        assert proc.stdout is not None
-        workers = [int(p) for p in proc.stdout.readline().split()]
-        assert len(workers) == 2, proc.stderr.read() if proc.stderr else ""
         assert all(_alive(p) for p in workers)
         sent = time.monotonic()
         if how == "sigterm":
