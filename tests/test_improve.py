@@ -7,8 +7,12 @@ import json
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import settings as hypothesis_settings
+from hypothesis import strategies as st
 
 from rag_retriever.cli import main
+from rag_retriever.errors import InvalidRequest
 from rag_retriever.settings import Settings
 from rag_retriever.store import EdgeStore
 from rag_retriever.training import improve
@@ -49,9 +53,9 @@ def _ingest(tmp_path: Path) -> None:
     assert main(["ingest", str(_corpus(tmp_path)), "--collection", "kb", "--no-progress"]) == 0
 
 
-def _improve(questions: Path, steps: str) -> list[str]:
+def _improve(questions: Path, steps: str, folds: int = 1) -> list[str]:
     return ["improve", "--collection", "kb", "--questions", str(questions), "--steps", steps,
-            "--no-progress"]  # fmt: skip
+            "--folds", str(folds), "--no-progress"]  # fmt: skip
 
 
 def _served(env: Path) -> str:
@@ -209,3 +213,153 @@ def test_the_loop_serve_query_feedback_export_improve_answers_better(
 
     before, after = first_hits(live), first_hits(new)
     assert after > before
+
+
+# -- k-fold decisions (issue 21, item 7) -------------------------------------------------------
+
+
+@given(
+    docs=st.lists(st.integers(min_value=0, max_value=30), min_size=6, max_size=80),
+    k=st.integers(min_value=2, max_value=5),
+    seed=st.integers(min_value=0, max_value=3),
+)
+@hypothesis_settings(max_examples=60, deadline=None)
+def test_folds_split_by_document_and_stay_even(docs: list[int], k: int, seed: int) -> None:
+    from rag_retriever.eval.questions import Question
+    from rag_retriever.training.folds import folds_by_document
+
+    questions = [Question(f"q{i}", "x", (f"d{d}",), (), (), i) for i, d in enumerate(docs)]
+    if len(set(docs)) < k:
+        with pytest.raises(InvalidRequest, match="one document per fold"):
+            folds_by_document(questions, k, seed=seed)
+        return
+    folds = folds_by_document(questions, k, seed=seed)
+    assert len(folds) == k and all(folds)
+    assert sorted(q.id for f in folds for q in f) == sorted(q.id for q in questions)
+    doc_sets = [{q.gold_doc_ids[0] for q in f} for f in folds]
+    assert all(not (a & b) for i, a in enumerate(doc_sets) for b in doc_sets[i + 1 :])
+    # each group went to the smallest fold: sizes differ by at most the largest group
+    largest = max(docs.count(d) for d in set(docs))
+    assert max(map(len, folds)) - min(map(len, folds)) <= largest
+
+
+def test_folds_are_chosen_by_question_count_and_checked(
+    env: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from rag_retriever.training.improve_kfold import KFoldImprove
+
+    _ingest(tmp_path)
+    questions = _questions(tmp_path, filler=True)
+
+    def made(**options: object) -> improve.Improve:
+        return improve.improver(
+            Settings.from_env(collection="kb"),
+            questions,
+            work_dir=tmp_path / "work",
+            options=improve.ImproveOptions(progress=False, **options),  # type: ignore[arg-type]
+        )
+
+    auto = made()  # 120 questions: fewer than KFOLD_BELOW
+    assert isinstance(auto, KFoldImprove) and auto.options.folds == improve.KFOLDS_DEFAULT
+    one = made(folds=1)
+    assert type(one) is improve.Improve
+    capsys.readouterr()
+    assert main(_improve(questions, "fusion", folds=11)) == 2
+    assert "--folds takes 1 (one held-out part) to 10" in capsys.readouterr().err
+
+
+def test_k_fold_decisions_judge_each_step_out_of_fold_and_refit_on_everything(
+    env: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from rag_retriever.training import improve_kfold
+
+    _ingest(tmp_path)
+    live = _served(env)
+    questions = _questions(tmp_path, filler=True)
+    trained: list[tuple[str, set[str]]] = []  # (model dir name, questions it trained on)
+    train = improve_kfold.KFoldImprove._train_embedder
+
+    def recording(self: improve_kfold.KFoldImprove, path: Path, out: Path, *a: object) -> dict:
+        trained.append((out.name, {json.loads(line)["id"] for line in path.open()}))
+        if len(trained) == 2 and not getattr(self, "_stopped", False):
+            self._stopped = True  # type: ignore[attr-defined]
+            raise KeyboardInterrupt  # stopped while training the second fold's model
+        return train(self, path, out, *a)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(improve_kfold.KFoldImprove, "_train_embedder", recording)
+    args = _improve(questions, "embedder,fusion,reranker", folds=3)
+    assert main(args) == 130
+    assert _served(env) == live
+    work = env / "improve" / "kb"
+    assert (work / "lists_embedder_fold0.json").is_file()
+    capsys.readouterr()
+
+    assert main(args) == 0  # resumes: fold 0's lists are not made again
+    out = capsys.readouterr().out
+    assert [name for name, _ in trained] == [
+        "embedder-fold0", "embedder-fold1", "embedder-fold1", "embedder-fold2"
+    ] + (["embedder"] if "kept, retrained on all 120" in out else [])  # fmt: skip
+    folds = [
+        {json.loads(line)["id"]: json.loads(line)["gold_doc_ids"][0] for line in
+         (work / f"questions_fold{i}.jsonl").open()}
+        for i in range(3)
+    ]  # fmt: skip
+    assert sum(map(len, folds)) == 120
+    for i, fold in enumerate(folds):
+        # fold i's model never saw fold i's questions, nor any question on their documents
+        seen = next(ids for name, ids in trained if name == f"embedder-fold{i}")
+        assert not seen & set(fold)
+        assert len(seen) == 120 - len(fold)
+        lists = json.loads((work / f"lists_embedder_fold{i}.json").read_text())
+        assert set(lists) == set(fold)
+    state = json.loads((work / "state.json").read_text())
+    results = state["results"]
+    assert state["split"]["folds"] == [len(f) for f in folds]
+    assert results["baseline"]["figures"]["questions"] == 120  # every question judges
+    embedder = results["embedder"]
+    assert embedder["folds"]["after"]["questions"] == 120
+    # the pooled figures of the cached live lists are eval/recall_at_k's on the live version
+    for metric in ("mrr@10", "recall@1", "recall@10"):
+        assert embedder["folds"]["before"][metric] == pytest.approx(
+            results["baseline"]["figures"][metric],
+            abs=5e-5,  # the summary's rounding
+        )
+    if embedder["kept"]:
+        assert trained[-1] == ("embedder", set().union(*folds))  # refitted on every question
+    # the scratch versions of the folds are gone: the live one and the new one are left
+    versions = {p.name for p in (env / "edge" / "collections").iterdir()}
+    assert live in versions and len(versions) <= 2
+    assert not list((env / "models").rglob("embedder-fold*"))
+    fusion = results["fusion"]
+    assert len(fusion["fold_choices"]) == 3 and "3 folds" in fusion["fitted_on"]
+    gate = results["gate"]
+    assert gate["promoted"] == (_served(env) != live)
+    if gate["promoted"]:
+        assert gate["new"]["mrr@10"] > gate["live"]["mrr@10"]
+
+
+def test_a_kept_embedder_is_retrained_on_every_question_and_builds_the_version(
+    env: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from rag_retriever.training import improve_kfold
+
+    _ingest(tmp_path)
+    live = _served(env)
+    monkeypatch.setattr(improve_kfold, "_better", lambda after, before: True)  # keep it
+    assert main(_improve(_questions(tmp_path, filler=True), "embedder", folds=2)) == 0
+    state = json.loads((env / "improve" / "kb" / "state.json").read_text())
+    embedder = state["results"]["embedder"]
+    assert embedder["kept"] and "retrained on all 120 questions" in embedder["summary"]
+    record = json.loads((Path(embedder["model"]) / "rag_training.json").read_text())
+    assert sum(record["examples"][part] for part in ("train", "validation")) == 120
+    new = state["results"]["candidate"]["version"]
+    assert (
+        new != live
+        and "embedder retrained on every question" in (state["results"]["candidate"]["summary"])
+    )
+    # promoted or kept unpromoted (the gate judges the real out-of-fold figures), it names it
+    meta = json.loads((env / "edge" / "collections" / new / "meta.json").read_text())
+    assert Path(meta["model_source"]) == Path(embedder["model"])

@@ -1,0 +1,263 @@
+"""What a few hundred labelled questions buy: the embedder's learning curve, and `improve`
+cross-validated (issue 21, item 7).
+
+Usage:
+    python -m bench.bench_improve curve [--out bench-out] [--splits 2]
+    python -m bench.bench_improve cv [--out bench-out] [--folds 3]
+
+- `curve`: fine-tune all-MiniLM-L6-v2 (train-embedder, its defaults) on 200 / 400 / 800 SQuAD
+  train questions (several random draws) and judge each model on all 5,708 SQuAD **dev**
+  questions (chunk level, never trained on); on SciFact, whose 809 training claims are all there
+  is, on 200 / 400 / all the claims of the other folds, judged on the held-out fold (document
+  level, folds by document). Each model gets a new, unpromoted version of the collection (every
+  chunk re-encoded), evaluated dense and hybrid (the default fusion) next to the stock model on
+  the same questions.
+- `cv`: `improve` itself, cross-validated: the claims are split by document into folds; for each
+  fold, `improve` runs on the other folds (k-fold decisions, the default for a few hundred
+  questions, and the single held-out split it used before, `--folds 1`), and what each serves is
+  judged on the fold it never saw, next to the stock version (document level, nDCG@10).
+
+Results go to `<out>/improve.json` as each part finishes, and a run resumes where it stopped.
+Timings on a loaded machine mean little here; the figures are the point.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import random
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from bench.bench_common import shared_path
+from rag_retriever.encoder import Encoder
+from rag_retriever.eval.evaluation import evaluate
+from rag_retriever.eval.questions import Question, load_questions
+from rag_retriever.ingest.loaders import load_documents
+from rag_retriever.ingest.versions import documents_of
+from rag_retriever.ingest.writer import ingest_documents
+from rag_retriever.profiles import ResolvedModel, resolve_model
+from rag_retriever.retriever import RetrievalConfig, Retriever
+from rag_retriever.settings import Settings
+from rag_retriever.training.embedder import EmbedderTrainingConfig, train_embedder
+from rag_retriever.training.folds import folds_by_document
+
+SIZES = (200, 400, 800)
+SCIFACT_FOLDS = 4
+METRICS = ("ndcg@10", "mrr@10", "recall@1", "recall@5", "recall@10")
+log = logging.getLogger("bench.improve")
+
+
+class Results:
+    """`<out>/improve.json`, written after every figure (a stopped run resumes)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.data: dict[str, Any] = (
+            json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+        )
+
+    def get(self, key: str) -> Any:
+        return self.data.get(key)
+
+    def put(self, key: str, value: Any) -> None:
+        self.data[key] = value
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(self.data, indent=2) + "\n", encoding="utf-8")
+        tmp.replace(self.path)
+
+
+def _figures(
+    retriever: Retriever, questions: Sequence[Question], collection: str, level: str
+) -> dict[str, dict[str, float]]:
+    run = evaluate(
+        retriever,
+        questions,
+        collection=collection,
+        modes=("dense", "hybrid"),
+        ks=(1, 5, 10),
+        level=level,  # type: ignore[arg-type]
+    )
+    return {
+        mode: {m: round(run.summary["modes"][mode][m], 4) for m in METRICS}
+        for mode in ("dense", "hybrid")
+    }
+
+
+def _write(questions: Sequence[Question], source: Path, out: Path) -> Path:
+    ids = {q.id for q in questions}
+    lines = [line for line in source.read_text(encoding="utf-8").splitlines() if line.strip()]
+    out.write_text(
+        "\n".join(line for line in lines if str(json.loads(line)["id"]) in ids) + "\n",
+        encoding="utf-8",
+    )
+    return out
+
+
+def _fine_tuned_figures(
+    stock: Retriever,
+    settings: Settings,
+    alias: str,
+    train_file: Path,
+    seed: int,
+    questions: Sequence[Question],
+    level: str,
+    work: Path,
+) -> dict[str, Any]:
+    """Train on `train_file`, build an unpromoted version with the model, judge it, delete it."""
+    live = stock.store.resolve(alias)
+    record = stock.store.record(live)
+    out = work / "model"
+    trained = train_embedder(
+        stock,
+        train_file,
+        out,
+        collection=alias,
+        base=ResolvedModel(str(record.model_source), stock.encoder.profile),
+        config=EmbedderTrainingConfig(seed=seed),
+        overwrite=True,
+        progress=False,
+    )
+    encoder = Encoder.load(resolve_model(str(out)), batch_size=settings.embed_batch_size)
+    report = ingest_documents(
+        documents_of(stock.store, live),
+        alias=alias,
+        encoder=encoder,
+        store=stock.store,
+        full=True,
+        promote=False,
+        progress=False,
+    )
+    tuned = Retriever(
+        encoder=encoder,
+        store=stock.store,
+        reranker=None,
+        config=RetrievalConfig.from_settings(settings),
+        collection=report.collection,
+    )
+    figures = _figures(tuned, questions, report.collection, level)
+    stock.store.delete(report.collection)
+    return {
+        "figures": figures,
+        "validation_mrr@10": [
+            trained["validation_before"].get("mrr@10"),
+            trained["validation_after"].get("mrr@10"),
+        ],
+        "train_s": trained.get("time_s"),
+    }
+
+
+def curve(out: Path, splits: int) -> None:
+    results = Results(out / "improve.json")
+    work = out / "improve-work"
+    work.mkdir(parents=True, exist_ok=True)
+    settings = Settings.from_env(data_dir=out / "improve-data", collection="squad")
+    stock = Retriever.from_settings(settings.replace(rerank_model=None), mode="hybrid")
+    for alias, folder in (("squad", "squad_v11_dev"), ("scifact", "scifact")):
+        if alias not in stock.store.aliases():
+            ingest_documents(
+                load_documents(shared_path(folder, "docs.jsonl")),
+                alias=alias,
+                encoder=stock.encoder,
+                store=stock.store,
+            )
+    # SciFact: folds by document; train on the other folds, judge on the held-out one.
+    scifact_path = shared_path("scifact", "questions_train.jsonl")
+    claims = load_questions(scifact_path)[0]
+    folds = folds_by_document(claims, SCIFACT_FOLDS, seed=0)
+    for split in range(min(splits, SCIFACT_FOLDS)):
+        held = folds[split]
+        pool = [q for i, fold in enumerate(folds) if i != split for q in fold]
+        random.Random(split).shuffle(pool)
+        key = f"curve/scifact/stock/{split}"
+        if results.get(key) is None:
+            results.put(key, _figures(stock, held, "scifact", "doc"))
+        for n in (200, 400, len(pool)):
+            key = f"curve/scifact/{min(n, len(pool))}/{split}"
+            if results.get(key) is None:
+                log.warning("%s", key)
+                train_file = _write(pool[:n], scifact_path, work / "train.jsonl")
+                results.put(
+                    key,
+                    _fine_tuned_figures(
+                        stock, settings, "scifact", train_file, split, held, "doc", work
+                    ),
+                )
+    # SQuAD: train on draws from questions_train, judge on all of questions_dev.
+    squad_train_path = shared_path("squad_v11_dev", "questions_train.jsonl")
+    squad_train = load_questions(squad_train_path)[0]
+    squad_dev = load_questions(shared_path("squad_v11_dev", "questions_dev.jsonl"))[0]
+    if results.get("curve/squad/stock") is None:
+        results.put("curve/squad/stock", _figures(stock, squad_dev, "squad", "chunk"))
+    for split in range(splits):
+        draw = sorted(squad_train, key=lambda q: q.id)
+        random.Random(split).shuffle(draw)
+        for n in SIZES:
+            key = f"curve/squad/{n}/{split}"
+            if results.get(key) is None:
+                log.warning("%s", key)
+                train_file = _write(draw[:n], squad_train_path, work / "train.jsonl")
+                results.put(
+                    key,
+                    _fine_tuned_figures(
+                        stock, settings, "squad", train_file, split, squad_dev, "chunk", work
+                    ),
+                )
+    stock.store.close()
+
+
+def report(data: dict[str, Any]) -> list[str]:
+    """One line per (set, questions): mean over draws of dense / hybrid nDCG@10 and MRR@10, the
+    stock model's on the same questions beside it."""
+    lines = []
+    for name in ("squad", "scifact"):
+        rows: dict[str, list[dict[str, Any]]] = {}
+        for key, value in data.items():
+            parts = key.split("/")
+            if parts[:2] == ["curve", name] and parts[2] != "stock":
+                rows.setdefault(parts[2], []).append(value["figures"])
+        stock = [v for k, v in data.items() if k.startswith(f"curve/{name}/stock")]
+        if not stock:
+            continue
+        base = {
+            mode: {m: sum(s[mode][m] for s in stock) / len(stock) for m in METRICS}
+            for mode in ("dense", "hybrid")
+        }
+        lines.append(
+            f"{name}: stock dense nDCG@10 {base['dense']['ndcg@10']:.4f}, hybrid "
+            f"{base['hybrid']['ndcg@10']:.4f} (MRR@10 {base['hybrid']['mrr@10']:.4f})"
+        )
+        for n in sorted(rows, key=int):
+            got = rows[n]
+            mean = {
+                mode: {m: sum(g[mode][m] for g in got) / len(got) for m in METRICS}
+                for mode in ("dense", "hybrid")
+            }
+            lines.append(
+                f"  {n:>4} questions ({len(got)} draws): dense nDCG@10 "
+                f"{mean['dense']['ndcg@10']:.4f} ({mean['dense']['ndcg@10'] - base['dense']['ndcg@10']:+.4f}), "
+                f"hybrid {mean['hybrid']['ndcg@10']:.4f} "
+                f"({mean['hybrid']['ndcg@10'] - base['hybrid']['ndcg@10']:+.4f}), hybrid MRR@10 "
+                f"{mean['hybrid']['mrr@10']:.4f} ({mean['hybrid']['mrr@10'] - base['hybrid']['mrr@10']:+.4f})"
+            )
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.bench_improve", description=__doc__)
+    parser.add_argument("part", choices=("curve", "report"))
+    parser.add_argument("--out", type=Path, default=Path("bench-out"))
+    parser.add_argument("--splits", type=int, default=2)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(message)s")
+    args.out.mkdir(parents=True, exist_ok=True)
+    if args.part == "curve":
+        curve(args.out, args.splits)
+    print("\n".join(report(Results(args.out / "improve.json").data)))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
