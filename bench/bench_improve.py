@@ -3,19 +3,21 @@ cross-validated (issue 21, item 7).
 
 Usage:
     python -m bench.bench_improve curve [--out bench-out] [--splits 2]
-    python -m bench.bench_improve cv [--out bench-out] [--folds 3]
+    python -m bench.bench_improve cv [--out bench-out] [--set scifact|squad] [--folds 3] [--inner 3]
+    python -m bench.bench_improve report [--out bench-out]
 
-- `curve`: fine-tune all-MiniLM-L6-v2 (train-embedder, its defaults) on 200 / 400 / 800 SQuAD
-  train questions (several random draws) and judge each model on all 5,708 SQuAD **dev**
-  questions (chunk level, never trained on); on SciFact, whose 809 training claims are all there
-  is, on 200 / 400 / all the claims of the other folds, judged on the held-out fold (document
-  level, folds by document). Each model gets a new, unpromoted version of the collection (every
-  chunk re-encoded), evaluated dense and hybrid (the default fusion) next to the stock model on
-  the same questions.
-- `cv`: `improve` itself, cross-validated: the claims are split by document into folds; for each
-  fold, `improve` runs on the other folds (k-fold decisions, the default for a few hundred
-  questions, and the single held-out split it used before, `--folds 1`), and what each serves is
-  judged on the fold it never saw, next to the stock version (document level, nDCG@10).
+- `curve`: fine-tune all-MiniLM-L6-v2 (train-embedder, its defaults) on 200 / 400 / all the
+  SciFact claims of the other folds (4 folds by document), judged on the held-out fold
+  (document level), then on 200 / 400 / 800 SQuAD train questions (random draws), judged on all
+  5,708 SQuAD **dev** questions (chunk level, never trained on). Each model gets a new,
+  unpromoted version of the collection (every chunk re-encoded), evaluated dense and hybrid
+  (the default fusion) next to the stock model on the same questions.
+- `cv`: `improve` itself (steps embedder and fusion), cross-validated: the questions (SciFact's
+  809 claims, or 800 drawn from SQuAD train) are split by document into `--folds` folds; for each
+  fold, `improve` runs on the others, with k-fold decisions (`--inner` folds) and then with the
+  single held-out split it used before (`--folds 1`), each from the stock version, and what each
+  serves is judged on the fold it never saw, next to the stock version (nDCG@10 and the rest;
+  document level for SciFact, chunk level for SQuAD).
 
 Results go to `<out>/improve.json` as each part finishes, and a run resumes where it stopped.
 Timings on a loaded machine mean little here; the figures are the point.
@@ -24,6 +26,7 @@ Timings on a loaded machine mean little here; the figures are the point.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import logging
 import random
@@ -41,8 +44,10 @@ from rag_retriever.ingest.writer import ingest_documents
 from rag_retriever.profiles import ResolvedModel, resolve_model
 from rag_retriever.retriever import RetrievalConfig, Retriever
 from rag_retriever.settings import Settings
+from rag_retriever.store.catalog import point_alias
 from rag_retriever.training.embedder import EmbedderTrainingConfig, train_embedder
 from rag_retriever.training.folds import folds_by_document
+from rag_retriever.training.improve import ImproveOptions, improver
 
 SIZES = (200, 400, 800)
 SCIFACT_FOLDS = 4
@@ -208,6 +213,75 @@ def curve(out: Path, splits: int) -> None:
     stock.store.close()
 
 
+# What `cv` runs on: (alias, data folder, questions file, level, questions drawn or None for all).
+CV_SETS = {
+    "scifact": ("scifact", "scifact", "questions_train.jsonl", "doc", None),
+    # a first labelled set's size, drawn from SQuAD train (4,862 questions would take the
+    # three-part split, unchanged)
+    "squad": ("squad", "squad_v11_dev", "questions_train.jsonl", "chunk", 800),
+}
+
+
+def cv(out: Path, folds: int, inner: int, which: str) -> None:
+    """`improve` on all but one fold of a set's questions, judged on that fold (module
+    docstring)."""
+    alias_of_set, folder, filename, level, drawn = CV_SETS[which]
+    results = Results(out / "improve-cv.json")
+    # its own data directory: `curve` may be writing to the other one
+    settings = Settings.from_env(data_dir=out / "improve-cv-data", collection=alias_of_set)
+    stock = Retriever.from_settings(settings.replace(rerank_model=None), mode="hybrid")
+    if alias_of_set not in stock.store.aliases():
+        ingest_documents(
+            load_documents(shared_path(folder, "docs.jsonl")),
+            alias=alias_of_set,
+            encoder=stock.encoder,
+            store=stock.store,
+        )
+    stock_version = stock.store.resolve(alias_of_set)
+    path = shared_path(folder, filename)
+    claims = load_questions(path)[0]
+    if drawn is not None:
+        claims = random.Random(0).sample(claims, drawn)
+    outer = folds_by_document(claims, folds, seed=1)  # not the curve's folds (seed 0)
+    prefix = "" if which == "scifact" else f"{which}/"
+    for method, k in (("kfold", inner), ("split", 1)):
+        for o, held in enumerate(outer):
+            key = f"cv/{prefix}{method}/{o}"
+            if results.get(key) is not None:
+                continue
+            log.warning("%s", key)
+            alias = f"cv{prefix.strip('/')}{o}{method}"
+            point_alias(stock.store, alias, stock_version)
+            train = [q for j, fold in enumerate(outer) if j != o for q in fold]
+            questions = _write(train, path, out / f"cv-{which}-{o}.jsonl")
+            run = improver(
+                settings.replace(collection=alias),
+                questions,
+                work_dir=out / "improve-cv-work" / alias,
+                options=ImproveOptions(
+                    steps=("embedder", "fusion"), folds=k, seed=o, progress=False
+                ),
+                say=lambda line: log.warning("  %s", line),
+            )
+            state = run.run()
+            run.store.close()
+            served = Retriever.from_settings(settings.replace(collection=alias, rerank_model=None))
+            name = served.store.resolve(alias)
+            results.put(
+                key,
+                {
+                    "served": name,
+                    "kept_steps": state["results"]["gate"]["kept_steps"],
+                    "promoted": state["results"]["gate"]["promoted"],
+                    "train_questions": len(train),
+                    "figures": _figures(served, held, name, level),
+                    "stock": _figures(stock, held, stock_version, level),
+                },
+            )
+            served.store.close()
+    stock.store.close()
+
+
 def report(data: dict[str, Any]) -> list[str]:
     """One line per (set, questions): mean over draws of dense / hybrid nDCG@10 and MRR@10, the
     stock model's on the same questions beside it."""
@@ -245,17 +319,50 @@ def report(data: dict[str, Any]) -> list[str]:
     return lines
 
 
+def report_cv(data: dict[str, Any]) -> list[str]:
+    """Per way of deciding: what `improve` served on each held-out fold against stock."""
+    lines = []
+    for which, method in itertools.product(CV_SETS, ("kfold", "split")):
+        prefix = "" if which == "scifact" else f"{which}/"
+        rows = [v for k, v in sorted(data.items()) if k.startswith(f"cv/{prefix}{method}/")]
+        if not rows:
+            continue
+        label = {"kfold": "k-fold decisions", "split": "one held-out part"}[method]
+        served = [r["figures"]["hybrid"]["ndcg@10"] for r in rows]
+        stock = [r["stock"]["hybrid"]["ndcg@10"] for r in rows]
+        gains = [a - b for a, b in zip(served, stock, strict=True)]
+        lines.append(
+            f"{which} train, improve cross-validated ({label}, {len(rows)} held-out folds, "
+            f"{rows[0]['train_questions']} questions to improve on): "
+            f"served nDCG@10 {sum(served) / len(rows):.4f} vs stock {sum(stock) / len(rows):.4f} "
+            f"({sum(gains) / len(rows):+.4f}; per fold "
+            + ", ".join(
+                f"{g:+.4f} kept {'+'.join(r['kept_steps']) or 'nothing'}"
+                for g, r in zip(gains, rows, strict=True)
+            )
+            + ")"
+        )
+    return lines
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.bench_improve", description=__doc__)
-    parser.add_argument("part", choices=("curve", "report"))
+    parser.add_argument("part", choices=("curve", "cv", "report"))
     parser.add_argument("--out", type=Path, default=Path("bench-out"))
     parser.add_argument("--splits", type=int, default=2)
+    parser.add_argument("--folds", type=int, default=3, help="outer folds of `cv` (3)")
+    parser.add_argument("--set", choices=sorted(CV_SETS), default="scifact")
+    parser.add_argument("--inner", type=int, default=3, help="improve's folds in `cv` (3)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(message)s")
     args.out.mkdir(parents=True, exist_ok=True)
     if args.part == "curve":
         curve(args.out, args.splits)
-    print("\n".join(report(Results(args.out / "improve.json").data)))
+    if args.part == "cv":
+        cv(args.out, args.folds, args.inner, args.set)
+    lines = report(Results(args.out / "improve.json").data)
+    lines += report_cv(Results(args.out / "improve-cv.json").data)
+    print("\n".join(lines))
     return 0
 
 

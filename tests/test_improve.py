@@ -281,11 +281,12 @@ def test_k_fold_decisions_judge_each_step_out_of_fold_and_refit_on_everything(
     questions = _questions(tmp_path, filler=True)
     trained: list[tuple[str, set[str]]] = []  # (model dir name, questions it trained on)
     train = improve_kfold.KFoldImprove._train_embedder
+    stopped: list[bool] = []
 
     def recording(self: improve_kfold.KFoldImprove, path: Path, out: Path, *a: object) -> dict:
         trained.append((out.name, {json.loads(line)["id"] for line in path.open()}))
-        if len(trained) == 2 and not getattr(self, "_stopped", False):
-            self._stopped = True  # type: ignore[attr-defined]
+        if len(trained) == 2 and not stopped:
+            stopped.append(True)
             raise KeyboardInterrupt  # stopped while training the second fold's model
         return train(self, path, out, *a)  # type: ignore[arg-type]
 
@@ -339,6 +340,10 @@ def test_k_fold_decisions_judge_each_step_out_of_fold_and_refit_on_everything(
     assert gate["promoted"] == (_served(env) != live)
     if gate["promoted"]:
         assert gate["new"]["mrr@10"] > gate["live"]["mrr@10"]
+    # a new run (other folds) never reads the lists an earlier run saved: they are removed
+    assert main(_improve(questions, "fusion", folds=2)) == 0
+    assert not (work / "lists_embedder_fold0.json").exists()
+    assert set(json.loads((work / "lists_live.json").read_text())) == set().union(*folds)
 
 
 def test_a_kept_embedder_is_retrained_on_every_question_and_builds_the_version(

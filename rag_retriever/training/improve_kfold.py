@@ -100,6 +100,8 @@ class KFoldImprove(Improve):
         if problems:
             self.say(f"questions  {len(problems)} invalid lines of {self.questions_path} skipped")
         folds = folds_by_document(usable, self.k, seed=self.options.seed)
+        for stale in self.work_dir.glob("lists_*.json"):  # an earlier run's, of other folds
+            stale.unlink()
         write_question_subset(
             self.questions_path, {q.id for q in usable}, self._questions_file("all")
         )
