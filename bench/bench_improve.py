@@ -31,6 +31,7 @@ import json
 import logging
 import random
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -154,7 +155,7 @@ def _fine_tuned_figures(
     }
 
 
-def curve(out: Path, splits: int) -> None:
+def curve(out: Path, splits: int, sets: Sequence[str] = ("scifact", "squad")) -> None:
     results = Results(out / "improve.json")
     work = out / "improve-work"
     work.mkdir(parents=True, exist_ok=True)
@@ -168,7 +169,21 @@ def curve(out: Path, splits: int) -> None:
                 encoder=stock.encoder,
                 store=stock.store,
             )
-    # SciFact: folds by document; train on the other folds, judge on the held-out one.
+    if "scifact" in sets:
+        _scifact_curve(splits, stock, settings, results, work)
+    if "squad" in sets:
+        _squad_curve(splits, stock, settings, results, work)
+    stock.store.close()
+
+
+def _scifact_curve(
+    splits: int,
+    stock: Retriever,
+    settings: Settings,
+    results: Results,
+    work: Path,
+) -> None:
+    """SciFact: folds by document; train on the other folds, judge on the held-out one."""
     scifact_path = shared_path("scifact", "questions_train.jsonl")
     claims = load_questions(scifact_path)[0]
     folds = folds_by_document(claims, SCIFACT_FOLDS, seed=0)
@@ -180,17 +195,14 @@ def curve(out: Path, splits: int) -> None:
         if results.get(key) is None:
             results.put(key, _figures(stock, held, "scifact", "doc"))
         for n in (200, 400, len(pool)):
-            key = f"curve/scifact/{min(n, len(pool))}/{split}"
-            if results.get(key) is None:
-                log.warning("%s", key)
-                train_file = _write(pool[:n], scifact_path, work / "train.jsonl")
-                results.put(
-                    key,
-                    _fine_tuned_figures(
-                        stock, settings, "scifact", train_file, split, held, "doc", work
-                    ),
-                )
-    # SQuAD: train on draws from questions_train, judge on all of questions_dev.
+            point = Point("scifact", scifact_path, split, held, "doc")
+            _measure(point, pool[:n], stock, settings, results, work)
+
+
+def _squad_curve(
+    splits: int, stock: Retriever, settings: Settings, results: Results, work: Path
+) -> None:
+    """SQuAD: train on draws from questions_train, judge on all of questions_dev."""
     squad_train_path = shared_path("squad_v11_dev", "questions_train.jsonl")
     squad_train = load_questions(squad_train_path)[0]
     squad_dev = load_questions(shared_path("squad_v11_dev", "questions_dev.jsonl"))[0]
@@ -200,17 +212,39 @@ def curve(out: Path, splits: int) -> None:
         draw = sorted(squad_train, key=lambda q: q.id)
         random.Random(split).shuffle(draw)
         for n in SIZES:
-            key = f"curve/squad/{n}/{split}"
-            if results.get(key) is None:
-                log.warning("%s", key)
-                train_file = _write(draw[:n], squad_train_path, work / "train.jsonl")
-                results.put(
-                    key,
-                    _fine_tuned_figures(
-                        stock, settings, "squad", train_file, split, squad_dev, "chunk", work
-                    ),
-                )
-    stock.store.close()
+            point = Point("squad", squad_train_path, split, squad_dev, "chunk")
+            _measure(point, draw[:n], stock, settings, results, work)
+
+
+@dataclass(frozen=True)
+class Point:
+    """One point of the curve: a set, its questions file, the draw, what it is judged on."""
+
+    alias: str
+    source: Path
+    split: int
+    judged: Sequence[Question]
+    level: str
+
+
+def _measure(
+    point: Point,
+    train: Sequence[Question],
+    stock: Retriever,
+    settings: Settings,
+    results: Results,
+    work: Path,
+) -> None:
+    """Train on `train`, judge on the point's questions (once: a saved figure is kept)."""
+    key = f"curve/{point.alias}/{len(train)}/{point.split}"
+    if results.get(key) is not None:
+        return
+    log.warning("%s", key)
+    train_file = _write(train, point.source, work / "train.jsonl")
+    figures = _fine_tuned_figures(
+        stock, settings, point.alias, train_file, point.split, point.judged, point.level, work
+    )
+    results.put(key, figures)
 
 
 # What `cv` runs on: (alias, data folder, questions file, level, questions drawn or None for all).
@@ -350,6 +384,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("part", choices=("curve", "cv", "report"))
     parser.add_argument("--out", type=Path, default=Path("bench-out"))
     parser.add_argument("--splits", type=int, default=2)
+    parser.add_argument(
+        "--sets", nargs="+", choices=("scifact", "squad"), default=["scifact", "squad"]
+    )
     parser.add_argument("--folds", type=int, default=3, help="outer folds of `cv` (3)")
     parser.add_argument("--set", choices=sorted(CV_SETS), default="scifact")
     parser.add_argument("--inner", type=int, default=3, help="improve's folds in `cv` (3)")
@@ -357,7 +394,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(message)s")
     args.out.mkdir(parents=True, exist_ok=True)
     if args.part == "curve":
-        curve(args.out, args.splits)
+        curve(args.out, args.splits, args.sets)
     if args.part == "cv":
         cv(args.out, args.folds, args.inner, args.set)
     lines = report(Results(args.out / "improve.json").data)

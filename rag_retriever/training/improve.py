@@ -323,22 +323,7 @@ class Improve:
             return {"kept": False, "summary": "skipped: the time budget is too small"}
         out = self._models_dir() / "embedder"
         base = ResolvedModel(str(self.store.record(live).model_source), retriever.encoder.profile)
-        trained = train_embedder(
-            retriever,
-            self._questions_file("train"),
-            out,
-            collection=live,
-            base=base,
-            config=EmbedderTrainingConfig(
-                max_questions=max_questions,
-                seed=self.options.seed,
-                name=f"{retriever.encoder.profile.name.split('/')[-1]}-ft-{self.alias}",
-            ),
-            device=self.settings.device,
-            dtype=self.settings.dtype,
-            overwrite=True,
-            progress=self.options.progress,
-        )
+        trained = self._train_embedder(self._questions_file("train"), out, base, max_questions)
         before = trained["validation_before"].get("mrr@10", 0.0)
         after = trained["validation_after"].get("mrr@10", 0.0)
         kept = after > before
@@ -471,21 +456,7 @@ class Improve:
         if max_questions is None:
             return {"kept": False, "summary": "skipped: the time budget is too small"}
         out = self._models_dir() / "reranker"
-        source = str(self.store.record(name).model_source)
-        train_reranker(
-            retriever,
-            self._questions_file("train"),
-            out,
-            collection=name,
-            base=source,
-            config=RerankerTrainingConfig(
-                max_questions=max_questions, seed=self.options.seed, name=f"reranker-{self.alias}"
-            ),
-            device=self.settings.device,
-            dtype=self.settings.dtype,
-            overwrite=True,
-            progress=self.options.progress,
-        )
+        self._train_reranker(name, self._questions_file("train"), out, max_questions)
         previous = self.store.record(name).reranker
         self._update_record(name, reranker={"source": str(out.resolve()), "trained_by": "improve"})
         after = self._evaluate(name, mode="rerank")
@@ -500,6 +471,46 @@ class Improve:
             "figures": after if kept else before,
             "summary": f"{verdict}: {_describe(before)} -> {_describe(after)}",
         }
+
+    def _train_embedder(
+        self, questions_file: Path, out: Path, base: ResolvedModel, max_questions: int
+    ) -> dict[str, Any]:
+        live = self.state["identity"]["live"]
+        retriever = self._retriever(live)
+        return train_embedder(
+            retriever,
+            questions_file,
+            out,
+            collection=live,
+            base=base,
+            config=EmbedderTrainingConfig(
+                max_questions=max_questions,
+                seed=self.options.seed,
+                name=f"{retriever.encoder.profile.name.split('/')[-1]}-ft-{self.alias}",
+            ),
+            device=self.settings.device,
+            dtype=self.settings.dtype,
+            overwrite=True,
+            progress=self.options.progress,
+        )
+
+    def _train_reranker(
+        self, name: str, questions_file: Path, out: Path, max_questions: int
+    ) -> None:
+        train_reranker(
+            self._retriever(name),
+            questions_file,
+            out,
+            collection=name,
+            base=str(self.store.record(name).model_source),
+            config=RerankerTrainingConfig(
+                max_questions=max_questions, seed=self.options.seed, name=f"reranker-{self.alias}"
+            ),
+            device=self.settings.device,
+            dtype=self.settings.dtype,
+            overwrite=True,
+            progress=self.options.progress,
+        )
 
     def _gate(self) -> dict[str, Any]:
         """New against live on the held-out part (the figures each was last evaluated with, by

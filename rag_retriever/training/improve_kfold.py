@@ -50,7 +50,6 @@ from rag_retriever.records import StageScore
 from rag_retriever.reranker import CrossEncoderReranker
 from rag_retriever.retriever import RetrievalConfig, Retriever, Trace
 from rag_retriever.training.common import write_question_subset
-from rag_retriever.training.embedder import EmbedderTrainingConfig, train_embedder
 from rag_retriever.training.folds import folds_by_document
 from rag_retriever.training.fusion import (
     MIN_QUESTIONS,
@@ -69,7 +68,6 @@ from rag_retriever.training.improve import (
     _better,
     _describe,
 )
-from rag_retriever.training.reranker import RerankerTrainingConfig, train_reranker
 
 TRACE_BATCH = 64
 # A cached list: (chunk id, score) best first, per question id and list ("dense", "bm25").
@@ -241,28 +239,6 @@ class KFoldImprove(Improve):
             "summary": f"kept, retrained on all {len(questions)} questions: {summary}",
         }
 
-    def _train_embedder(
-        self, questions_file: Path, out: Path, base: ResolvedModel, max_questions: int
-    ) -> dict[str, Any]:
-        live = self.state["identity"]["live"]
-        retriever = self._retriever(live)
-        return train_embedder(
-            retriever,
-            questions_file,
-            out,
-            collection=live,
-            base=base,
-            config=EmbedderTrainingConfig(
-                max_questions=max_questions,
-                seed=self.options.seed,
-                name=f"{retriever.encoder.profile.name.split('/')[-1]}-ft-{self.alias}",
-            ),
-            device=self.settings.device,
-            dtype=self.settings.dtype,
-            overwrite=True,
-            progress=self.options.progress,
-        )
-
     def _fold_lists(
         self, i: int, fold: Sequence[Question], base: ResolvedModel, max_questions: int
     ) -> Cached:
@@ -385,24 +361,6 @@ class KFoldImprove(Improve):
             "summary": f"kept, retrained on all {total} questions: {_describe(before)} -> "
             f"{_describe(after)} out of fold",
         }
-
-    def _train_reranker(
-        self, name: str, questions_file: Path, out: Path, max_questions: int
-    ) -> None:
-        train_reranker(
-            self._retriever(name),
-            questions_file,
-            out,
-            collection=name,
-            base=str(self.store.record(name).model_source),
-            config=RerankerTrainingConfig(
-                max_questions=max_questions, seed=self.options.seed, name=f"reranker-{self.alias}"
-            ),
-            device=self.settings.device,
-            dtype=self.settings.dtype,
-            overwrite=True,
-            progress=self.options.progress,
-        )
 
     def _reranked(
         self,
