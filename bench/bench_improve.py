@@ -278,8 +278,10 @@ def cv(out: Path, folds: int, inner: int, which: str) -> None:
         claims = random.Random(0).sample(claims, drawn)
     outer = folds_by_document(claims, folds, seed=1)  # not the curve's folds (seed 0)
     prefix = "" if which == "scifact" else f"{which}/"
-    for method, k in (("kfold", inner), ("split", 1)):
-        for o, held in enumerate(outer):
+    # fold by fold, both ways of judging on the same fold before the next (a stopped run has
+    # paired figures)
+    for o, held in enumerate(outer):
+        for method, k in (("kfold", inner), ("split", 1)):
             key = f"cv/{prefix}{method}/{o}"
             if results.get(key) is not None:
                 continue
