@@ -34,9 +34,10 @@ three-part split.
 
 from __future__ import annotations
 
+import functools
 import json
 import shutil
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -128,7 +129,7 @@ class KFoldImprove(Improve):
     def _lists_file(self, which: str) -> Path:
         return self.work_dir / f"lists_{which}.json"
 
-    def _cached(self, which: str, make: Any) -> Cached:
+    def _cached(self, which: str, make: Callable[[], Cached]) -> Cached:
         """The lists saved as `which`, made (and saved) by `make()` when not saved yet."""
         path = self._lists_file(which)
         if path.is_file():
@@ -161,14 +162,13 @@ class KFoldImprove(Improve):
         live = self.state["identity"]["live"]
         return self._cached("live", lambda: self._trace(live, self._questions("all")))
 
+    @functools.cached_property
     def _table(self) -> ChunkTable:
         """The live version's chunk table: every version built here has the same chunks."""
-        if not hasattr(self, "_live_table"):
-            self._live_table = ChunkTable.load(self.store, self.state["identity"]["live"])
-        return self._live_table
+        return ChunkTable.load(self.store, self.state["identity"]["live"])
 
     def _as_lists(self, cached: Cached, questions: Sequence[Question]) -> list[Lists]:
-        table = self._table()
+        table = self._table
         return [
             Lists(
                 dense=[(table.row_of[c], s) for c, s in cached[q.id]["dense"]],
@@ -206,7 +206,7 @@ class KFoldImprove(Improve):
             oof.update(
                 self._cached(
                     f"embedder_fold{i}",
-                    lambda i=i, fold=fold: self._fold_lists(i, fold, base, max_questions),
+                    functools.partial(self._fold_lists, i, fold, base, max_questions),
                 )
             )
         fusion = self._fusion_of(live)
@@ -378,7 +378,7 @@ class KFoldImprove(Improve):
             config=RetrievalConfig.from_settings(self.settings),
             collection=live,
         )
-        table = self._table()
+        table = self._table
         for q, lists in zip(fold, self._as_lists(cached, fold), strict=True):
             trace = Trace(
                 q.question,
