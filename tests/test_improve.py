@@ -12,7 +12,7 @@ from hypothesis import settings as hypothesis_settings
 from hypothesis import strategies as st
 
 from rag_retriever.cli import main
-from rag_retriever.errors import InvalidRequest
+from rag_retriever.errors import ConfigError, InvalidRequest
 from rag_retriever.settings import Settings
 from rag_retriever.store import EdgeStore
 from rag_retriever.training import improve
@@ -263,6 +263,9 @@ def test_folds_are_chosen_by_question_count_and_checked(
     assert isinstance(auto, KFoldImprove) and auto.options.folds == improve.KFOLDS_DEFAULT
     one = made(folds=1)
     assert type(one) is improve.Improve
+    assert type(made(folds=1, held_out=0.2)) is improve.Improve
+    with pytest.raises(ConfigError, match="add --folds 1 to split instead"):
+        made(held_out=0.2)  # ignored with k folds: said, not silently dropped
     capsys.readouterr()
     assert main(_improve(questions, "fusion", folds=11)) == 2
     assert "--folds takes 1 (one held-out part) to 10" in capsys.readouterr().err

@@ -632,6 +632,12 @@ def improver(
         raise ConfigError(
             f"--folds takes 1 (one held-out part) to {MAX_FOLDS} (k-fold decisions), got {folds}"
         )
+    split = (options.held_out, options.fusion_part)
+    if folds > 1 and split != (ImproveOptions.held_out, ImproveOptions.fusion_part):
+        raise ConfigError(
+            f"--held-out and --fusion-part shape the three-part split of --folds 1; with {folds} "
+            "folds every question is judged out of fold (add --folds 1 to split instead)"
+        )
     options = dataclasses.replace(options, folds=folds)
     if folds == 1:
         return Improve(settings, questions_path, work_dir=work_dir, options=options, say=say)
