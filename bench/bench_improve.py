@@ -331,20 +331,14 @@ def report(data: dict[str, Any]) -> list[str]:
         stock = [v for k, v in data.items() if k.startswith(f"curve/{name}/stock")]
         if not stock:
             continue
-        base = {
-            mode: {m: sum(s[mode][m] for s in stock) / len(stock) for m in METRICS}
-            for mode in ("dense", "hybrid")
-        }
+        base = _mean(stock)
         lines.append(
             f"{name}: stock dense nDCG@10 {base['dense']['ndcg@10']:.4f}, hybrid "
             f"{base['hybrid']['ndcg@10']:.4f} (MRR@10 {base['hybrid']['mrr@10']:.4f})"
         )
         for n in sorted(rows, key=int):
             got = rows[n]
-            mean = {
-                mode: {m: sum(g[mode][m] for g in got) / len(got) for m in METRICS}
-                for mode in ("dense", "hybrid")
-            }
+            mean = _mean(got)
             lines.append(
                 f"  {n:>4} questions ({len(got)} draws): dense nDCG@10 "
                 f"{mean['dense']['ndcg@10']:.4f} ({mean['dense']['ndcg@10'] - base['dense']['ndcg@10']:+.4f}), "
@@ -353,6 +347,14 @@ def report(data: dict[str, Any]) -> list[str]:
                 f"{mean['hybrid']['mrr@10']:.4f} ({mean['hybrid']['mrr@10'] - base['hybrid']['mrr@10']:+.4f})"
             )
     return lines
+
+
+def _mean(figures: Sequence[dict[str, dict[str, float]]]) -> dict[str, dict[str, float]]:
+    """Each mode's metrics averaged over draws."""
+    return {
+        mode: {m: sum(f[mode][m] for f in figures) / len(figures) for m in METRICS}
+        for mode in ("dense", "hybrid")
+    }
 
 
 def report_cv(data: dict[str, Any]) -> list[str]:
