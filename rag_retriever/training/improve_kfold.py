@@ -283,7 +283,8 @@ class KFoldImprove(Improve):
     def _fusion(self) -> dict[str, Any]:
         name, before = self._current()
         current = self._fusion_of(name)
-        folds = [self._as_lists(self._lists(), fold) for fold in self._folds()]
+        cached = self._lists()
+        folds = [self._as_lists(cached, fold) for fold in self._folds()]
         grid = list(candidates(min(current.depths)))
         rankings: list[Ranked] = []
         chosen = []
