@@ -128,9 +128,11 @@ class Encoder:
         max_seq_length: int,
         batch_size: int | Literal["auto"] = "auto",
         source: str | None = None,
+        trainable: bool = False,
     ) -> None:
         self.batch_size = batch_size_for(precision.device, batch_size)
-        self.model = for_inference(model, precision)
+        # A model about to be trained keeps fp32 weights (encoding runs under autocast then).
+        self.model = for_inference(model, precision, half_weights=not trainable)
         self.tokenizer = tokenizer
         self.profile = profile
         self.precision = precision
@@ -161,6 +163,7 @@ class Encoder:
         device: str = "auto",
         dtype: str = "auto",
         batch_size: int | Literal["auto"] = "auto",
+        trainable: bool = False,
     ) -> Encoder:
         resolved = resolve_model(spec) if isinstance(spec, str) else spec
         try:
@@ -185,6 +188,7 @@ class Encoder:
             max_seq_length=max_len,
             batch_size=batch_size,
             source=resolved.source,
+            trainable=trainable,
         )
 
     # -- token counting (used by the chunker) -------------------------------------------------

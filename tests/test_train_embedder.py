@@ -172,6 +172,38 @@ def test_tiny_model_learns_and_saves_a_loadable_profile(
     assert after <= 1.5, after
 
 
+def test_training_keeps_fp32_weights_where_inference_holds_half_ones(
+    retriever: Retriever, tiny_encoder_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # On CUDA an inference model holds half weights (device.for_inference); the base model about
+    # to be trained must not: it keeps fp32 weights under autocast, and is saved in fp32. No GPU
+    # here: the CPU is made to hold half weights as CUDA does.
+    from safetensors import safe_open
+
+    from rag_retriever import device
+
+    monkeypatch.setattr(device, "holds_half_weights", lambda precision: precision.dtype != "fp32")
+
+    out = tmp_path / "ft-bf16"
+    config = EmbedderTrainingConfig(batch_size=8, epochs=1, val_fraction=0.0, seed=1)
+    train_embedder(
+        retriever,
+        question_rows(tmp_path),
+        out,
+        collection="kb",
+        base=resolve_model(str(tiny_encoder_dir)),
+        config=config,
+        device="cpu",
+        dtype="bf16",
+        progress=False,
+    )
+    with safe_open(str(out / "model.safetensors"), "pt") as weights:
+        dtypes = {weights.get_tensor(key).dtype for key in weights.keys()}  # noqa: SIM118
+    assert dtypes == {torch.float32}
+    served = Encoder.load(str(out), device="cpu", dtype="bf16")
+    assert next(served.model.parameters()).dtype == torch.bfloat16
+
+
 def test_existing_output_is_not_overwritten(
     retriever: Retriever, tiny_encoder_dir: Path, tmp_path: Path
 ) -> None:

@@ -318,7 +318,7 @@ def train_embedder(
     precision = training_precision(device, dtype)
     torch.manual_seed(config.seed)  # dropout
     base_with_new_prefixes = Encoder.load(
-        ResolvedModel(base.source, profile), device=device, dtype=dtype
+        ResolvedModel(base.source, profile), device=device, dtype=dtype, trainable=True
     )
     before = validate(base_with_new_prefixes, mined, val)
     model = base_with_new_prefixes.model
