@@ -14,15 +14,24 @@ from __future__ import annotations
 
 import fcntl
 import os
+import tempfile
 import time
 from pathlib import Path
 from types import TracebackType
+from typing import Any
 
 from rag_retriever.errors import ConfigError, IngestLocked, InvalidRequest
 from rag_retriever.records import check_alias
 
 # How often a waiting writer tries the lock again.
 _POLL_S = 0.05
+
+
+def default_lock_dir(store: Any) -> Path:
+    """Where the locks of a store's aliases live: the data dir of an embedded store (the parent
+    of its root, as the CLI's RAG_DATA_DIR), else the temp dir."""
+    root = getattr(store, "root", None)
+    return Path(root).parent if root is not None else Path(tempfile.gettempdir()) / "rag-retriever"
 
 
 def check_unlocked(data_dir: Path, alias: str) -> None:

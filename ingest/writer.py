@@ -41,7 +41,6 @@ import contextlib
 import dataclasses
 import json
 import logging
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -62,8 +61,10 @@ from rag_retriever.errors import (
     VersionIncompatible,
 )
 from rag_retriever.ingest.chunking import Chunker, ChunkingConfig
+from rag_retriever.ingest.compaction import Mode as CompactionMode
+from rag_retriever.ingest.compaction import compact_in_background
 from rag_retriever.ingest.loaders import LoadedCorpus, validate_documents
-from rag_retriever.ingest.lock import IngestLock
+from rag_retriever.ingest.lock import IngestLock, default_lock_dir
 from rag_retriever.ingest.parallel_chunking import iter_chunk_documents
 from rag_retriever.ingest.pipeline import Pipeline, StageStopped
 from rag_retriever.ingest.versions import documents_of
@@ -156,6 +157,9 @@ class IngestReport:
     not_found: int = 0
     # Why a full build was made where a delta was possible (a model change, BM25 re-base, ...).
     full_reason: str | None = None
+    # The version's deltas outgrew its base: "started" (a background compaction), "running"
+    # (one was already), "due" (left to the caller: `rag-retriever compact`); None: not due.
+    compaction: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         out = {k: v for k, v in self.__dict__.items() if k != "gate"}
@@ -184,6 +188,10 @@ class WriteOptions:
     gate: Gate | None = None
     progress: bool = False
     lock_dir: Path | None = None
+    # How a delta whose shards outgrew the base is compacted (ingest/compaction.py). A library
+    # call merges inside the write unless asked: a background thread needs a process that lives
+    # on. The CLI and the HTTP service follow RAG_COMPACTION (`from_settings`).
+    compaction: CompactionMode = "inline"
 
     @classmethod
     def from_settings(cls, settings: Settings, **overrides: Any) -> WriteOptions:
@@ -196,6 +204,7 @@ class WriteOptions:
             "rebase_drift": settings.bm25_rebase_drift,
             "lock_wait_s": settings.lock_wait_s,
             "lock_dir": settings.data_dir,
+            "compaction": settings.compaction,
         }
         return cls(**{**values, **overrides})
 
@@ -212,13 +221,6 @@ def chunking_config_for(
         special_tokens=encoder.special_tokens,
         prefix_tokens=encoder.count_tokens([prefix])[0] if prefix else 0,
     )
-
-
-def default_lock_dir(store: Store) -> Path:
-    """Where ingest locks live: the data dir of an embedded store (the parent of its root, as
-    the CLI's RAG_DATA_DIR), else the temp dir."""
-    root = getattr(store, "root", None)
-    return Path(root).parent if root is not None else Path(tempfile.gettempdir()) / "rag-retriever"
 
 
 def ingest_documents(
@@ -239,7 +241,8 @@ def ingest_documents(
     opts = dataclasses.replace(options or WriteOptions(), **option_values)
     with IngestLock(opts.lock_dir or default_lock_dir(store), alias, wait_s=opts.lock_wait_s):
         job = _Job(alias=alias, encoder=encoder, store=store, options=opts)
-        return job.ingest(corpus, full=full)
+        report = job.ingest(corpus, full=full)
+    return _compaction(report, store, opts)
 
 
 def update_documents(
@@ -269,7 +272,29 @@ def update_documents(
     opts = dataclasses.replace(options or waiting, **option_values)
     with IngestLock(opts.lock_dir or default_lock_dir(store), alias, wait_s=opts.lock_wait_s):
         job = _Job(alias=alias, encoder=encoder, store=store, options=opts)
-        return job.update(list(upsert), sorted(set(delete)), source=source)
+        report = job.update(list(upsert), sorted(set(delete)), source=source)
+    return _compaction(report, store, opts)
+
+
+def _compaction(report: IngestReport, store: Store, opts: WriteOptions) -> IngestReport:
+    """After the write let go of the alias: when the served version's deltas outgrew its base,
+    start a background compaction (or, `deferred`, say that one is due)."""
+    if opts.compaction == "inline" or not report.promoted or report.kind != "delta":
+        return report
+    if not store.compaction_due(report.collection):
+        return report
+    if getattr(store, "running_compaction", lambda alias: None)(report.alias) is not None:
+        return dataclasses.replace(report, compaction="running")
+    if opts.compaction == "deferred":
+        return dataclasses.replace(report, compaction="due")
+    compact_in_background(
+        store,
+        report.alias,
+        lock_dir=opts.lock_dir or default_lock_dir(store),
+        keep_versions=opts.keep_versions,
+        retention_grace_s=opts.retention_grace_s,
+    )
+    return dataclasses.replace(report, compaction="started")
 
 
 def document_hash(doc: Document) -> str:
@@ -790,7 +815,9 @@ class _Job:
     ) -> None:
         """Seal, check that the engine holds one point per chunk, mark the version complete."""
         self.store.put_doc_freqs(name, bm25.doc_freqs)
-        self.store.seal(name, _payload_indexes(written))
+        self.store.seal(
+            name, _payload_indexes(written), merge_base=self.opts.compaction == "inline"
+        )
         self.lap("seal")
         points = self.store.count(name)
         if points != chunks:

@@ -11,6 +11,7 @@ Settings come from `RAG_*` environment variables; flags override them. Errors pr
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import signal
@@ -62,6 +63,7 @@ WRITE = (
     "keep_versions",
     "retention_grace_s",
     "bm25_rebase_drift",
+    "compaction",
     "max_document_chars",
     "qdrant_shards",
     "qdrant_replicas",
@@ -156,6 +158,7 @@ def cmd_ingest(args: argparse.Namespace) -> int:
             full=args.full,
             options=_write_options(settings, args, gate=gate, lock_wait_s=0),
         )
+        report = _start_compaction(settings, report)
     except GateRejected as exc:
         if exc.report is not None:
             _print_ingest(exc.report.to_dict(), args.json)  # type: ignore[attr-defined]
@@ -176,7 +179,26 @@ def _write_options(
         promote=not args.no_promote,
         gate=gate,
         progress=not args.no_progress,
+        # this process exits after the write: a background compaction runs as its own process
+        compaction="inline" if settings.compaction == "inline" else "deferred",
     )
+
+
+def _start_compaction(settings: Settings, report: Any) -> Any:
+    """A compaction that is due, started as a detached `rag-retriever compact` (background)."""
+    if report.compaction != "due" or settings.compaction in ("deferred", "inline"):
+        return report
+    from rag_retriever.ingest.compaction import spawn_compaction
+
+    log_path = settings.data_dir / "logs" / f"compact-{report.alias}.log"
+    env = {
+        "RAG_DATA_DIR": str(settings.data_dir),
+        "RAG_KEEP_VERSIONS": str(settings.keep_versions),
+        "RAG_RETENTION_GRACE_S": str(settings.retention_grace_s),
+        "RAG_LOG_LEVEL": "INFO",
+    }
+    pid = spawn_compaction(report.alias, env=env, log_path=log_path)
+    return dataclasses.replace(report, compaction=f"started (pid {pid}, log {log_path})")
 
 
 def cmd_update(args: argparse.Namespace) -> int:
@@ -210,7 +232,39 @@ def cmd_update(args: argparse.Namespace) -> int:
         source=", ".join(str(p) for p in args.upsert) or "delete",
         options=_write_options(settings, args, lock_wait_s=settings.lock_wait_s),
     )
+    report = _start_compaction(settings, report)
     _print_ingest(report.to_dict(), args.json)
+    return 0
+
+
+def cmd_compact(args: argparse.Namespace) -> int:
+    from rag_retriever.ingest.compaction import compact
+    from rag_retriever.store import open_store
+
+    settings = _settings(args)
+    try:
+        check_alias(settings.collection)
+    except ValueError as exc:
+        raise ConfigError(f"{exc}; compact makes a new version of an alias: name it") from None
+    report = compact(
+        open_store(settings),
+        settings.collection,
+        force=args.force,
+        lock_dir=settings.data_dir,
+        lock_wait_s=settings.lock_wait_s,
+        keep_versions=settings.keep_versions,
+        retention_grace_s=settings.retention_grace_s,
+    )
+    if args.json:
+        print(json.dumps(report.to_dict(), indent=2))
+    elif report.outcome == "compacted":
+        print(
+            f"{report.alias} -> {report.collection}: {report.shards_merged} shards of "
+            f"{report.source} merged into one base ({report.points} points) in "
+            f"{report.seconds:.1f} s"
+        )
+    else:
+        print(f"{report.alias}: {report.outcome.replace('_', ' ')}: {report.message}")
     return 0
 
 
@@ -254,6 +308,14 @@ def _print_ingest(report: dict[str, Any], as_json: bool) -> None:
         print(f"cleaned     {', '.join(report['orphans_removed'])} (left by an interrupted ingest)")
     if report["deleted_versions"]:
         print(f"retention   deleted {', '.join(report['deleted_versions'])}")
+    if report.get("compaction"):
+        print(
+            f"compaction  {report['compaction']} (the deltas outgrew the base: their shards are "
+            f"merged into one new base, served as the next version when done)"
+            if report["compaction"] != "due"
+            else "compaction  due: run `rag-retriever compact --collection "
+            f"{report['alias']}` (RAG_COMPACTION=deferred)"
+        )
     stages = ", ".join(f"{k} {v:.1f}s" for k, v in report["timings_s"].items())
     print(f"time        {stages}")
 
@@ -392,11 +454,13 @@ def cmd_collections(args: argparse.Namespace) -> int:
         for v in info["versions"]:
             mark = "*" if v["serving"] else " "
             lineage = v.get("lineage") or {}
-            made = (
-                f"delta {lineage['deltas']} on v{lineage['base'].rsplit('__v', 1)[-1]}"
-                if lineage.get("base")
-                else "full build"
-            )
+            base = f"v{lineage['base'].rsplit('__v', 1)[-1]}" if lineage.get("base") else ""
+            if lineage.get("compacted"):
+                made = f"compaction of {base} ({lineage['deltas']} deltas since the full build)"
+            elif base:
+                made = f"delta {lineage['deltas']} on {base}"
+            else:
+                made = "full build"
             print(
                 f"  {mark} v{v['version']:<3} {v['status']:<9} {v['points']:>7} points  "
                 f"{v['model']}@{v['fingerprint']}  {made:<14} {v['created_at']}  "
@@ -841,6 +905,17 @@ def _add_versions(sub: Any) -> None:
     p.add_argument("--json", action="store_true", help="print the listing as JSON")
     _setting_flags(p, *STORE)
     p.set_defaults(func=cmd_collections)
+
+    p = sub.add_parser(
+        "compact",
+        help="merge the shards of an alias's served version into one base (embedded store)",
+    )
+    p.add_argument(
+        "--force", action="store_true", help="merge even when the deltas have not outgrown the base"
+    )
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    _setting_flags(p, "collection", "lock_wait_s", "keep_versions", "retention_grace_s", *STORE)
+    p.set_defaults(func=cmd_compact)
 
     p = sub.add_parser("rollback", help="point an alias at its previous complete version")
     p.add_argument("name", help="the alias")

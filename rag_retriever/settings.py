@@ -33,6 +33,7 @@ Dtype = Literal["auto", "fp32", "bf16", "fp16"]
 Pooling = Literal["mean", "cls"]
 # How `rerank` mode orders the reranked candidates (see rag_retriever/retriever.py).
 RerankFusion = Literal["none", "rrf"]
+Compaction = Literal["background", "deferred", "inline"]
 DEVICES: tuple[str, ...] = get_args(Device)
 LOG_LEVELS: tuple[str, ...] = get_args(LogLevel)
 DTYPES: tuple[str, ...] = get_args(Dtype)
@@ -180,6 +181,13 @@ class Settings(BaseSettings):
     # of the real average, the next update re-bases with a full build (vectors reused).
     bm25_rebase_drift: Annotated[float, Field(gt=0, le=1)] = _setting(
         0.02, "relative drift of the average chunk length after which an update rebuilds BM25 fully"
+    )
+    # When a delta's shards outgrow the base (embedded store), they are merged into a new base:
+    # in a background thread (the CLI: a detached `rag-retriever compact`), left to the caller
+    # (`deferred`: run `rag-retriever compact`), or inside the write itself (`inline`).
+    compaction: Compaction = _setting(
+        "background",
+        "how an update's outgrown delta shards are merged: background, deferred or inline",
     )
     # A write that finds another write of the same alias running waits this long for it (two
     # updates in a row each see the other's documents: no lost update).

@@ -149,6 +149,14 @@ def tiny_encoder_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return directory
 
 
+@pytest.fixture(autouse=True)
+def _compaction_inside_the_write(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Tests that follow a version's shards expect each write to compact inside itself (and no
+    detached `rag-retriever compact` outliving a CLI test); tests of background compaction set
+    RAG_COMPACTION or `compaction=` themselves."""
+    monkeypatch.setenv("RAG_COMPACTION", "inline")
+
+
 @pytest.fixture
 def env(tmp_path: Path, tiny_encoder_dir: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """The environment of a CLI test: data under tmp_path, the tiny encoder, the CPU; returns

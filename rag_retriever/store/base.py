@@ -195,9 +195,15 @@ class Store(ABC):
     ) -> None: ...
 
     @abstractmethod
-    def seal(self, name: str, indexes: Mapping[str, IndexKind]) -> None:
+    def seal(self, name: str, indexes: Mapping[str, IndexKind], *, merge_base: bool = True) -> None:
         """Make a fully written collection fast and durable: payload indexes (path -> kind),
-        flush, optimize. Nothing is written to it afterwards."""
+        flush, optimize. Nothing is written to it afterwards. `merge_base=False`: an engine
+        that keeps a version as shards leaves a base merge to a compaction (`compaction_due`)."""
+
+    def compaction_due(self, name: str) -> bool:
+        """Whether version `name` holds enough delta shards to be worth compacting into one
+        base (engines that keep versions as shards; see edge.py)."""
+        return False
 
     @abstractmethod
     def delete(self, name: str) -> None: ...

@@ -12,6 +12,7 @@ Edge has no collections or aliases. Layout under `root`:
     segments/<alias>--<id>/            one Edge shard (no WAL): written by one version, then
                                        read-only, shared by every version whose manifest names it
     aliases/<alias>.json               {"collection": <name>}, replaced atomically
+    compactions/<alias>.json           a running compaction's marker (flock-held by its process)
 
 LSM-style versions. A full build writes one shard. A delta (`derive`) writes a manifest that names
 the base version's shards, adds the ids it replaces or deletes to their tombstones, and one new
@@ -22,7 +23,12 @@ tombstoned ids: dense scores are cosines and BM25's IDF is on the query side, so
 different shards compare. Delta
 shards are merged like a binary counter (MERGE_RATIO, at most MAX_DELTA_SHARDS; cost: the deltas'
 points); when the deltas hold more than BASE_MERGE_FRACTION of the base, everything is merged
-into a new base (a full HNSW build, vectors copied, nothing re-encoded).
+into a new base (a full HNSW build, vectors copied, nothing re-encoded): inside the write
+(`seal(merge_base=True)`), or by a compaction off the write path (`begin_compaction` ->
+`build_compaction` without a lock -> `adopt_compaction` onto whatever version serves by then;
+driven by rag_retriever/ingest/compaction.py). A running compaction holds a lock on its marker
+(compactions/<alias>.json, naming the shards it merges and the shard it writes): retention keeps
+that shard, and writes leave those shards unmerged, until the marker is let go.
 
 Readers: any number of processes open sealed shards at once; shards are opened on first use and
 kept open (a serving process keeps the base shard open across deltas). Retention deletes a
@@ -37,10 +43,12 @@ alias's lock).
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import heapq
 import json
 import logging
 import math
+import os
 import re
 import shutil
 import threading
@@ -104,6 +112,8 @@ OPENED_MEMORY = "Cold"
 FLOOR_MARGIN = 1e-6
 # Points per write call when shards are merged.
 MERGE_BATCH = 512
+# The payload index kinds a shard reports (ShardInfo.payload_schema), as the store names them.
+_INDEX_KINDS: dict[str, IndexKind] = {"Keyword": "keyword", "Integer": "integer", "Bool": "bool"}
 
 
 @dataclass(frozen=True)
@@ -140,6 +150,30 @@ class Manifest:
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Manifest:
         return cls(tuple(Segment.from_json(s) for s in data["segments"]), data.get("own"))
+
+
+@dataclass(frozen=True)
+class Compaction:
+    """A running compaction of `alias`: `shard` receives the live points of `segments`, the
+    shards of version `source` when it started. The marker file (`fd`) stays locked by this
+    process until `end_compaction`; a process that dies lets go of it, so a marker nobody holds
+    is stale and names nothing."""
+
+    alias: str
+    source: str
+    segments: tuple[Segment, ...]
+    shard: str
+    fd: int = field(compare=False, repr=False)
+    points: int = 0
+
+
+def _outgrown(segments: Sequence[Segment]) -> bool:
+    """Whether the delta shards (and the base's tombstones) exceed BASE_MERGE_FRACTION of the
+    base: past it, the shards are worth merging into a new base."""
+    if len(segments) < 2:
+        return False
+    base, deltas = segments[0], segments[1:]
+    return sum(s.points for s in deltas) + len(base.deleted) > BASE_MERGE_FRACTION * base.points
 
 
 def _limited(queries: Sequence[StageQuery], limits: Sequence[int]) -> list[StageQuery]:
@@ -184,7 +218,8 @@ class EdgeStore(Store):
         self._collections = root / "collections"
         self._segments = root / "segments"
         self._aliases = root / "aliases"
-        for folder in (self._collections, self._segments, self._aliases):
+        self._compactions = root / "compactions"
+        for folder in (self._collections, self._segments, self._aliases, self._compactions):
             folder.mkdir(parents=True, exist_ok=True)
             # Everything the store writes stays under its root: a link that leads out is refused.
             if not folder.resolve().is_relative_to(root.resolve()):
@@ -371,14 +406,14 @@ class EdgeStore(Store):
         with engine_errors(f"writing to shard {segment}"):
             self._shard(segment).update(edge.UpdateOperation.upsert_points(points))
 
-    def seal(self, name: str, indexes: Mapping[str, IndexKind]) -> None:
+    def seal(self, name: str, indexes: Mapping[str, IndexKind], *, merge_base: bool = True) -> None:
         own = self._own(name)
         points = self._seal_segment(own, indexes)
         manifest = self.manifest(name)
         segments = tuple(
             Segment(s.id, points, s.deleted) if s.id == own else s for s in manifest.segments
         )
-        compacted = self._compact(name, segments, indexes)
+        compacted = self._compact(name, segments, indexes, merge_base=merge_base)
         self._put_manifest(name, Manifest(compacted, None))
         if compacted != segments:  # this version's own shard may be merged away: not kept
             self.collect_garbage(name.split("__", 1)[0])
@@ -402,26 +437,37 @@ class EdgeStore(Store):
             return int(shard.count(edge.CountRequest(exact=True)))
 
     def _compact(
-        self, name: str, segments: tuple[Segment, ...], indexes: Mapping[str, IndexKind]
+        self,
+        name: str,
+        segments: tuple[Segment, ...],
+        indexes: Mapping[str, IndexKind],
+        *,
+        merge_base: bool,
     ) -> tuple[Segment, ...]:
         """Merge the newest delta shards while the older is not much bigger (MERGE_RATIO), all of
-        them past MAX_DELTA_SHARDS, or everything when the deltas outgrow the base."""
+        them past MAX_DELTA_SHARDS, or (`merge_base`) everything when the deltas outgrow the
+        base. Shards that a running compaction is merging are left as they are."""
         if len(segments) < 2:
             return segments
-        base, deltas = segments[0], list(segments[1:])
-        if sum(s.points for s in deltas) + len(base.deleted) > BASE_MERGE_FRACTION * base.points:
+        running = self.running_compaction(name.split("__", 1)[0])
+        frozen = set(running.get("segments", ())) if running is not None else set()
+        if merge_base and running is None and _outgrown(segments):
             log.info(
                 "%s: the deltas outgrew the base; merging %d shards into a new base",
                 name,
                 len(segments),
             )
             return (self._merge(name, segments, indexes),)
+        fixed = 1
+        while fixed < len(segments) and segments[fixed].id in frozen:
+            fixed += 1
+        deltas = list(segments[fixed:])
         while len(deltas) >= 2 and deltas[-2].live <= MERGE_RATIO * deltas[-1].live:
             deltas[-2:] = [self._merge(name, deltas[-2:], indexes)]
         if len(deltas) > MAX_DELTA_SHARDS:
             log.info("%s: merging %d delta shards into one", name, len(deltas))
             deltas = [self._merge(name, deltas, indexes)]
-        return (base, *deltas)
+        return (*segments[:fixed], *deltas)
 
     def _merge(
         self, name: str, segments: Sequence[Segment], indexes: Mapping[str, IndexKind]
@@ -432,17 +478,147 @@ class EdgeStore(Store):
         manifest = self.manifest(name)
         # Named first, so that a kill during the merge leaves nothing unnamed behind.
         self._put_manifest(name, Manifest((*manifest.segments, Segment(merged, 0)), manifest.own))
-        self._create_shard(merged, self._dim_of(name, segments))
+        points = self._fill(merged, name, segments, indexes)
+        return Segment(merged, points)
+
+    def _fill(
+        self,
+        target: str,
+        name: str,
+        segments: Sequence[Segment],
+        indexes: Mapping[str, IndexKind],
+    ) -> int:
+        """Create shard `target` with the live points of `segments` (as version `name` reads
+        them), indexed for `indexes` and every payload index the segments have; sealed."""
+        self._create_shard(target, self._dim_of(name, segments))
+        kinds = {**self._index_kinds(segments), **indexes}
         for seg in segments:
             ids: list[str] = []
             for record in self._scroll_segment(seg, None, self._tombstones(name, seg)):
                 ids.append(record.id)
                 if len(ids) == MERGE_BATCH:
-                    self._copy(seg.id, merged, ids)
+                    self._copy(seg.id, target, ids)
                     ids = []
-            self._copy(seg.id, merged, ids)
-        points = self._seal_segment(merged, indexes)
-        return Segment(merged, points)
+            self._copy(seg.id, target, ids)
+        return self._seal_segment(target, kinds)
+
+    def _index_kinds(self, segments: Sequence[Segment]) -> dict[str, IndexKind]:
+        """The payload indexes the shards have (path -> kind)."""
+        kinds: dict[str, IndexKind] = {}
+        for seg in segments:
+            with engine_errors(f"reading shard {seg.id}"):
+                schema = self._shard(seg.id).info().payload_schema
+            for path, info in schema.items():
+                kind = _INDEX_KINDS.get(str(info.data_type).rsplit(".", 1)[-1])
+                if kind is not None:
+                    kinds[str(path)] = kind
+        return kinds
+
+    # -- compaction (a base merge off the write path; see rag_retriever/ingest/compaction.py) ---
+
+    def _marker(self, alias: str) -> Path:
+        try:
+            return self._compactions / f"{check_alias(alias)}.json"
+        except ValueError as exc:
+            raise InvalidRequest(str(exc)) from None
+
+    def compaction_due(self, name: str) -> bool:
+        return _outgrown(self.manifest(name).segments)
+
+    def running_compaction(self, alias: str) -> dict[str, Any] | None:
+        """What a compaction of `alias` running now (in any process) merges: its marker,
+        {"source", "segments", "shard", "pid"} ({} while it is being written); None when none
+        runs (a marker whose process died is stale and ignored)."""
+        path = self._marker(alias)
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except FileNotFoundError:
+            return None
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            except BlockingIOError:  # held: running
+                try:
+                    return dict(json.loads(os.pread(fd, 1 << 20, 0) or b"{}"))
+                except ValueError:
+                    return {}
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            return None
+        finally:
+            os.close(fd)
+
+    def begin_compaction(self, alias: str, *, force: bool = False) -> Compaction | None:
+        """Start compacting the version `alias` serves: None when another compaction runs, or
+        when there is nothing worth merging (one shard; or, unless `force`, deltas that have
+        not outgrown the base). The marker names the shards and the new shard before it is
+        created, so that retention never deletes it while it is built."""
+        source = self.aliases().get(alias)
+        if source is None:
+            raise CollectionNotFound(f"alias {alias!r} does not exist; nothing to compact")
+        segments = self.manifest(source).segments
+        worth = len(segments) > 1 or any(s.deleted for s in segments)
+        if not worth or not (force or _outgrown(segments)):
+            return None
+        fd = os.open(self._marker(alias), os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            return None
+        shard = f"{alias}--{uuid.uuid4().hex[:12]}"
+        marker = {
+            "source": source,
+            "segments": [s.id for s in segments],
+            "shard": shard,
+            "pid": os.getpid(),
+        }
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, json.dumps(marker).encode(), 0)
+        os.fsync(fd)
+        return Compaction(alias, source, segments, shard, fd)
+
+    def build_compaction(self, compaction: Compaction) -> Compaction:
+        """Write the new base: the live points of the compacted shards, vectors copied as they
+        are (nothing is embedded again), a fresh HNSW graph. The slow step; no lock is held."""
+        c = compaction
+        points = self._fill(c.shard, c.source, c.segments, {})
+        return replace(c, points=points)
+
+    def adopt_compaction(
+        self, compaction: Compaction, name: str, record: VersionRecord, *, onto: str
+    ) -> bool:
+        """Make version `name` (status as `record` says): the new base in place of the
+        compacted shards of `onto`, the version the alias serves now, plus the delta shards
+        `onto` added since. The ids `onto` tombstoned in the compacted shards since are
+        tombstoned in the new base. False (nothing written) when `onto` no longer has the
+        compacted shards, e.g. a later update merged some of them. Call with the alias's write
+        lock held."""
+        c = compaction
+        now = self.manifest(onto).segments
+        held = len(c.segments)
+        if tuple(s.id for s in now[:held]) != tuple(s.id for s in c.segments):
+            log.warning(
+                "%s: %s no longer reads the shards compacted from %s; the compaction is dropped",
+                c.alias,
+                onto,
+                c.source,
+            )
+            return False
+        gone = frozenset().union(
+            *(s.deleted - was.deleted for s, was in zip(now[:held], c.segments, strict=True))
+        )
+        self._dir(name).mkdir(parents=True)
+        self.put_record(name, record)
+        self._put_manifest(name, Manifest((Segment(c.shard, c.points, gone), *now[held:])))
+        self.put_doc_freqs(name, self.doc_freqs(onto))
+        return True
+
+    def end_compaction(self, compaction: Compaction) -> None:
+        """Remove the marker and let go of it; a new base no version adopted is deleted."""
+        with contextlib.suppress(FileNotFoundError):
+            self._marker(compaction.alias).unlink()
+        os.close(compaction.fd)
+        self.collect_garbage(compaction.alias)
 
     def _dim_of(self, name: str, segments: Sequence[Segment]) -> int:
         if name in self._dims:
@@ -482,6 +658,11 @@ class EdgeStore(Store):
             with contextlib.suppress(CollectionNotFound):
                 manifest = Manifest.from_json(self._read(version, "manifest.json"))
                 named.update(s.id for s in manifest.segments)
+        running = self.running_compaction(alias)
+        if running is not None:
+            if "shard" not in running:  # its marker is being written: nothing is safe to delete
+                return []
+            named.add(str(running["shard"]))
         removed = []
         for directory in self._segments.glob(f"{alias}--*"):
             if directory.name in named:

@@ -38,19 +38,29 @@ STATUS_COMPLETE: Status = "complete"
 class Lineage:
     """Where a version comes from. A full build has no base; a delta names the version it was
     made from, and counts the deltas since the last full build (whose BM25 average length the
-    whole lineage is normalised with)."""
+    whole lineage is normalised with). A compaction (`compacted`) names the version whose points
+    it holds in fewer shards: same points, same BM25 statistics, same delta count."""
 
     base: str | None = None
     full_build: str | None = None
     deltas: int = 0
+    compacted: bool = False
 
     def to_json(self) -> dict[str, Any]:
-        return {"base": self.base, "full_build": self.full_build, "deltas": self.deltas}
+        return {
+            "base": self.base,
+            "full_build": self.full_build,
+            "deltas": self.deltas,
+            "compacted": self.compacted,
+        }
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Lineage:
         return cls(
-            base=data.get("base"), full_build=data.get("full_build"), deltas=int(data["deltas"])
+            base=data.get("base"),
+            full_build=data.get("full_build"),
+            deltas=int(data["deltas"]),
+            compacted=bool(data.get("compacted", False)),
         )
 
 

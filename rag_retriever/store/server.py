@@ -194,7 +194,7 @@ class ServerStore(Store):
         with self._call(name):
             self.client.upsert(name, points=points, wait=True)
 
-    def seal(self, name: str, indexes: Mapping[str, IndexKind]) -> None:
+    def seal(self, name: str, indexes: Mapping[str, IndexKind], *, merge_base: bool = True) -> None:
         from qdrant_client import models as qm
 
         kinds = {

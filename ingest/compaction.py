@@ -1,0 +1,257 @@
+"""Compaction: a version's shards merged into one new base, off the write path.
+
+Example:
+    >>> compact(store, "docs").outcome                                  # doctest: +SKIP
+    'compacted'
+
+On the embedded engine (Qdrant Edge, see store/edge.py) a delta adds a small shard to the shards
+of the version it is made from. When the deltas outgrow the base (`BASE_MERGE_FRACTION`), every
+shard is worth merging into a new base: a full HNSW build, minutes at a million chunks. With
+`RAG_COMPACTION=background` (the default) the update that finds the deltas outgrown does not
+merge: it serves its version at once, and a compaction runs beside it:
+
+1. under the alias's write lock, briefly: the served version's shards are noted in a marker
+   that the compacting process keeps locked (retention keeps the new shard; updates leave the
+   noted shards unmerged);
+2. without the lock: their live points are copied into a new shard (vectors as they are, nothing
+   embedded again) and its HNSW graph is built, while updates go on;
+3. under the lock again: the next version is the new base in place of the noted shards, plus the
+   delta shards that updates added meanwhile (with the ids they tombstoned in the noted shards
+   tombstoned in the new base); the alias moves to it and retention runs.
+
+The compacted version holds the same points with the same vectors and BM25 weights as the one
+it replaces, so answers do not change (tested). A process killed at any step leaves the alias on
+a complete version, and the next write removes what it left (a stale marker names nothing).
+
+Where it runs: in a thread of the process that wrote (`compaction="background"`: the Python API
+and the HTTP service); as `rag-retriever compact --collection ALIAS`, which the CLI's `ingest`
+and `update` start detached (`compaction="deferred"` leaves the start to the caller); or inside
+the write itself (`RAG_COMPACTION=inline`, the behaviour before compaction moved off the write
+path). On a Qdrant server every delta is a complete collection already: nothing to compact.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, Literal
+
+from rag_retriever.ingest.lock import IngestLock, default_lock_dir
+from rag_retriever.settings import Compaction as Mode
+from rag_retriever.settings import default_of
+from rag_retriever.store import EdgeStore, Store, collection_name
+from rag_retriever.store.catalog import apply_retention, point_alias
+from rag_retriever.store.record import STATUS_BUILDING, Lineage
+
+log = logging.getLogger(__name__)
+
+__all__ = ["CompactionReport", "Mode", "compact", "compact_in_background", "spawn_compaction"]
+
+Outcome = Literal["compacted", "not_due", "running", "dropped", "not_sharded"]
+
+
+@dataclass(frozen=True)
+class CompactionReport:
+    alias: str
+    outcome: Outcome
+    # the new version, and the version whose shards it merged
+    collection: str | None = None
+    source: str | None = None
+    shards_merged: int = 0
+    points: int = 0
+    seconds: float = 0.0
+    deleted_versions: tuple[str, ...] = ()
+    message: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        out = dataclasses.asdict(self)
+        out["deleted_versions"] = list(self.deleted_versions)
+        return out
+
+
+def compact(
+    store: Store,
+    alias: str,
+    *,
+    force: bool = False,
+    lock_dir: Path | None = None,
+    lock_wait_s: float = default_of("lock_wait_s"),
+    keep_versions: int = default_of("keep_versions"),
+    retention_grace_s: float = default_of("retention_grace_s"),
+) -> CompactionReport:
+    """Merge the shards of the version `alias` serves into a new base, as the next version (see
+    the module docstring). Without `force`, only when the deltas have outgrown the base."""
+    if not isinstance(store, EdgeStore):
+        return CompactionReport(
+            alias, "not_sharded", message="a Qdrant server version is one collection already"
+        )
+    started = time.perf_counter()
+    lock_dir = lock_dir or default_lock_dir(store)
+    if store.running_compaction(alias) is not None:
+        return CompactionReport(alias, "running", message="another compaction of it is running")
+    with IngestLock(lock_dir, alias, wait_s=lock_wait_s):
+        job = store.begin_compaction(alias, force=force)
+    if job is None:
+        return CompactionReport(
+            alias,
+            "running" if store.running_compaction(alias) is not None else "not_due",
+            message="nothing to compact: its deltas have not outgrown its base (--force merges "
+            "them anyway)"
+            if not force
+            else "nothing to compact: it reads one shard without tombstones",
+        )
+    deleted: list[str] = []
+    try:
+        live = sum(s.live for s in job.segments)
+        log.info(
+            "%s: compacting the %d shards of %s (%d live points) into a new base",
+            alias,
+            len(job.segments),
+            job.source,
+            live,
+        )
+        job = store.build_compaction(job)
+        with IngestLock(lock_dir, alias, wait_s=lock_wait_s):
+            onto = store.aliases().get(alias)
+            if onto is None:
+                return _dropped(job.source, alias, started, "the alias was removed meanwhile")
+            record = store.record(onto)
+            version = store.next_version(alias)
+            name = collection_name(alias, record.fingerprint.slug, version)
+            building = dataclasses.replace(
+                record,
+                version=version,
+                status=STATUS_BUILDING,
+                lineage=Lineage(
+                    base=onto,
+                    full_build=record.lineage.full_build,
+                    deltas=record.lineage.deltas,
+                    compacted=True,
+                ),
+                source=f"compaction of {onto}",
+                created_at=_now(),
+                completed_at=None,
+                retired_at=None,
+            )
+            if not store.adopt_compaction(job, name, building, onto=onto):
+                return _dropped(
+                    job.source, alias, started, f"{onto} no longer reads the compacted shards"
+                )
+            try:
+                points = store.count(name)
+                if points != record.chunks:
+                    raise RuntimeError(
+                        f"compaction of {onto} is inconsistent: {points} points in {name}, "
+                        f"{record.chunks} chunks in {onto}"
+                    )
+                store.put_record(
+                    name,
+                    building.completed(documents=record.documents, chunks=record.chunks, at=_now()),
+                )
+            except BaseException:
+                store.delete(name)
+                raise
+            point_alias(store, alias, name)
+            deleted = apply_retention(store, alias, keep_versions, grace_s=retention_grace_s)
+    finally:
+        store.end_compaction(job)
+    seconds = round(time.perf_counter() - started, 3)
+    log.info(
+        "%s: compacted %d shards of %s into %s (%d points) in %.1f s; serving %s",
+        alias,
+        len(job.segments),
+        job.source,
+        name,
+        job.points,
+        seconds,
+        name,
+    )
+    return CompactionReport(
+        alias,
+        "compacted",
+        collection=name,
+        source=job.source,
+        shards_merged=len(job.segments),
+        points=job.points,
+        seconds=seconds,
+        deleted_versions=tuple(deleted),
+    )
+
+
+def _dropped(source: str, alias: str, started: float, why: str) -> CompactionReport:
+    log.warning("%s: compaction of %s dropped: %s", alias, source, why)
+    return CompactionReport(
+        alias,
+        "dropped",
+        source=source,
+        seconds=round(time.perf_counter() - started, 3),
+        message=why,
+    )
+
+
+def _now() -> str:
+    return datetime.now(UTC).isoformat(timespec="seconds")
+
+
+# -- starting one ---------------------------------------------------------------------------------
+
+_threads: list[threading.Thread] = []
+_threads_lock = threading.Lock()
+
+
+def compact_in_background(store: Store, alias: str, **options: Any) -> threading.Thread:
+    """`compact(store, alias, **options)` in a daemon thread of this process (a process that
+    exits kills it: that is safe, see the module docstring). Errors are logged, not raised."""
+
+    def run() -> None:
+        try:
+            report = compact(store, alias, **options)
+        except Exception:
+            log.exception("%s: background compaction failed; the alias is unchanged", alias)
+            return
+        if report.outcome == "dropped":
+            log.warning("%s: background compaction dropped: %s", alias, report.message)
+
+    thread = threading.Thread(target=run, name=f"compact-{alias}", daemon=True)
+    with _threads_lock:
+        _threads[:] = [t for t in _threads if t.is_alive()]
+        _threads.append(thread)
+    thread.start()
+    return thread
+
+
+def wait_for_compactions(timeout_s: float | None = None) -> bool:
+    """Wait for this process's background compactions; True when none is left running."""
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    with _threads_lock:
+        threads = list(_threads)
+    for thread in threads:
+        left = None if deadline is None else max(0.0, deadline - time.monotonic())
+        thread.join(left)
+    return not any(t.is_alive() for t in threads)
+
+
+def spawn_compaction(alias: str, *, env: Mapping[str, str], log_path: Path) -> int:
+    """`rag-retriever compact --collection ALIAS` as a detached process (it outlives the caller,
+    in its own session); its output goes to `log_path`. Returns its pid."""
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    command = [sys.executable, "-m", "rag_retriever.cli", "compact", "--collection", alias]
+    with log_path.open("ab") as out:
+        process = subprocess.Popen(
+            command,
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, **env},
+            start_new_session=True,
+        )
+    return process.pid

@@ -1,0 +1,380 @@
+"""Compaction off the write path: a version's shards merged into one new base while updates go
+on, answers unchanged, nothing lost, and safe to kill at every step (ingest/compaction.py)."""
+
+from __future__ import annotations
+
+import random
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from rag_retriever.bm25 import BM25Model, Tokenizer
+from rag_retriever.encoder import Encoder
+from rag_retriever.ingest import compaction as compaction_module
+from rag_retriever.ingest.compaction import compact, wait_for_compactions
+from rag_retriever.records import Document
+from rag_retriever.store import DENSE, SPARSE, EdgeStore, StageQuery
+from tests.test_update import (
+    WORDS,
+    _cli_env,
+    _files,
+    _write_corpus,
+    doc,
+    served_docs,
+    update,
+    write,
+)
+
+
+def _outgrow(
+    store: EdgeStore,
+    encoder: Encoder,
+    tmp_path: Path,
+    corpus: dict[str, Document],
+    rng: random.Random,
+    **kw: Any,
+) -> Any:
+    """Deferred updates of a few documents each until the served version's deltas outgrow its
+    base (the update says a compaction is due); `corpus` follows the changes."""
+    for _ in range(40):
+        changed = [doc(rng.randrange(60), rng, rng.randint(3, 9)) for _ in range(4)]
+        changed = list({d.id: d for d in changed}.values())
+        gone = rng.sample(sorted(set(corpus) - {d.id for d in changed}), 1)
+        report = update(store, encoder, tmp_path, changed, gone, compaction="deferred", **kw)
+        corpus.update({d.id: d for d in changed})
+        del corpus[gone[0]]
+        if report.compaction == "due":
+            return report
+    raise AssertionError("the deltas never outgrew the base")
+
+
+def _texts(store: EdgeStore, name: str) -> dict[str, str]:
+    by_doc: dict[str, list[tuple[int, str]]] = {}
+    for r in store.scroll(name):
+        by_doc.setdefault(str(r.payload["doc_id"]), []).append(
+            (int(r.payload["chunk_index"]), str(r.payload["text"]))
+        )
+    return {d: " ".join(t for _, t in sorted(chunks)) for d, chunks in by_doc.items()}
+
+
+def _answers(store: EdgeStore, name: str, rng: random.Random) -> list[list[tuple[str, float]]]:
+    """Dense and BM25 top-k lists for a few queries (k up to past the corpus)."""
+    model = BM25Model(store.record(name).bm25, store.doc_freqs(name))
+    live = sorted(r.id for r in store.scroll(name))  # the same choices in every version
+    records = sorted(store.retrieve(name, live, with_dense=True), key=lambda r: r.id)
+    queries = []
+    for terms in (rng.sample(WORDS, 1), rng.sample(WORDS, 2), rng.sample(WORDS, 3)):
+        sparse = model.query_vector(Tokenizer().tokenize(" ".join(terms)))
+        dense = records[rng.randrange(len(records))].dense
+        assert dense is not None
+        for limit in (1, 5, 200):
+            queries += [StageQuery(SPARSE, sparse, limit), StageQuery(DENSE, dense, limit)]
+    return store.search(name, queries)
+
+
+def _same_answers(a: list[list[tuple[str, float]]], b: list[list[tuple[str, float]]]) -> None:
+    assert len(a) == len(b)
+    for x, y in zip(a, b, strict=True):
+        np.testing.assert_allclose([s for _, s in x], [s for _, s in y], rtol=1e-5, atol=1e-6)
+        # the same points, apart from the order of ties
+        assert {p for p, s in x if s > x[-1][1] + 1e-5} == {p for p, s in y if s > y[-1][1] + 1e-5}
+
+
+def test_a_compaction_serves_the_same_points_from_one_new_base(
+    tiny_encoder: Encoder, tmp_path: Path
+) -> None:
+    store = EdgeStore(tmp_path / "edge")
+    rng = random.Random(1)
+    corpus = {f"d{i}": doc(i, rng, rng.randint(3, 9)) for i in range(30)}
+    write(store, tiny_encoder, tmp_path, list(corpus.values()))
+    due = _outgrow(store, tiny_encoder, tmp_path, corpus, rng)
+    before = store.manifest(due.collection).segments
+    assert len(before) >= 2 and store.compaction_due(due.collection)  # the write left the merge
+    shards = {s.id: _files(tmp_path / "edge" / "segments" / s.id) for s in before}
+    answers = _answers(store, due.collection, random.Random(7))
+
+    report = compact(store, "kb", lock_dir=tmp_path)
+
+    assert report.outcome == "compacted" and report.source == due.collection
+    name = store.aliases()["kb"]
+    assert name == report.collection and report.shards_merged == len(before)
+    (base,) = store.manifest(name).segments
+    assert not base.deleted and base.points == report.points == store.count(name)
+    record, was = store.record(name), store.record(due.collection)
+    assert record.status == "complete" and record.lineage.compacted
+    assert record.lineage.base == due.collection and record.lineage.deltas == was.lineage.deltas
+    assert (record.chunks, record.documents, record.bm25) == (was.chunks, was.documents, was.bm25)
+    assert store.doc_freqs(name) == store.doc_freqs(due.collection)
+    assert _texts(store, name) == {d.id: d.text for d in corpus.values()}
+    _same_answers(_answers(store, name, random.Random(7)), answers)
+    # the version it replaces was not written to (still served by rollback)
+    assert {s: _files(tmp_path / "edge" / "segments" / s) for s in shards} == shards
+    assert not store.compaction_due(name)
+    assert compact(store, "kb", lock_dir=tmp_path).outcome == "not_due"
+    store.close()
+
+
+def test_updates_during_a_compaction_are_in_the_version_it_makes(
+    tiny_encoder: Encoder, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """While the new base is built (no lock held) two updates land, retention runs with a grace
+    of 0 and keeps one version: the compacted version holds their changes (their tombstones in
+    the merged shards carried onto the new base), and its answers equal the last update's."""
+    store = EdgeStore(tmp_path / "edge")
+    rng = random.Random(2)
+    corpus = {f"d{i}": doc(i, rng, rng.randint(3, 9)) for i in range(30)}
+    write(store, tiny_encoder, tmp_path, list(corpus.values()))
+    _outgrow(store, tiny_encoder, tmp_path, corpus, rng)
+    build = EdgeStore.build_compaction
+    during: dict[str, Any] = {}
+
+    def build_then_update(self: EdgeStore, job: Any) -> Any:
+        built = build(self, job)
+        noted = [s.id for s in job.segments]
+        assert self.running_compaction("kb")["segments"] == noted  # type: ignore[index]
+        for changed, gone in (([doc(3, rng), doc(70, rng)], ["d5"]), ([doc(71, rng)], ["d3"])):
+            report = update(
+                store,
+                tiny_encoder,
+                tmp_path,
+                changed,
+                gone,
+                compaction="inline",
+                keep_versions=1,
+                retention_grace_s=0,
+            )
+            corpus.update({d.id: d for d in changed})
+            corpus.pop(gone[0])
+            # the shards being compacted are neither merged nor deleted meanwhile
+            assert [s.id for s in store.manifest(report.collection).segments][: len(noted)] == noted
+            assert (tmp_path / "edge" / "segments" / job.shard).is_dir()
+        during["last"] = report.collection
+        during["answers"] = _answers(store, report.collection, random.Random(9))
+        return built
+
+    monkeypatch.setattr(EdgeStore, "build_compaction", build_then_update)
+    report = compact(store, "kb", lock_dir=tmp_path, keep_versions=1, retention_grace_s=0)
+
+    assert report.outcome == "compacted"
+    name = store.aliases()["kb"]
+    assert store.record(name).lineage.base == during["last"]
+    assert _texts(store, name) == {d.id: d.text for d in corpus.values()}
+    assert store.count(name) == store.record(name).chunks
+    _same_answers(_answers(store, name, random.Random(9)), during["answers"])
+    segments = store.manifest(name).segments
+    assert segments[0].deleted  # d3 and d5 were tombstoned in the merged shards meanwhile
+    # retention kept one version: only the shards it names are left, the marker is gone
+    assert {p.name for p in (tmp_path / "edge" / "segments").iterdir()} == {s.id for s in segments}
+    assert store.running_compaction("kb") is None
+    store.close()
+
+
+def test_a_compaction_overtaken_by_a_full_build_is_dropped_and_its_shard_deleted(
+    tiny_encoder: Encoder, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = EdgeStore(tmp_path / "edge")
+    rng = random.Random(3)
+    corpus = {f"d{i}": doc(i, rng) for i in range(30)}
+    write(store, tiny_encoder, tmp_path, list(corpus.values()))
+    _outgrow(store, tiny_encoder, tmp_path, corpus, rng)
+    build = EdgeStore.build_compaction
+
+    def build_then_rebuild(self: EdgeStore, job: Any) -> Any:
+        built = build(self, job)
+        write(store, tiny_encoder, tmp_path, list(corpus.values()), full=True)
+        return built
+
+    monkeypatch.setattr(EdgeStore, "build_compaction", build_then_rebuild)
+    report = compact(store, "kb", lock_dir=tmp_path)
+    assert report.outcome == "dropped" and "no longer reads" in report.message
+    name = store.aliases()["kb"]
+    assert store.record(name).lineage.base is None  # the full build still serves
+    named = {s.id for i in store.versions("kb") for s in store.manifest(i.name).segments}
+    assert {p.name for p in (tmp_path / "edge" / "segments").iterdir()} == named
+    store.close()
+
+
+def test_one_compaction_at_a_time_and_a_dead_one_names_nothing(
+    tiny_encoder: Encoder, tmp_path: Path
+) -> None:
+    store = EdgeStore(tmp_path / "edge")
+    rng = random.Random(4)
+    corpus = {f"d{i}": doc(i, rng) for i in range(30)}
+    write(store, tiny_encoder, tmp_path, list(corpus.values()))
+    _outgrow(store, tiny_encoder, tmp_path, corpus, rng)
+    job = store.begin_compaction("kb")
+    assert job is not None
+    assert store.begin_compaction("kb") is None
+    assert compact(store, "kb", lock_dir=tmp_path).outcome == "running"
+    # a second process sees it too (the marker's lock, not this process's memory)
+    other = EdgeStore(tmp_path / "edge")
+    assert other.running_compaction("kb") == {
+        "source": job.source,
+        "segments": [s.id for s in job.segments],
+        "shard": job.shard,
+        "pid": job_pid(),
+    }
+    store.end_compaction(job)
+    assert other.running_compaction("kb") is None
+    # a marker left by a process that died (its lock let go) is stale: ignored
+    (tmp_path / "edge" / "compactions" / "kb.json").write_text('{"shard": "kb--stale"}')
+    assert other.running_compaction("kb") is None
+    assert compact(other, "kb", lock_dir=tmp_path).outcome == "compacted"
+    other.close()
+    store.close()
+
+
+def job_pid() -> int:
+    import os
+
+    return os.getpid()
+
+
+def test_an_update_through_the_api_compacts_in_the_background(
+    tiny_encoder: Encoder, tmp_path: Path
+) -> None:
+    store = EdgeStore(tmp_path / "edge")
+    rng = random.Random(5)
+    corpus = {f"d{i}": doc(i, rng) for i in range(30)}
+    write(store, tiny_encoder, tmp_path, list(corpus.values()))
+    due = _outgrow(store, tiny_encoder, tmp_path, corpus, rng)
+    changed = doc(2, rng)
+    report = update(store, tiny_encoder, tmp_path, [changed], compaction="background")
+    corpus[changed.id] = changed
+    assert report.compaction == "started" and report.collection != due.collection
+    assert wait_for_compactions(120)
+    name = store.aliases()["kb"]
+    assert store.record(name).lineage.compacted and store.record(name).lineage.base == (
+        report.collection
+    )
+    assert len(store.manifest(name).segments) == 1
+    assert served_docs(store) == set(corpus)
+    assert _texts(store, name) == {d.id: d.text for d in corpus.values()}
+    store.close()
+
+
+def test_a_failed_background_compaction_leaves_the_alias_and_says_so(
+    tiny_encoder: Encoder, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: Any
+) -> None:
+    store = EdgeStore(tmp_path / "edge")
+    rng = random.Random(6)
+    corpus = {f"d{i}": doc(i, rng) for i in range(30)}
+    write(store, tiny_encoder, tmp_path, list(corpus.values()))
+    due = _outgrow(store, tiny_encoder, tmp_path, corpus, rng)
+
+    def broken(self: EdgeStore, job: Any) -> Any:
+        raise OSError("disk full")
+
+    monkeypatch.setattr(EdgeStore, "build_compaction", broken)
+    compaction_module.compact_in_background(store, "kb", lock_dir=tmp_path)
+    assert wait_for_compactions(60)
+    assert store.aliases()["kb"] == due.collection
+    assert "background compaction failed; the alias is unchanged" in caplog.text
+    assert store.running_compaction("kb") is None  # the marker is let go
+    store.close()
+
+
+CLI = [sys.executable, "-m", "rag_retriever.cli"]
+
+# (the EdgeStore call to kill `rag-retriever compact` after, which call, whether it moved the
+# alias). write_meta: 1 the compacted version `building`, 2 `complete`.
+COMPACT_KILL_POINTS = [
+    ("begin_compaction", 1, False),  # marker written, nothing built
+    ("_copy", 1, False),  # the new base half written
+    ("build_compaction", 1, False),  # the new base built, named by no version
+    ("adopt_compaction", 1, False),  # the version named, `building`
+    ("write_meta", 2, False),  # complete, the alias not moved
+    ("point_alias", 1, True),  # served
+]
+
+
+@pytest.mark.slow
+def test_sigkill_at_each_step_of_a_compaction_leaves_a_complete_version_served(
+    tiny_encoder: Encoder, tiny_encoder_dir: Path, tmp_path: Path
+) -> None:
+    from tests.test_reingest import kill_after
+
+    rng = random.Random(8)
+    env = {**_cli_env(tmp_path, tiny_encoder_dir), "RAG_COMPACTION": "deferred"}
+    corpus = {f"d{i}": doc(i, rng) for i in range(30)}
+    root = tmp_path / "data" / "edge"
+    store = EdgeStore(root)
+    write(store, tiny_encoder, tmp_path / "data", list(corpus.values()))
+    cli = CLI
+    for method, nth, moved in COMPACT_KILL_POINTS:
+        if not store.compaction_due(store.aliases()["kb"]):
+            _outgrow(store, tiny_encoder, tmp_path / "data", corpus, rng)
+        before = store.aliases()["kb"]
+        kill_after(method, nth, ["compact", "--collection", "kb"], env)
+        check = EdgeStore(root)
+        name = check.aliases()["kb"]
+        assert (name != before) == moved, method
+        record = check.record(name)
+        assert record.status == "complete" and check.count(name) == record.chunks, method
+        assert _texts(check, name) == {d.id: d.text for d in corpus.values()}, method
+        assert check.running_compaction("kb") is None, method  # died with its process
+        check.close()
+    # the next write removes what the kills left; a compaction runs again
+    change = _write_corpus(tmp_path / "change.jsonl", [doc(90, rng)])
+    done = subprocess.run(
+        [*cli, "update", "--collection", "kb", "--upsert", str(change), "--no-progress"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    final = subprocess.run(
+        [*cli, "compact", "--collection", "kb", "--force", "--json"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert final.returncode == 0, final.stderr
+    assert '"outcome": "compacted"' in final.stdout
+    check = EdgeStore(root)
+    assert all(i.status == "complete" for i in check.versions("kb"))
+    named = {s.id for i in check.versions("kb") for s in check.manifest(i.name).segments}
+    assert {p.name for p in (root / "segments").iterdir()} == named
+    assert "d90" in served_docs(check)
+    check.close()
+    store.close()
+
+
+@pytest.mark.slow
+def test_the_update_command_starts_a_detached_compaction(
+    tiny_encoder: Encoder, tiny_encoder_dir: Path, tmp_path: Path
+) -> None:
+    import time
+
+    rng = random.Random(9)
+    env = {**_cli_env(tmp_path, tiny_encoder_dir), "RAG_COMPACTION": "background"}
+    corpus = {f"d{i}": doc(i, rng) for i in range(30)}
+    root = tmp_path / "data" / "edge"
+    store = EdgeStore(root)
+    write(store, tiny_encoder, tmp_path / "data", list(corpus.values()))
+    _outgrow(store, tiny_encoder, tmp_path / "data", corpus, rng)
+    change = _write_corpus(tmp_path / "change.jsonl", [doc(91, rng)])
+    done = subprocess.run(
+        [*CLI, "update", "--collection", "kb", "--upsert", str(change), "--no-progress"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "compaction  started (pid" in done.stdout
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and not store.record(store.aliases()["kb"]).lineage.compacted:
+        time.sleep(0.2)
+    name = store.aliases()["kb"]
+    assert store.record(name).lineage.compacted, list((root.parent / "logs").iterdir())
+    assert "d91" in served_docs(store)
+    log = (tmp_path / "data" / "logs" / "compact-kb.log").read_text()
+    assert "merged into one base" in log
+    store.close()
