@@ -26,7 +26,10 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import json
 import random
+import subprocess
+import sys
 import tempfile
 import time
 from dataclasses import replace
@@ -38,6 +41,7 @@ import numpy as np
 from bench.bench_common import percentile, read_jsonl, real_sentences, shared_path
 from rag_retriever.bm25 import Tokenizer
 from rag_retriever.encoder import Encoded
+from rag_retriever.ingest.compaction import wait_for_compactions
 from rag_retriever.ingest.loaders import LoadedCorpus, load_documents
 from rag_retriever.ingest.writer import WriteOptions, ingest_documents, update_documents
 from rag_retriever.profiles import Fingerprint
@@ -134,21 +138,72 @@ def _queries() -> list[list[str]]:
     return [tok.tokenize(r["question"]) for r in rows]
 
 
-def _latency_and_recall(store: EdgeStore, queries: list[list[str]]) -> dict[str, float]:
-    """Hybrid p50 (one batched dense + BM25 call) and dense recall@100 against exact search."""
+def _hybrid_p50(stores: list[EdgeStore], queries: list[list[str]]) -> list[float]:
+    """Hybrid p50 (one batched dense + BM25 call) of each store's served version, the queries
+    interleaved across the stores so that the machine's load falls on all of them alike."""
     from rag_retriever.bm25 import BM25Model
 
-    name = store.resolve("bench")
-    model = BM25Model(store.record(name).bm25, store.doc_freqs(name))
     encoder = RandomEncoder()
     vectors = np.stack([encoder.vector(" ".join(terms)) for terms in queries])
-    times = []
+    names = [store.resolve("bench") for store in stores]
+    models = [
+        BM25Model(store.record(name).bm25, store.doc_freqs(name))
+        for store, name in zip(stores, names, strict=True)
+    ]
+    times: list[list[float]] = [[] for _ in stores]
     for terms, v in zip(queries, vectors, strict=True):
-        t0 = time.perf_counter()
-        store.search(
-            name, [StageQuery(DENSE, v, 100), StageQuery(SPARSE, model.query_vector(terms), 100)]
-        )
-        times.append((time.perf_counter() - t0) * 1000)
+        for store, name, model, spent in zip(stores, names, models, times, strict=True):
+            t0 = time.perf_counter()
+            store.search(
+                name,
+                [StageQuery(DENSE, v, 100), StageQuery(SPARSE, model.query_vector(terms), 100)],
+            )
+            spent.append((time.perf_counter() - t0) * 1000)
+    return [percentile(spent[5:], 50) for spent in times]
+
+
+def reopen_probe(root: Path) -> dict[str, float]:
+    """Run in a fresh process (what a new serving replica pays): open the store, follow the
+    alias, read the version record and BM25 document frequencies, answer one hybrid query.
+    Seconds to that first answer, and the process's memory (bench_engine's reading)."""
+    from bench.bench_engine import _memory
+    from rag_retriever.bm25 import BM25Model
+
+    terms = _queries()[0]
+    t0 = time.perf_counter()
+    store = EdgeStore(root)
+    name = store.resolve("bench")
+    model = BM25Model(store.record(name).bm25, store.doc_freqs(name))
+    vector = RandomEncoder().vector(" ".join(terms))
+    store.search(
+        name, [StageQuery(DENSE, vector, 10), StageQuery(SPARSE, model.query_vector(terms), 10)]
+    )
+    out = {"reopen_s": time.perf_counter() - t0, "shards": len(store.manifest(name).segments)}
+    out.update(_memory())
+    store.close()
+    return out
+
+
+def _reopen_in_subprocess(root: Path) -> dict[str, Any]:
+    code = (
+        "import json, sys; from pathlib import Path; from bench.bench_update import reopen_probe; "
+        "print(json.dumps(reopen_probe(Path(sys.argv[1]))))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code, str(root)],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=Path(__file__).resolve().parents[1],
+    )
+    return dict(json.loads(done.stdout.strip().splitlines()[-1]))
+
+
+def _latency_and_recall(store: EdgeStore, queries: list[list[str]]) -> dict[str, float]:
+    """Hybrid p50 (one batched dense + BM25 call) and dense recall@100 against exact search."""
+    name = store.resolve("bench")
+    vectors = np.stack([RandomEncoder().vector(" ".join(terms)) for terms in queries])
+    (p50,) = _hybrid_p50([store], queries)
     ids = [r.id for r in store.scroll(name)]
     matrix = np.empty((len(ids), DIM), dtype=np.float32)
     for at in range(0, len(ids), 2048):
@@ -161,7 +216,7 @@ def _latency_and_recall(store: EdgeStore, queries: list[list[str]]) -> dict[str,
         found = {pid for pid, _ in store.search(name, [StageQuery(DENSE, v, 100)])[0]}
         recall.append(len(found & exact) / 100)
     return {
-        "hybrid_p50_ms": percentile(times[5:], 50),
+        "hybrid_p50_ms": p50,
         "dense_recall_at_100": float(np.mean(recall)),
         "shards": len(store.manifest(name).segments),
         "points": len(ids),
@@ -169,20 +224,34 @@ def _latency_and_recall(store: EdgeStore, queries: list[list[str]]) -> dict[str,
 
 
 def run(
-    sizes: tuple[int, ...] = (100_000,), deltas: int = 100, *, rebuild: bool = False
+    sizes: tuple[int, ...] = (100_000,),
+    deltas: int = 100,
+    *,
+    rebuild: bool = False,
+    compaction: str = "background",
 ) -> dict[str, Any]:
     queries = _queries()
-    return {str(n): _run_size(n, deltas, queries, rebuild) for n in sizes}
+    return {str(n): _run_size(n, deltas, queries, rebuild, compaction) for n in sizes}
 
 
-def _run_size(n: int, deltas: int, queries: list[list[str]], rebuild: bool) -> dict[str, Any]:
+def _run_size(
+    n: int, deltas: int, queries: list[list[str]], rebuild: bool, compaction: str
+) -> dict[str, Any]:
     corpus = Corpus(n)
     encoder = RandomEncoder()
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         store = EdgeStore(root / "edge")
-        # deltas only (no re-base), versions deleted as soon as they stop serving
-        opts = WriteOptions(lock_dir=root, retention_grace_s=0, keep_versions=2, rebase_drift=1.0)
+        # deltas only (no re-base), versions deleted as soon as they stop serving; the base
+        # merge in a background thread (as the HTTP service does) or inside the update
+        opts = WriteOptions(
+            lock_dir=root,
+            retention_grace_s=0,
+            keep_versions=2,
+            rebase_drift=1.0,
+            compaction=compaction,  # type: ignore[arg-type]
+            lock_wait_s=600,  # an update waits while a compaction holds the lock a moment
+        )
 
         def apply(n_docs: int) -> tuple[float, Any]:
             upserts, deleted = corpus.change(n_docs)
@@ -207,6 +276,7 @@ def _run_size(n: int, deltas: int, queries: list[list[str]], rebuild: bool) -> d
             "full_stages_s": full.timings_s,
         }
         row["fresh"] = _latency_and_recall(store, queries)
+        row["reopen"] = _reopen_in_subprocess(root / "edge")
         one_pct = max(4, len(corpus.docs) // 100)
         for label, n_docs in (("delta_10_docs", 10), ("delta_1pct", one_pct)):
             seconds, report = apply(n_docs)
@@ -216,12 +286,20 @@ def _run_size(n: int, deltas: int, queries: list[list[str]], rebuild: bool) -> d
                 "kind": report.kind,
                 "stages_s": report.timings_s,
             }
-        many = [apply(one_pct)[0] for _ in range(deltas)]
+        many = [apply(one_pct) for _ in range(deltas)]
         if deltas:
+            waited = time.perf_counter()
+            wait_for_compactions()
+            versions = [store.record(i.name) for i in store.versions("bench")]
             row["after_deltas"] = {
                 "deltas": deltas,
-                "delta_s_p50": percentile(many, 50),
-                "delta_s_max": max(many),
+                "compaction": compaction,
+                "delta_s_p50": percentile([s for s, _ in many], 50),
+                "delta_s_max": max(s for s, _ in many),
+                "compactions_started": sum(r.compaction == "started" for _, r in many),
+                "waited_for_compaction_s": time.perf_counter() - waited,
+                "served_compacted": bool(store.record(store.resolve("bench")).lineage.compacted),
+                "kept_versions": len(versions),
                 **_latency_and_recall(store, queries),
             }
         row["disk_mb"] = sum(p.stat().st_size for p in root.rglob("*") if p.is_file()) / 2**20
@@ -239,6 +317,9 @@ def _run_size(n: int, deltas: int, queries: list[list[str]], rebuild: bool) -> d
                 options=opts,
             )
             row["rebuilt"] = _latency_and_recall(again, queries)
+            # side by side: the version the deltas led to and the rebuilt corpus, interleaved
+            after, fresh = _hybrid_p50([store, again], queries + queries)
+            row["side_by_side"] = {"after_deltas_ms": after, "rebuilt_ms": fresh}
             again.close()
         store.close()
     return row
@@ -353,6 +434,12 @@ def report(
         )
         if after:
             lines.append(
+                f"  compaction {after.get('compaction', 'inline')}: "
+                f"{after.get('compactions_started', 0)} started during the deltas; waited "
+                f"{after.get('waited_for_compaction_s', 0.0):.1f} s for the last after them; "
+                f"served version compacted: {after.get('served_compacted')}"
+            )
+            lines.append(
                 f"  after {after['deltas']} successive 1% deltas (p50 {after['delta_s_p50']:.2f} s, "
                 f"max {after['delta_s_max']:.1f} s each): hybrid p50 {after['hybrid_p50_ms']:.2f} ms "
                 f"({after['hybrid_p50_ms'] / fresh['hybrid_p50_ms']:.2f}x fresh), dense recall@100 "
@@ -366,6 +453,21 @@ def report(
                 f"(after the deltas: {after['hybrid_p50_ms'] / again['hybrid_p50_ms']:.2f}x), dense "
                 f"recall@100 {again['dense_recall_at_100']:.4f} (after the deltas: "
                 f"{after['dense_recall_at_100'] - again['dense_recall_at_100']:+.4f})"
+            )
+        side = r.get("side_by_side")
+        if side:
+            lines.append(
+                f"  side by side (queries interleaved): hybrid p50 after the deltas "
+                f"{side['after_deltas_ms']:.2f} ms vs rebuilt {side['rebuilt_ms']:.2f} ms -> "
+                f"{side['after_deltas_ms'] / side['rebuilt_ms']:.2f}x"
+            )
+        reopen = r.get("reopen")
+        if reopen:
+            lines.append(
+                f"  reopen in a fresh process (open, alias, record, BM25 statistics, one hybrid "
+                f"query): {reopen['reopen_s']:.2f} s, peak RSS {reopen['rss_mb']:,.0f} MB "
+                f"({reopen.get('rss_anon_mb', 0):,.0f} MB private, "
+                f"{reopen.get('rss_file_mb', 0):,.0f} MB mapped shard files)"
             )
         lines.append(
             f"  disk {r['disk_mb']:,.0f} MB (two kept versions), RSS {r['rss_mb']:,.0f} MB"
@@ -397,8 +499,14 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="after the deltas, also build the same corpus from scratch (its p50 and recall)",
     )
+    parser.add_argument(
+        "--compaction",
+        choices=["background", "inline"],
+        default="background",
+        help="merge outgrown deltas in a background thread (the service's way) or in the update",
+    )
     args = parser.parse_args(argv)
-    results = run(tuple(args.sizes), args.deltas, rebuild=args.rebuild)
+    results = run(tuple(args.sizes), args.deltas, rebuild=args.rebuild, compaction=args.compaction)
     server = run_server(args.server) if args.server else None
     for text in report(results, run_e2e() if args.e2e else None, server):
         print(text, flush=True)

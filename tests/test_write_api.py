@@ -243,6 +243,7 @@ def test_both_clients_write_with_the_write_key(tmp_path: Path, tiny_encoder: Enc
         write_api_key=WRITE,
         write_window_ms=10,
         bm25_rebase_drift=1.0,
+        compaction="inline",
     )
     with serve_in_thread(create_app(retriever, settings)) as url:
         with RetrieverClient(url, api_key=READ, write_api_key=WRITE) as client:
@@ -266,6 +267,41 @@ def test_both_clients_write_with_the_write_key(tmp_path: Path, tiny_encoder: Enc
 
         assert asyncio.run(run()) == "committed"
     assert {"a1"} <= set(served_docs(store)) and "c1" not in served_docs(store)
+    store.close()
+
+
+def test_the_service_compacts_outgrown_deltas_in_the_background(
+    tmp_path: Path, tiny_encoder: Encoder
+) -> None:
+    from rag_retriever.ingest.compaction import wait_for_compactions
+
+    store = EdgeStore(tmp_path / "edge")
+    ingest_documents(
+        LoadedCorpus(DOCS, 0, "t"), alias="kb", encoder=tiny_encoder, store=store, lock_dir=tmp_path
+    )
+    retriever = Retriever(encoder=tiny_encoder, store=store, collection="kb")
+    settings = Settings(
+        data_dir=tmp_path,
+        write_api_key=WRITE,
+        write_window_ms=10,
+        bm25_rebase_drift=1.0,
+        compaction="background",
+    )
+    expected = {d.id: d.text for d in DOCS}
+    with TestClient(create_app(retriever, settings)) as http:
+        for i in range(4):  # each replaces a document: the deltas outgrow the 6-point base
+            doc = {"id": f"d{i}", "text": f"golf hotel {i}"}
+            r = http.put(
+                "/v1/collections/kb/documents", json={"documents": [doc]}, headers=auth(WRITE)
+            )
+            assert r.status_code == 200, r.text
+            expected[doc["id"]] = doc["text"]
+        assert wait_for_compactions(120)
+        name = store.aliases()["kb"]
+        assert store.record(name).lineage.compacted
+        assert served_docs(store) == expected
+        hits = http.post("/v1/search", json={"query": "golf hotel", "k": 10, "mode": "bm25"})
+        assert hits.status_code == 200 and len(hits.json()["hits"]) == 4
     store.close()
 
 
