@@ -45,7 +45,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal
 
-from rag_retriever.ingest.lock import IngestLock, default_lock_dir
+from rag_retriever.ingest.lock import COMPACTION, IngestLock, default_lock_dir
 from rag_retriever.settings import Compaction as Mode
 from rag_retriever.settings import default_of
 from rag_retriever.store import EdgeStore, Store, collection_name
@@ -97,13 +97,15 @@ def compact(
     started = time.perf_counter()
     lock_dir = lock_dir or default_lock_dir(store)
     if store.running_compaction(alias) is not None:
-        return CompactionReport(alias, "running", message="another compaction of it is running")
-    with IngestLock(lock_dir, alias, wait_s=lock_wait_s):
+        return CompactionReport(alias, "running", message="another compaction of it runs")
+    with IngestLock(lock_dir, alias, wait_s=lock_wait_s, holder=COMPACTION):
         job = store.begin_compaction(alias, force=force)
     if job is None:
+        if store.running_compaction(alias) is not None:
+            return CompactionReport(alias, "running", message="another compaction of it runs")
         return CompactionReport(
             alias,
-            "running" if store.running_compaction(alias) is not None else "not_due",
+            "not_due",
             message="nothing to compact: its deltas have not outgrown its base (--force merges "
             "them anyway)"
             if not force
@@ -120,7 +122,7 @@ def compact(
             live,
         )
         job = store.build_compaction(job)
-        with IngestLock(lock_dir, alias, wait_s=lock_wait_s):
+        with IngestLock(lock_dir, alias, wait_s=lock_wait_s, holder=COMPACTION):
             onto = store.aliases().get(alias)
             if onto is None:
                 return _dropped(job.source, alias, started, "the alias was removed meanwhile")

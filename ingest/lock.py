@@ -25,6 +25,11 @@ from rag_retriever.records import check_alias
 
 # How often a waiting writer tries the lock again.
 _POLL_S = 0.05
+# A compaction names itself in the lock (`holder`); it holds the lock to note the shards it
+# merges and to serve the merged version (a count, the alias, retention: seconds at most), so
+# even a writer that does not wait (an ingest) waits this long for it.
+COMPACTION = "compaction"
+COMPACTION_WAIT_S = 60.0
 
 
 def default_lock_dir(store: Any) -> Path:
@@ -45,7 +50,9 @@ def check_unlocked(data_dir: Path, alias: str) -> None:
 class IngestLock:
     """`wait_s` > 0: wait up to that long for another writer of the alias to finish."""
 
-    def __init__(self, data_dir: Path, alias: str, *, wait_s: float = 0.0) -> None:
+    def __init__(
+        self, data_dir: Path, alias: str, *, wait_s: float = 0.0, holder: str = ""
+    ) -> None:
         try:
             check_alias(alias)  # before the name becomes part of a path
         except ValueError as exc:
@@ -53,6 +60,9 @@ class IngestLock:
         self.path = data_dir / "locks" / f"{alias}.lock"
         self.alias = alias
         self.wait_s = wait_s
+        # what the holder is, written after its pid: a compaction holds the lock only for
+        # moments, so a writer that would not wait waits for it (COMPACTION_WAIT_S)
+        self.holder = holder
         self._fh: int | None = None
 
     def __enter__(self) -> IngestLock:
@@ -63,16 +73,19 @@ class IngestLock:
                 f"locks are written only under {self.path.parent.parent}: remove the link"
             )
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-        deadline = time.monotonic() + self.wait_s
+        started = time.monotonic()
+        deadline = started + self.wait_s
         while True:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 break
             except BlockingIOError:
+                holder = os.pread(fd, 64, 0).decode("ascii", "replace").strip() or "unknown"
+                if holder.endswith(COMPACTION):
+                    deadline = max(deadline, started + COMPACTION_WAIT_S)
                 if time.monotonic() < deadline:
                     time.sleep(_POLL_S)
                     continue
-                holder = os.pread(fd, 64, 0).decode("ascii", "replace").strip() or "unknown"
                 os.close(fd)
                 waited = f" (waited {self.wait_s:g} s, RAG_LOCK_WAIT_S)" if self.wait_s else ""
                 raise IngestLocked(
@@ -81,7 +94,7 @@ class IngestLock:
                     f"automatically if that process dies."
                 ) from None
         os.ftruncate(fd, 0)
-        os.pwrite(fd, str(os.getpid()).encode("ascii"), 0)
+        os.pwrite(fd, f"{os.getpid()} {self.holder}".strip().encode("ascii"), 0)
         self._fh = fd
         return self
 

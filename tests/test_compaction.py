@@ -378,3 +378,89 @@ def test_the_update_command_starts_a_detached_compaction(
     log = (tmp_path / "data" / "logs" / "compact-kb.log").read_text()
     assert "merged into one base" in log
     store.close()
+
+
+def test_a_compaction_and_the_version_it_compacted_count_as_one_kept_version(
+    tiny_encoder: Encoder, tmp_path: Path
+) -> None:
+    """keep_versions=2: after a compaction the version before the last update is still kept,
+    and rollback goes back to it, not to the version the compaction holds the same points as."""
+    from rag_retriever.store.catalog import rollback
+
+    store = EdgeStore(tmp_path / "edge")
+    rng = random.Random(10)
+    corpus = {f"d{i}": doc(i, rng) for i in range(30)}
+    write(store, tiny_encoder, tmp_path, list(corpus.values()))
+    due = _outgrow(store, tiny_encoder, tmp_path, corpus, rng, keep_versions=2, retention_grace_s=0)
+    before = store.record(due.collection).lineage.base
+    report = compact(store, "kb", lock_dir=tmp_path, keep_versions=2, retention_grace_s=0)
+    assert report.outcome == "compacted"
+    kept = {i.name for i in store.versions("kb")}
+    # the compacted version went (grace 0): it holds what the compaction holds
+    assert kept == {report.collection, before}
+    assert rollback(store, "kb") == before
+    store.close()
+
+
+def test_a_version_directory_left_without_a_record_does_not_block_writes(
+    tiny_encoder: Encoder, tmp_path: Path
+) -> None:
+    store = EdgeStore(tmp_path / "edge")
+    rng = random.Random(11)
+    first = write(store, tiny_encoder, tmp_path, [doc(i, rng) for i in range(5)])
+    # a writer killed right after creating the next version's directory
+    left = first.collection.replace("__v1", "__v2")
+    (tmp_path / "edge" / "collections" / left).mkdir()
+    report = update(store, tiny_encoder, tmp_path, [doc(9, rng)])
+    assert report.collection == left and store.record(left).status == "complete"
+    store.close()
+
+
+def test_cleaning_an_alias_leaves_the_shards_of_aliases_that_share_its_prefix(
+    tiny_encoder: Encoder, tmp_path: Path
+) -> None:
+    from rag_retriever.ingest.loaders import LoadedCorpus
+    from rag_retriever.ingest.writer import ingest_documents
+
+    store = EdgeStore(tmp_path / "edge")
+    rng = random.Random(12)
+    for alias in ("kb-", "kb--x"):
+        ingest_documents(
+            LoadedCorpus((doc(1, rng),), 0, "t"),
+            alias=alias,
+            encoder=tiny_encoder,
+            store=store,
+            lock_dir=tmp_path,
+        )
+    # a compaction of "kb--x" is building its shard: named by no manifest yet
+    building = tmp_path / "edge" / "segments" / "kb--x--0123456789ab"
+    building.mkdir()
+    write(store, tiny_encoder, tmp_path, [doc(2, rng)])
+    before = sorted(p.name for p in (tmp_path / "edge" / "segments").iterdir())
+    assert store.collect_garbage("kb") == []
+    assert sorted(p.name for p in (tmp_path / "edge" / "segments").iterdir()) == before
+    assert building.is_dir()
+    store.close()
+
+
+def test_a_writer_that_would_not_wait_waits_for_a_compaction_s_moment(tmp_path: Path) -> None:
+    import threading
+    import time
+
+    from rag_retriever.ingest.lock import COMPACTION, IngestLock
+
+    held = threading.Event()
+
+    def compaction() -> None:
+        with IngestLock(tmp_path, "kb", holder=COMPACTION):
+            held.set()
+            time.sleep(0.5)
+
+    thread = threading.Thread(target=compaction)
+    thread.start()
+    held.wait(5)
+    t0 = time.monotonic()
+    with IngestLock(tmp_path, "kb", wait_s=0):  # an ingest: would fail at once on a writer
+        waited = time.monotonic() - t0
+    thread.join()
+    assert 0.2 < waited < 30

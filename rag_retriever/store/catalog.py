@@ -61,9 +61,20 @@ def apply_retention(
     served = set(store.aliases().values())
     # versions this rag-retriever cannot read (another schema) age out like complete ones
     complete = [i for i in store.versions(alias) if i.status in (STATUS_COMPLETE, INCOMPATIBLE)]
+    # A compaction holds the same points as the version it compacted: the two count as one, so a
+    # compaction never pushes out an older version (a rollback target that differs).
+    compacted = {
+        i.record.lineage.base
+        for i in complete
+        if i.record is not None and i.record.lineage.compacted
+    }
+    counted = [i for i in complete if i.name not in compacted]
+    candidates = counted[: max(0, len(counted) - keep)] + [
+        i for i in complete if i.name in compacted
+    ]
     now = time.time()
     doomed = []
-    for info in complete[: max(0, len(complete) - keep)]:
+    for info in candidates:
         retired = retired_for(info.record, now) if info.record is not None else None
         if info.name not in served and (retired is None or retired >= grace_s):
             doomed.append(info)
@@ -111,6 +122,7 @@ def rollback(store: Store, alias: str) -> str:
         raise CollectionNotFound(f"alias {alias!r} does not exist; nothing to roll back")
     infos = store.versions(alias)
     current = next((i.version for i in infos if i.name == served), None)
+    same = _same_points(infos, served)
     older = [
         i
         for i in infos
@@ -118,14 +130,27 @@ def rollback(store: Store, alias: str) -> str:
         and i.record is not None
         and current is not None
         and i.version < current
+        and i.name not in same
     ]
     if not older:
         raise InvalidRequest(
-            f"{alias!r} serves {served} and no older complete version is kept "
-            f"(RAG_KEEP_VERSIONS keeps the newest versions after each ingest)"
+            f"{alias!r} serves {served} and no older complete version with other content is kept "
+            f"(RAG_KEEP_VERSIONS keeps the newest versions after each ingest; a compaction and "
+            f"the version it compacted count as one)"
         )
     point_alias(store, alias, older[-1].name)
     return older[-1].name
+
+
+def _same_points(infos: Sequence[CollectionInfo], name: str) -> set[str]:
+    """`name` and the versions it holds the same points as: the ones compacted into it."""
+    records = {i.name: i.record for i in infos}
+    same = {name}
+    record = records.get(name)
+    while record is not None and record.lineage.compacted and record.lineage.base:
+        same.add(record.lineage.base)
+        record = records.get(record.lineage.base)
+    return same
 
 
 def describe_versions(infos: Sequence[CollectionInfo], served: str | None) -> list[dict[str, Any]]:

@@ -52,6 +52,7 @@ import os
 import re
 import shutil
 import threading
+import time
 import uuid
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -112,6 +113,10 @@ OPENED_MEMORY = "Cold"
 FLOOR_MARGIN = 1e-6
 # Points per write call when shards are merged.
 MERGE_BATCH = 512
+# How often, and how far apart, a compaction tries to lock its marker before it concludes that
+# another compaction holds it (a probe holds it for microseconds).
+_MARKER_TRIES = 10
+_MARKER_RETRY_S = 0.01
 # The payload index kinds a shard reports (ShardInfo.payload_schema), as the store names them.
 _INDEX_KINDS: dict[str, IndexKind] = {"Keyword": "keyword", "Integer": "integer", "Bool": "bool"}
 
@@ -326,8 +331,18 @@ class EdgeStore(Store):
 
     # -- writing ------------------------------------------------------------------------------
 
+    def _new_dir(self, name: str) -> None:
+        """Create a version's directory. One left without a record by a writer killed right
+        after creating it is invisible to `next_version`, so it is cleared and reused rather
+        than blocking every later write of that name."""
+        directory = self._dir(name)
+        if directory.is_dir() and not (directory / "meta.json").exists():
+            log.warning("removing %s, left without a record by an interrupted write", directory)
+            shutil.rmtree(directory)
+        directory.mkdir(parents=True)
+
     def create(self, name: str, dim: int, record: VersionRecord) -> None:
-        self._dir(name).mkdir(parents=True)
+        self._new_dir(name)
         self.put_record(name, record)
         self._start_own(name, dim, Manifest())
 
@@ -339,7 +354,7 @@ class EdgeStore(Store):
             # Tombstones name only ids the shard holds, so counts stay exact.
             held = {r.id for r in self._retrieve_segment(seg.id, sorted(drop - seg.deleted))}
             segments.append(Segment(seg.id, seg.points, seg.deleted | held))
-        self._dir(name).mkdir(parents=True)
+        self._new_dir(name)
         self.put_record(name, record)
         self._start_own(name, record.fingerprint.dim, Manifest(tuple(segments)))
 
@@ -559,11 +574,8 @@ class EdgeStore(Store):
         worth = len(segments) > 1 or any(s.deleted for s in segments)
         if not worth or not (force or _outgrown(segments)):
             return None
-        fd = os.open(self._marker(alias), os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
+        fd = self._lock_marker(alias)
+        if fd is None:
             return None
         shard = f"{alias}--{uuid.uuid4().hex[:12]}"
         marker = {
@@ -572,10 +584,40 @@ class EdgeStore(Store):
             "shard": shard,
             "pid": os.getpid(),
         }
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, json.dumps(marker).encode(), 0)
-        os.fsync(fd)
+        try:
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, json.dumps(marker).encode(), 0)
+            os.fsync(fd)
+        except BaseException:
+            os.close(fd)  # lets go of the marker: a half-written one names nothing
+            raise
         return Compaction(alias, source, segments, shard, fd)
+
+    def _lock_marker(self, alias: str) -> int | None:
+        """The marker's descriptor, locked by this process; None when another compaction holds
+        it. Retried for a moment: `running_compaction`'s probe holds a shared lock for
+        microseconds, and a marker being unlinked by the compaction that ends is not the file
+        the next one must lock (the lock would be on a name nobody finds)."""
+        path = self._marker(alias)
+        for _ in range(_MARKER_TRIES):
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(fd)
+                time.sleep(_MARKER_RETRY_S)
+                continue
+            except BaseException:
+                os.close(fd)
+                raise
+            try:
+                same = os.fstat(fd).st_ino == os.stat(path).st_ino
+            except FileNotFoundError:
+                same = False
+            if same:
+                return fd
+            os.close(fd)  # locked a marker that was unlinked meanwhile: take the new one
+        return None
 
     def build_compaction(self, compaction: Compaction) -> Compaction:
         """Write the new base: the live points of the compacted shards, vectors copied as they
@@ -607,18 +649,26 @@ class EdgeStore(Store):
         gone = frozenset().union(
             *(s.deleted - was.deleted for s, was in zip(now[:held], c.segments, strict=True))
         )
-        self._dir(name).mkdir(parents=True)
+        self._new_dir(name)
         self.put_record(name, record)
         self._put_manifest(name, Manifest((Segment(c.shard, c.points, gone), *now[held:])))
         self.put_doc_freqs(name, self.doc_freqs(onto))
         return True
 
     def end_compaction(self, compaction: Compaction) -> None:
-        """Remove the marker and let go of it; a new base no version adopted is deleted."""
+        """Remove the marker and let go of it; its new base, if no version adopted it, is
+        deleted. Only that shard: this may run without the write lock, when a writer may have
+        named a new shard it has not created yet (its whole-alias cleanup runs under the lock)."""
+        named = False
+        for version in self.collection_names():
+            with contextlib.suppress(CollectionNotFound):
+                manifest = Manifest.from_json(self._read(version, "manifest.json"))
+                named = named or any(s.id == compaction.shard for s in manifest.segments)
         with contextlib.suppress(FileNotFoundError):
             self._marker(compaction.alias).unlink()
         os.close(compaction.fd)
-        self.collect_garbage(compaction.alias)
+        if not named:
+            self._remove_shard(compaction.shard)
 
     def _dim_of(self, name: str, segments: Sequence[Segment]) -> int:
         if name in self._dims:
@@ -665,18 +715,27 @@ class EdgeStore(Store):
             named.add(str(running["shard"]))
         removed = []
         for directory in self._segments.glob(f"{alias}--*"):
-            if directory.name in named:
+            # shard ids are <alias>--<hex>: "kb--*" also matches the shards of aliases "kb-"
+            # or "kb--x", which are not this alias's to delete
+            if directory.name in named or directory.name.rpartition("--")[0] != alias:
                 continue
-            with self._lock:
-                shard = self._shards.pop(directory.name, None)
-            if shard is not None:
-                shard.close()
-            trash = self._segments / f".deleted-{directory.name}"
-            with contextlib.suppress(FileNotFoundError):
-                directory.rename(trash)
-                shutil.rmtree(trash, ignore_errors=True)
+            if self._remove_shard(directory.name):
                 removed.append(directory.name)
         return removed
+
+    def _remove_shard(self, segment: str) -> bool:
+        """Close and delete a shard (renamed out of sight first); False when it is not there."""
+        with self._lock:
+            shard = self._shards.pop(segment, None)
+        if shard is not None:
+            shard.close()
+        trash = self._segments / f".deleted-{segment}"
+        try:
+            self._segment_dir(segment).rename(trash)
+        except FileNotFoundError:
+            return False
+        shutil.rmtree(trash, ignore_errors=True)
+        return True
 
     def point_alias(self, alias: str, name: str) -> None:
         if not self.exists(name):
