@@ -187,21 +187,28 @@ def _limited(queries: Sequence[StageQuery], limits: Sequence[int]) -> list[Stage
     ]
 
 
-def _live_head(
-    points: Sequence[Any], limit: int, deleted: frozenset[str]
-) -> tuple[list[str], float | None]:
-    """The ids of a shard's score-ordered points up to its `limit`-th live one, and that
-    point's score (None when the list holds fewer live points)."""
+@dataclass
+class _Head:
+    """A shard's score-ordered points up to its `limit`-th live one: every id read (`names`,
+    by position), the live ones with their scores, and the last one's score (`floor`; None
+    when the list holds fewer live points)."""
+
+    names: list[str]
+    live: list[tuple[str, float]]
+    floor: float | None
+
+
+def _live_head(points: Sequence[Any], limit: int, deleted: frozenset[str]) -> _Head:
     names: list[str] = []
-    live = 0
+    live: list[tuple[str, float]] = []
     for point in points:
         pid = str(point.id)
         names.append(pid)
         if pid not in deleted:
-            live += 1
-            if live == limit:
-                return names, float(point.score)
-    return names, None
+            live.append((pid, float(point.score)))
+            if len(live) == limit:
+                return _Head(names, live, live[-1][1])
+    return _Head(names, live, None)
 
 
 def _ranked(shard: int, points: Sequence[Any]) -> Iterator[tuple[float, int, int]]:
@@ -808,7 +815,7 @@ class EdgeStore(Store):
             _live_head(found, q.limit, segments[0].deleted)
             for found, q in zip(base, queries, strict=True)
         ]
-        floors = [floor for _, floor in heads]
+        floors = [head.floor for head in heads]
         # A delta shard's HNSW breadth follows the share of the live points it holds: it is
         # expected to hold that share of any answer (the base keeps the full breadth).
         live = sum(seg.live for seg in segments) or 1
@@ -822,17 +829,44 @@ class EdgeStore(Store):
             )
             for seg, limits in zip(segments[1:], asked[1:], strict=True)
         ]
-        return [
-            self._merge_lists(
-                name,
-                segments,
-                q,
-                [f[i] for f in fetched],
-                [a[i] for a in asked],
-                [heads[i][0]] + [[] for _ in segments[1:]],
+        out = []
+        for i, q in enumerate(queries):
+            lists = [f[i] for f in fetched]
+            if floors[i] is not None and all(
+                len(found) < limits[i] for found, limits in zip(lists[1:], asked[1:], strict=True)
+            ):
+                # The common case: the base's live top `limit` and every delta point above it
+                # (each delta list came back short of what was asked, so it is complete above
+                # the floor) hold the answer; no merge walk needed.
+                out.append(self._with_deltas(heads[i].live, segments, lists, q.limit))
+                continue
+            out.append(
+                self._merge_lists(
+                    name,
+                    segments,
+                    q,
+                    lists,
+                    [a[i] for a in asked],
+                    [heads[i].names] + [[] for _ in segments[1:]],
+                )
             )
-            for i, q in enumerate(queries)
-        ]
+        return out
+
+    @staticmethod
+    def _with_deltas(
+        head: list[tuple[str, float]],
+        segments: Sequence[Segment],
+        lists: list[list[Any]],
+        limit: int,
+    ) -> list[tuple[str, float]]:
+        """The best `limit` of the base's live head and the delta shards' live points."""
+        found = list(head)
+        for seg, points in zip(segments[1:], lists[1:], strict=True):
+            for point in points:
+                pid = str(point.id)
+                if pid not in seg.deleted:
+                    found.append((pid, float(point.score)))
+        return best_first(found, limit)
 
     @staticmethod
     def _fetch_limit(seg: Segment, q: StageQuery) -> int:
