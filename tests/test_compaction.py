@@ -464,3 +464,33 @@ def test_a_writer_that_would_not_wait_waits_for_a_compaction_s_moment(tmp_path: 
         waited = time.monotonic() - t0
     thread.join()
     assert 0.2 < waited < 30
+
+
+def test_the_compact_command_refuses_bad_input_with_exit_2(
+    env: Path,
+    tiny_encoder: Encoder,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from rag_retriever.cli import main
+
+    assert main(["compact", "--collection", "../kb"]) == 2
+    assert "collection name '../kb' is not allowed" in capsys.readouterr().err
+    assert main(["compact", "--collection", "nope"]) == 2
+    assert "alias 'nope' does not exist" in capsys.readouterr().err
+    monkeypatch.setenv("RAG_COMPACTION", "sometimes")
+    assert main(["compact", "--collection", "kb"]) == 2
+    assert "RAG_COMPACTION must be one of background, deferred, inline" in capsys.readouterr().err
+    monkeypatch.setenv("RAG_COMPACTION", "inline")
+    store = EdgeStore(env / "edge")
+    write(store, tiny_encoder, env, [doc(i, random.Random(1)) for i in range(5)])
+    store.close()
+    # one shard, nothing to merge: said, exit 0, no new version
+    assert main(["compact", "--collection", "kb", "--force"]) == 0
+    assert "not due: nothing to compact" in capsys.readouterr().out
+    assert main(["compact", "--collection", "kb", "--json"]) == 0
+    assert '"outcome": "not_due"' in capsys.readouterr().out
+    check = EdgeStore(env / "edge")
+    assert len(check.versions("kb")) == 1
+    check.close()
