@@ -280,6 +280,18 @@ def test_a_failed_background_compaction_leaves_the_alias_and_says_so(
 
 CLI = [sys.executable, "-m", "rag_retriever.cli"]
 
+
+def _cli_store(
+    tmp_path: Path, encoder: Encoder, encoder_dir: Path, rng: random.Random, compaction: str
+) -> tuple[dict[str, str], dict[str, Document], EdgeStore]:
+    """A CLI environment with RAG_COMPACTION=`compaction`, and its store holding 30 documents."""
+    env = {**_cli_env(tmp_path, encoder_dir), "RAG_COMPACTION": compaction}
+    corpus = {f"d{i}": doc(i, rng) for i in range(30)}
+    store = EdgeStore(tmp_path / "data" / "edge")
+    write(store, encoder, tmp_path / "data", list(corpus.values()))
+    return env, corpus, store
+
+
 # (the EdgeStore call to kill `rag-retriever compact` after, which call, whether it moved the
 # alias). write_meta: 1 the compacted version `building`, 2 `complete`.
 COMPACT_KILL_POINTS = [
@@ -299,11 +311,8 @@ def test_sigkill_at_each_step_of_a_compaction_leaves_a_complete_version_served(
     from tests.test_reingest import kill_after
 
     rng = random.Random(8)
-    env = {**_cli_env(tmp_path, tiny_encoder_dir), "RAG_COMPACTION": "deferred"}
-    corpus = {f"d{i}": doc(i, rng) for i in range(30)}
+    env, corpus, store = _cli_store(tmp_path, tiny_encoder, tiny_encoder_dir, rng, "deferred")
     root = tmp_path / "data" / "edge"
-    store = EdgeStore(root)
-    write(store, tiny_encoder, tmp_path / "data", list(corpus.values()))
     cli = CLI
     for method, nth, moved in COMPACT_KILL_POINTS:
         if not store.compaction_due(store.aliases()["kb"]):
@@ -353,11 +362,8 @@ def test_the_update_command_starts_a_detached_compaction(
     import time
 
     rng = random.Random(9)
-    env = {**_cli_env(tmp_path, tiny_encoder_dir), "RAG_COMPACTION": "background"}
-    corpus = {f"d{i}": doc(i, rng) for i in range(30)}
+    env, corpus, store = _cli_store(tmp_path, tiny_encoder, tiny_encoder_dir, rng, "background")
     root = tmp_path / "data" / "edge"
-    store = EdgeStore(root)
-    write(store, tiny_encoder, tmp_path / "data", list(corpus.values()))
     _outgrow(store, tiny_encoder, tmp_path / "data", corpus, rng)
     change = _write_corpus(tmp_path / "change.jsonl", [doc(91, rng)])
     done = subprocess.run(

@@ -10,6 +10,7 @@ import asyncio
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
@@ -231,21 +232,26 @@ def test_merge_keeps_the_last_word_on_each_id() -> None:
     assert upserts == {"x": b} and deletes == {"y"}
 
 
-def test_both_clients_write_with_the_write_key(tmp_path: Path, tiny_encoder: Encoder) -> None:
+def edge_app(tmp_path: Path, encoder: Encoder, **settings: object) -> tuple[Any, EdgeStore]:
+    """The app over Qdrant Edge holding DOCS, its writes grouped within 10 ms."""
     store = EdgeStore(tmp_path / "edge")
     ingest_documents(
-        LoadedCorpus(DOCS, 0, "t"), alias="kb", encoder=tiny_encoder, store=store, lock_dir=tmp_path
+        LoadedCorpus(DOCS, 0, "t"), alias="kb", encoder=encoder, store=store, lock_dir=tmp_path
     )
-    retriever = Retriever(encoder=tiny_encoder, store=store, collection="kb")
-    settings = Settings(
-        data_dir=tmp_path,
-        api_key=READ,
-        write_api_key=WRITE,
-        write_window_ms=10,
-        bm25_rebase_drift=1.0,
-        compaction="inline",
-    )
-    with serve_in_thread(create_app(retriever, settings)) as url:
+    retriever = Retriever(encoder=encoder, store=store, collection="kb")
+    values = {
+        "data_dir": tmp_path,
+        "write_api_key": WRITE,
+        "write_window_ms": 10,
+        "bm25_rebase_drift": 1.0,
+        **settings,
+    }
+    return create_app(retriever, Settings(**values)), store
+
+
+def test_both_clients_write_with_the_write_key(tmp_path: Path, tiny_encoder: Encoder) -> None:
+    app, store = edge_app(tmp_path, tiny_encoder, api_key=READ, compaction="inline")
+    with serve_in_thread(app) as url:
         with RetrieverClient(url, api_key=READ, write_api_key=WRITE) as client:
             status = client.upsert_documents(
                 [Document("c1", "c", "mike november")], collection="kb"
@@ -275,20 +281,9 @@ def test_the_service_compacts_outgrown_deltas_in_the_background(
 ) -> None:
     from rag_retriever.ingest.compaction import wait_for_compactions
 
-    store = EdgeStore(tmp_path / "edge")
-    ingest_documents(
-        LoadedCorpus(DOCS, 0, "t"), alias="kb", encoder=tiny_encoder, store=store, lock_dir=tmp_path
-    )
-    retriever = Retriever(encoder=tiny_encoder, store=store, collection="kb")
-    settings = Settings(
-        data_dir=tmp_path,
-        write_api_key=WRITE,
-        write_window_ms=10,
-        bm25_rebase_drift=1.0,
-        compaction="background",
-    )
+    app, store = edge_app(tmp_path, tiny_encoder, compaction="background")
     expected = {d.id: d.text for d in DOCS}
-    with TestClient(create_app(retriever, settings)) as http:
+    with TestClient(app) as http:
         for i in range(4):  # each replaces a document: the deltas outgrow the 6-point base
             doc = {"id": f"d{i}", "text": f"golf hotel {i}"}
             r = http.put(
