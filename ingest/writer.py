@@ -283,7 +283,7 @@ def _compaction(report: IngestReport, store: Store, opts: WriteOptions) -> Inges
         return report
     if not store.compaction_due(report.collection):
         return report
-    if getattr(store, "running_compaction", lambda alias: None)(report.alias) is not None:
+    if store.running_compaction(report.alias) is not None:
         return dataclasses.replace(report, compaction="running")
     if opts.compaction == "deferred":
         return dataclasses.replace(report, compaction="due")

@@ -205,6 +205,11 @@ class Store(ABC):
         base (engines that keep versions as shards; see edge.py)."""
         return False
 
+    def running_compaction(self, alias: str) -> dict[str, Any] | None:
+        """What a compaction of `alias` running now merges, or None when none runs (an engine
+        without shards never compacts)."""
+        return None
+
     @abstractmethod
     def delete(self, name: str) -> None: ...
 
