@@ -41,7 +41,6 @@ import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal
 
@@ -50,7 +49,7 @@ from rag_retriever.settings import Compaction as Mode
 from rag_retriever.settings import default_of
 from rag_retriever.store import EdgeStore, Store, collection_name
 from rag_retriever.store.catalog import apply_retention, point_alias
-from rag_retriever.store.record import STATUS_BUILDING, Lineage
+from rag_retriever.store.record import STATUS_BUILDING, Lineage, stamp
 
 log = logging.getLogger(__name__)
 
@@ -140,7 +139,7 @@ def compact(
                     compacted=True,
                 ),
                 source=f"compaction of {onto}",
-                created_at=_now(),
+                created_at=stamp(),
                 completed_at=None,
                 retired_at=None,
             )
@@ -157,7 +156,9 @@ def compact(
                     )
                 store.put_record(
                     name,
-                    building.completed(documents=record.documents, chunks=record.chunks, at=_now()),
+                    building.completed(
+                        documents=record.documents, chunks=record.chunks, at=stamp()
+                    ),
                 )
             except BaseException:
                 store.delete(name)
@@ -198,10 +199,6 @@ def _dropped(source: str, alias: str, started: float, why: str) -> CompactionRep
         seconds=round(time.perf_counter() - started, 3),
         message=why,
     )
-
-
-def _now() -> str:
-    return datetime.now(UTC).isoformat(timespec="seconds")
 
 
 # -- starting one ---------------------------------------------------------------------------------

@@ -45,7 +45,6 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
@@ -81,6 +80,7 @@ from rag_retriever.store import (
     metadata_path,
 )
 from rag_retriever.store.catalog import apply_retention, point_alias, remove_orphans
+from rag_retriever.store.record import stamp
 
 log = logging.getLogger(__name__)
 
@@ -682,7 +682,7 @@ class _Job:
             lineage=lineage,
             source=source,
             model_source=getattr(self.encoder, "source", None),
-            created_at=_now(),
+            created_at=stamp(),
             # a delta keeps what was tuned for the version it extends
             fusion=live.fusion if live is not None and lineage.base else None,
             reranker=live.reranker if live is not None and lineage.base else None,
@@ -824,7 +824,9 @@ class _Job:
             raise RuntimeError(
                 f"collection {name} is inconsistent: {points} points, {chunks} chunks"
             )
-        self.store.put_record(name, record.completed(documents=documents, chunks=chunks, at=_now()))
+        self.store.put_record(
+            name, record.completed(documents=documents, chunks=chunks, at=stamp())
+        )
         self.lap("verify")
 
     def _report(
@@ -905,10 +907,6 @@ def _apply(documents: Sequence[Document], delta: _Delta) -> list[Document]:
 def _removed(old: Sequence[Chunk], new: Sequence[Chunk]) -> int:
     """Old chunk texts that the new version no longer holds."""
     return len({c.content_hash for c in old} - {c.content_hash for c in new})
-
-
-def _now() -> str:
-    return datetime.now(UTC).isoformat(timespec="seconds")
 
 
 def _payload_indexes(chunks: Sequence[Chunk]) -> dict[str, IndexKind]:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
 from typing import Any, Literal
 
 from rag_retriever.bm25 import BM25Stats
@@ -153,6 +154,11 @@ class VersionRecord:
         return replace(
             self, status=STATUS_COMPLETE, documents=documents, chunks=chunks, completed_at=at
         )
+
+
+def stamp() -> str:
+    """Now, as a version record writes its `created_at` and `completed_at` (UTC, seconds)."""
+    return datetime.now(UTC).isoformat(timespec="seconds")
 
 
 def bare_record(name: str, *, dim: int, bm25: BM25Stats) -> VersionRecord:
