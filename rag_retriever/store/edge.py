@@ -111,7 +111,7 @@ OPENED_MEMORY = "Cold"
 # How far below a floor score a shard is still asked for points (relative; the engine scores in
 # float32, whose relative precision is ~6e-8), so that a point tying with the floor is not lost.
 FLOOR_MARGIN = 1e-6
-# Points per write call when shards are merged.
+# Points per scroll and write call when shards are merged.
 MERGE_BATCH = 512
 # How often, and how far apart, a compaction tries to lock its marker before it concludes that
 # another compaction holds it (a probe holds it for microseconds).
@@ -515,13 +515,9 @@ class EdgeStore(Store):
         self._create_shard(target, self._dim_of(name, segments))
         kinds = {**self._index_kinds(segments), **indexes}
         for seg in segments:
-            ids: list[str] = []
-            for record in self._scroll_segment(seg, None, self._tombstones(name, seg)):
-                ids.append(record.id)
-                if len(ids) == MERGE_BATCH:
-                    self._copy(seg.id, target, ids)
-                    ids = []
-            self._copy(seg.id, target, ids)
+            excluded = self._filter(None, self._tombstones(name, seg))
+            for points in self._scroll_pages(seg.id, excluded, MERGE_BATCH, with_vector=True):
+                self._copy(target, points)
         return self._seal_segment(target, kinds)
 
     def _index_kinds(self, segments: Sequence[Segment]) -> dict[str, IndexKind]:
@@ -682,17 +678,15 @@ class EdgeStore(Store):
             return self._dims[name]
         return self.record(name).fingerprint.dim
 
-    def _copy(self, source: str, target: str, ids: Sequence[str]) -> None:
-        if not ids:
-            return
-        records = self._retrieve_segment(source, ids, dense=True, sparse=True)
-        self._upsert_segment(
-            target,
-            [r.id for r in records],
-            np.stack([r.dense for r in records if r.dense is not None]),
-            [r.sparse for r in records if r.sparse is not None],
-            [r.payload for r in records],
-        )
+    def _copy(self, target: str, points: Sequence[Any]) -> None:
+        """Write the engine's points into shard `target` as they come from a scroll, vectors and
+        payload unconverted. Merging 84,668 points took 63 s when ids were scrolled, the points
+        read by id and their vectors turned into arrays and back (27 s of it copying); 53 s so
+        (21 s copying: most of it is the payloads' conversion, ~50 us a point, both ways)."""
+        edge = self._edge
+        copies = [edge.Point(p.id, p.vector, p.payload or {}) for p in points]
+        with engine_errors(f"writing to shard {target}"):
+            self._shard(target).update(edge.UpdateOperation.upsert_points(copies))
 
     def delete(self, name: str) -> None:
         """Remove a version (renamed out of sight first, so no reader sees half of it), then the
@@ -1020,20 +1014,29 @@ class EdgeStore(Store):
     def _scroll_segment(
         self, seg: Segment, flt: SearchFilter | None, excluded: Any = None
     ) -> Iterator[Record]:
-        edge = self._edge
+        for points in self._scroll_pages(seg.id, self._filter(flt, excluded), 1024):
+            for r in points:
+                yield Record(str(r.id), dict(r.payload or {}))
+
+    def _scroll_pages(
+        self, segment: str, flt: Any, limit: int, *, with_vector: bool = False
+    ) -> Iterator[list[Any]]:
+        """A shard's points that pass the engine filter `flt`, `limit` at a time, with their
+        payloads (and vectors), as the engine hands them out."""
         offset: Any = None
         while True:
-            with engine_errors(f"reading shard {seg.id}"):
-                records, offset = self._shard(seg.id).scroll(
-                    edge.ScrollRequest(
+            with engine_errors(f"reading shard {segment}"):
+                points, offset = self._shard(segment).scroll(
+                    self._edge.ScrollRequest(
                         offset=offset,
-                        limit=1024,
-                        filter=self._filter(flt, excluded),
+                        limit=limit,
+                        filter=flt,
                         with_payload=True,
+                        with_vector=with_vector,
                     )
                 )
-            for r in records:
-                yield Record(str(r.id), dict(r.payload or {}))
+            if points:
+                yield points
             if offset is None:
                 return
 
