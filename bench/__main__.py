@@ -133,8 +133,14 @@ def _run_standalone(args: argparse.Namespace, report: _Report) -> dict[str, Any]
         results["update"] = bench_update.run(tuple(args.update_sizes), args.update_deltas)
         results["update_server"] = bench_update.run_server()
         results["update_e2e"] = bench_update.run_e2e()
+        results["update_recall"] = bench_update.run_delta_recall()
         report.emit(
-            bench_update.report(results["update"], results["update_e2e"], results["update_server"])
+            bench_update.report(
+                results["update"],
+                results["update_e2e"],
+                results["update_server"],
+                results["update_recall"],
+            )
         )
 
     if "fusion" in args.only:

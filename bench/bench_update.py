@@ -18,8 +18,11 @@ Part 2, end to end with real text and the real model (`run_e2e`): SQuAD dev + Sc
 with all-MiniLM-L6-v2, then 1% of the documents changed (one sentence appended) through
 `update_documents`: time to served, next to the full ingest, encoding included.
 
+Part 3 (`run_delta_recall`): SQuAD dev and SciFact recall of a version made through the delta
+path against a full build of the same documents, in one run.
+
 Usage: python -m bench.bench_update [--sizes 100000] [--deltas 100] [--rebuild] [--server 10000]
-[--e2e]
+[--e2e] [--delta-recall]   (`--sizes` with no number skips part 1)
 """
 
 from __future__ import annotations
@@ -403,6 +406,79 @@ def run_e2e() -> dict[str, Any]:
     }
 
 
+# (set, questions file, level) for the recall-through-the-delta-path run
+RECALL_SETS = (
+    ("squad_v11_dev", "questions_dev.jsonl", "chunk"),
+    ("scifact", "questions_train.jsonl", "doc"),
+)
+RECALL_METRICS = ("recall@1", "recall@5", "recall@10", "recall@100", "mrr@10", "ndcg@10")
+
+
+def run_delta_recall(sets: tuple[tuple[str, str, str], ...] = RECALL_SETS) -> dict[str, Any]:
+    """Recall of a version made through the delta path against a full build of the same corpus,
+    in one run: the first version lacks 1% of the documents (at least 2) and has another 1%
+    changed (a sentence appended); `ingest` of the real corpus then takes the delta path (those
+    documents added back and restored). Both versions are scored with the README's eval on the
+    set's labelled questions (real model, default settings)."""
+    from rag_retriever.encoder import Encoder
+    from rag_retriever.eval.evaluation import evaluate
+    from rag_retriever.eval.questions import load_questions
+    from rag_retriever.retriever import RetrievalConfig, Retriever
+
+    encoder = Encoder.load("all-MiniLM-L6-v2")
+    out: dict[str, Any] = {}
+    for data, questions_file, level in sets:
+        docs = list(load_documents(shared_path(data, "docs.jsonl")).documents)
+        questions, _ = load_questions(shared_path(data, questions_file))
+        n = max(2, len(docs) // 100)
+        picked = random.Random(7).sample(range(len(docs)), 2 * n)
+        dropped, altered = set(picked[:n]), set(picked[n:])
+        first = [
+            replace(d, text=d.text + "\n\nA sentence appended before the update.")
+            if i in altered
+            else d
+            for i, d in enumerate(docs)
+            if i not in dropped
+        ]
+        row: dict[str, Any] = {"documents": len(docs), "dropped": n, "altered": n}
+        with tempfile.TemporaryDirectory() as tmp:
+            for way in ("delta", "full"):
+                store = EdgeStore(Path(tmp) / way / "edge")
+                opts = WriteOptions(lock_dir=Path(tmp) / way)
+                if way == "delta":
+                    ingest_documents(
+                        LoadedCorpus(tuple(first), 0, data),
+                        alias="kb",
+                        encoder=encoder,
+                        store=store,
+                        full=True,
+                        options=opts,
+                    )
+                report = ingest_documents(
+                    LoadedCorpus(tuple(docs), 0, data),
+                    alias="kb",
+                    encoder=encoder,
+                    store=store,
+                    full=way == "full",
+                    options=opts,
+                )
+                retriever = Retriever(
+                    encoder=encoder, store=store, config=RetrievalConfig(), collection="kb"
+                )
+                run = evaluate(retriever, questions, collection="kb", level=level)  # type: ignore[arg-type]
+                row[way] = {
+                    "kind": report.kind,
+                    "encoded": report.encoded,
+                    "modes": {
+                        mode: {m: run.summary["modes"][mode][m] for m in RECALL_METRICS}
+                        for mode in ("dense", "bm25", "hybrid")
+                    },
+                }
+                store.close()
+        out[data] = row
+    return out
+
+
 def _rss_mb() -> float:
     for line in Path("/proc/self/status").read_text().splitlines():
         if line.startswith("VmRSS:"):
@@ -414,6 +490,7 @@ def report(
     results: dict[str, Any],
     e2e: dict[str, Any] | None = None,
     server: dict[str, Any] | None = None,
+    delta_recall: dict[str, Any] | None = None,
 ) -> list[str]:
     lines = []
     for n, r in results.items():
@@ -427,6 +504,8 @@ def report(
                 f"  {key:<30} {d['s']:8.2f} s  ({d['docs']} documents, {d['kind']}) -> "
                 f"{r['full_s'] / d['s']:.0f}x faster than the full rebuild"
             )
+            stages = ", ".join(f"{k} {v:.2f}" for k, v in d.get("stages_s", {}).items())
+            lines.append(f"    stages (s): {stages}")
         fresh, after = r["fresh"], r.get("after_deltas")
         lines.append(
             f"  fresh: hybrid p50 {fresh['hybrid_p50_ms']:.2f} ms, dense recall@100 vs exact "
@@ -478,6 +557,19 @@ def report(
             f"{server['full_s']:.1f} s, 10-document delta {server['delta_10_docs_s']:.1f} s (a copy "
             f"of every point, no encoding) -> {server['full_s'] / server['delta_10_docs_s']:.1f}x"
         )
+    for data, row in (delta_recall or {}).items():
+        delta, full = row["delta"], row["full"]
+        lines.append(
+            f"recall through the delta path, {data} ({row['documents']:,} documents; the first "
+            f"version without {row['dropped']} and with {row['altered']} changed, then the "
+            f"whole set ingested: {delta['kind']}, {delta['encoded']} chunks encoded), against "
+            "a full build of the same documents:"
+        )
+        for mode, figures in delta["modes"].items():
+            cells = ", ".join(
+                f"{m} {v:.4f} ({v - full['modes'][mode][m]:+.4f})" for m, v in figures.items()
+            )
+            lines.append(f"  {mode:<7} {cells}")
     if e2e:
         lines.append(
             f"end to end, SQuAD dev + SciFact ({e2e['documents']:,} documents, {e2e['chunks']:,} "
@@ -490,10 +582,15 @@ def report(
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--sizes", type=int, nargs="+", default=[100_000])
+    parser.add_argument("--sizes", type=int, nargs="*", default=[100_000])
     parser.add_argument("--deltas", type=int, default=100)
     parser.add_argument("--e2e", action="store_true", help="also the real-text, real-model run")
     parser.add_argument("--server", type=int, default=0, help="also the server path at N chunks")
+    parser.add_argument(
+        "--delta-recall",
+        action="store_true",
+        help="also SQuAD dev and SciFact recall through the delta path vs a full build (real model)",
+    )
     parser.add_argument(
         "--rebuild",
         action="store_true",
@@ -508,7 +605,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     results = run(tuple(args.sizes), args.deltas, rebuild=args.rebuild, compaction=args.compaction)
     server = run_server(args.server) if args.server else None
-    for text in report(results, run_e2e() if args.e2e else None, server):
+    e2e = run_e2e() if args.e2e else None
+    recall = run_delta_recall() if args.delta_recall else None
+    for text in report(results, e2e, server, recall):
         print(text, flush=True)
     return 0
 
