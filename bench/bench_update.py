@@ -428,7 +428,8 @@ def run_delta_recall(sets: tuple[tuple[str, str, str], ...] = RECALL_SETS) -> di
     encoder = Encoder.load("all-MiniLM-L6-v2")
     out: dict[str, Any] = {}
     for data, questions_file, level in sets:
-        docs = list(load_documents(shared_path(data, "docs.jsonl")).documents)
+        corpus = load_documents(shared_path(data, "docs.jsonl"))
+        docs = corpus.documents
         questions, _ = load_questions(shared_path(data, questions_file))
         n = max(2, len(docs) // 100)
         picked = random.Random(7).sample(range(len(docs)), 2 * n)
@@ -455,7 +456,7 @@ def run_delta_recall(sets: tuple[tuple[str, str, str], ...] = RECALL_SETS) -> di
                         options=opts,
                     )
                 report = ingest_documents(
-                    LoadedCorpus(tuple(docs), 0, data),
+                    corpus,
                     alias="kb",
                     encoder=encoder,
                     store=store,
