@@ -134,12 +134,14 @@ def _run_standalone(args: argparse.Namespace, report: _Report) -> dict[str, Any]
         results["update_server"] = bench_update.run_server()
         results["update_e2e"] = bench_update.run_e2e()
         results["update_recall"] = bench_update.run_delta_recall()
+        results["update_vocabulary"] = bench_update.run_vocabulary()
         report.emit(
             bench_update.report(
                 results["update"],
                 results["update_e2e"],
                 results["update_server"],
                 results["update_recall"],
+                results["update_vocabulary"],
             )
         )
 

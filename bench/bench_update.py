@@ -21,8 +21,15 @@ with all-MiniLM-L6-v2, then 1% of the documents changed (one sentence appended) 
 Part 3 (`run_delta_recall`): SQuAD dev and SciFact recall of a version made through the delta
 path against a full build of the same documents, in one run.
 
+Part 4 (`run_vocabulary`): the BM25 statistics step of a 10-document delta at vocabularies of
+54k to 2M terms (a real corpus of a million chunks has millions; part 1's hardly grows): the
+version's frequencies read, the delta applied, the new version's written, through Edge's table
+and changes (rag_retriever/store/terms.py) against the peer, one JSON file of the whole
+vocabulary read and written (how versions kept them before; the server store still does).
+
 Usage: python -m bench.bench_update [--sizes 100000] [--deltas 100] [--rebuild] [--server 10000]
-[--e2e] [--delta-recall]   (`--sizes` with no number skips part 1)
+[--e2e] [--delta-recall] [--vocabulary 54000 500000 2000000]   (`--sizes` with no number skips
+part 1)
 """
 
 from __future__ import annotations
@@ -480,6 +487,59 @@ def run_delta_recall(sets: tuple[tuple[str, str, str], ...] = RECALL_SETS) -> di
     return out
 
 
+def run_vocabulary(
+    sizes: tuple[int, ...] = (54_000, 500_000, 2_000_000), rounds: int = 5
+) -> dict[str, Any]:
+    """Part 4: seconds of a 10-document delta's BM25 statistics step (read, apply, write) at
+    each vocabulary size, the table and changes against one JSON file, in one run."""
+    from rag_retriever.bm25 import BM25Model
+    from rag_retriever.store.terms import read_doc_freqs, write_doc_freqs
+
+    rng = random.Random(0)
+    letters = "abcdefghijklmnopqrstuvwxyz"
+    out: dict[str, Any] = {}
+    for n in sizes:
+        words = ["".join(rng.choices(letters, k=rng.randint(4, 12))) + str(i) for i in range(n)]
+        docs = [[rng.choice(words) for _ in range(60)] for _ in range(20 + 10 * rounds)]
+        model = BM25Model.build([words[i : i + 50] for i in range(0, n, 50)] + docs)
+
+        with tempfile.TemporaryDirectory() as tmp:
+            root = Path(tmp)
+            t0 = time.perf_counter()
+            (root / "v0").mkdir()
+            write_doc_freqs(root / "v0", model.doc_freqs)
+            table_write = time.perf_counter() - t0
+            whole = root / "whole.json"
+            whole.write_text(json.dumps(dict(model.doc_freqs.items())))
+            ours, peer = [], []
+            current = model
+            for k in range(rounds):
+                # 10 documents added (and 30 terms new to the vocabulary), 10 removed at first
+                added = [*docs[20 + 10 * k : 30 + 10 * k], [f"new{k}x{i}" for i in range(30)]]
+                removed = docs[10 * k : 10 * k + 10] if k < 2 else []
+                t0 = time.perf_counter()
+                read = BM25Model(current.stats, read_doc_freqs(root / f"v{k}"))
+                new = read.with_delta(added=added, removed=removed)
+                (root / f"v{k + 1}").mkdir()
+                write_doc_freqs(root / f"v{k + 1}", new.doc_freqs)
+                ours.append(time.perf_counter() - t0)
+                t0 = time.perf_counter()
+                loaded = BM25Model(current.stats, json.loads(whole.read_text()))
+                again = loaded.with_delta(added=added, removed=removed)
+                whole.write_text(json.dumps(dict(again.doc_freqs.items())))
+                peer.append(time.perf_counter() - t0)
+                assert dict(new.doc_freqs.items()) == dict(again.doc_freqs.items())
+                current = new
+        out[str(n)] = {
+            "terms": n,
+            "table_write_s": table_write,
+            "delta_s_median": float(np.median(ours)),
+            "delta_s_max": max(ours),
+            "peer_s_median": float(np.median(peer)),
+        }
+    return out
+
+
 def _rss_mb() -> float:
     for line in Path("/proc/self/status").read_text().splitlines():
         if line.startswith("VmRSS:"):
@@ -492,6 +552,7 @@ def report(
     e2e: dict[str, Any] | None = None,
     server: dict[str, Any] | None = None,
     delta_recall: dict[str, Any] | None = None,
+    vocabulary: dict[str, Any] | None = None,
 ) -> list[str]:
     lines = []
     for n, r in results.items():
@@ -571,6 +632,14 @@ def report(
                 f"{m} {v:.4f} ({v - full['modes'][mode][m]:+.4f})" for m, v in figures.items()
             )
             lines.append(f"  {mode:<7} {cells}")
+    for row in (vocabulary or {}).values():
+        lines.append(
+            f"BM25 statistics of a 10-document delta, {row['terms']:,} terms: table + changes "
+            f"{row['delta_s_median'] * 1000:.0f} ms (median; max {row['delta_s_max'] * 1000:.0f}) "
+            f"vs one JSON of the vocabulary {row['peer_s_median']:.2f} s -> "
+            f"{row['peer_s_median'] / row['delta_s_median']:.0f}x; the full build's table "
+            f"written in {row['table_write_s']:.1f} s"
+        )
     if e2e:
         lines.append(
             f"end to end, SQuAD dev + SciFact ({e2e['documents']:,} documents, {e2e['chunks']:,} "
@@ -593,6 +662,12 @@ def main(argv: list[str] | None = None) -> int:
         help="also SQuAD dev and SciFact recall through the delta path vs a full build (real model)",
     )
     parser.add_argument(
+        "--vocabulary",
+        type=int,
+        nargs="*",
+        help="also the BM25 statistics step of a delta at these vocabulary sizes",
+    )
+    parser.add_argument(
         "--rebuild",
         action="store_true",
         help="after the deltas, also build the same corpus from scratch (its p50 and recall)",
@@ -608,7 +683,8 @@ def main(argv: list[str] | None = None) -> int:
     server = run_server(args.server) if args.server else None
     e2e = run_e2e() if args.e2e else None
     recall = run_delta_recall() if args.delta_recall else None
-    for text in report(results, e2e, server, recall):
+    vocabulary = run_vocabulary(tuple(args.vocabulary)) if args.vocabulary else None
+    for text in report(results, e2e, server, recall, vocabulary):
         print(text, flush=True)
     return 0
 

@@ -39,9 +39,10 @@ import hashlib
 import re
 import unicodedata
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from functools import cached_property
+from typing import Any, Protocol
 
 import numpy as np
 import Stemmer
@@ -329,14 +330,110 @@ class BM25Stats:
 def okapi_idf(doc_freqs: Mapping[str, int], n_docs: int, epsilon: float) -> dict[str, float]:
     """Okapi IDF as rank-bm25 computes it: `log(N - df + 0.5) - log(df + 0.5)`, and a term in more
     than half of the documents (negative IDF) gets `epsilon * average IDF` instead."""
-    if not doc_freqs:
+    terms = dict(doc_freqs.items())  # one pass over a layered table
+    if not terms:
         return {}
     # numpy over the whole vocabulary: a version is opened with every term's IDF, and at a
     # million chunks the vocabulary is large enough for a Python loop to show in the open time.
-    df = np.fromiter(doc_freqs.values(), dtype=np.float64, count=len(doc_freqs))
+    df = np.fromiter(terms.values(), dtype=np.float64, count=len(terms))
     idf = np.log(n_docs - df + 0.5) - np.log(df + 0.5)
     floor = epsilon * float(idf.mean())
-    return dict(zip(doc_freqs, np.where(idf < 0, floor, idf).tolist(), strict=True))
+    return dict(zip(terms, np.where(idf < 0, floor, idf).tolist(), strict=True))
+
+
+class TermTable(Protocol):
+    """An immutable term -> document frequency table that a version's `DocFreqs` are layered
+    on, read term by term: a delta looks up only the terms it touches."""
+
+    def __len__(self) -> int: ...
+
+    def lookup(self, terms: Collection[str]) -> dict[str, int]:
+        """The frequencies of those of `terms` the table holds."""
+        ...
+
+    def holders(self, hashes: Collection[int]) -> dict[int, list[str]]:
+        """The table's terms whose `term_index` is one of `hashes` (hash -> terms)."""
+        ...
+
+    def items(self) -> Iterator[tuple[str, int]]: ...
+
+
+class DictTable:
+    """A `TermTable` in memory (a full build's frequencies, or a store's that keeps them whole)."""
+
+    def __init__(self, doc_freqs: Mapping[str, int]) -> None:
+        self._terms = dict(doc_freqs)
+
+    def __len__(self) -> int:
+        return len(self._terms)
+
+    def lookup(self, terms: Collection[str]) -> dict[str, int]:
+        return {t: self._terms[t] for t in terms if t in self._terms}
+
+    def holders(self, hashes: Collection[int]) -> dict[int, list[str]]:
+        wanted = set(hashes)
+        out: dict[int, list[str]] = {}
+        for term in self._terms:  # every term hashed: O(vocabulary), as a table in memory is
+            index = term_index(term)
+            if index in wanted:
+                out.setdefault(index, []).append(term)
+        return out
+
+    def items(self) -> Iterator[tuple[str, int]]:
+        return iter(self._terms.items())
+
+
+class DocFreqs(Mapping[str, int]):
+    """A version's document frequencies: a `TermTable` (written at a full build, shared by the
+    versions made from it by deltas) and the `changes` since it (term -> frequency now, 0 = no
+    longer in any document). A delta reads and writes what it touches, not the vocabulary."""
+
+    def __init__(
+        self, base: TermTable, changes: Mapping[str, int] | None = None, size: int | None = None
+    ) -> None:
+        self.base = base
+        self.changes = dict(changes or {})
+        if size is None:
+            held = base.lookup(self.changes)
+            size = len(base) + sum((n > 0) - (t in held) for t, n in self.changes.items())
+        self.size = size
+
+    def __getitem__(self, term: str) -> int:
+        n = self.changes.get(term)
+        if n is None:
+            n = self.base.lookup((term,)).get(term, 0)
+        if not n:
+            raise KeyError(term)
+        return n
+
+    def lookup(self, terms: Collection[str]) -> dict[str, int]:
+        """The frequencies of those of `terms` some document holds."""
+        out = self.base.lookup([t for t in terms if t not in self.changes])
+        out.update((t, self.changes[t]) for t in terms if self.changes.get(t))
+        return out
+
+    def items(self) -> Iterator[tuple[str, int]]:  # type: ignore[override]
+        changes = self.changes
+        for term, n in self.base.items():
+            if term not in changes:
+                yield term, n
+        yield from ((t, n) for t, n in changes.items() if n)
+
+    def __iter__(self) -> Iterator[str]:
+        return (term for term, _ in self.items())
+
+    def __len__(self) -> int:
+        return self.size
+
+    def changed(self, now: Mapping[str, int], before: Collection[str]) -> DocFreqs:
+        """These frequencies with `now` (term -> frequency, 0 = gone) applied; `before` = those
+        terms that some document held here."""
+        size = self.size + sum((n > 0) - (t in before) for t, n in now.items())
+        return DocFreqs(self.base, {**self.changes, **now}, size)
+
+
+def as_doc_freqs(doc_freqs: Mapping[str, int]) -> DocFreqs:
+    return doc_freqs if isinstance(doc_freqs, DocFreqs) else DocFreqs(DictTable(doc_freqs))
 
 
 @dataclass(frozen=True)
@@ -348,13 +445,15 @@ class BM25Model:
     """
 
     stats: BM25Stats
-    doc_freqs: Mapping[str, int] = field(repr=False, compare=False)
-    idf: Mapping[str, float] = field(init=False, repr=False, compare=False)
+    doc_freqs: Mapping[str, int] = field(repr=False, compare=False)  # held as a DocFreqs
 
     def __post_init__(self) -> None:
-        object.__setattr__(
-            self, "idf", okapi_idf(self.doc_freqs, self.stats.n_docs, self.stats.epsilon)
-        )
+        object.__setattr__(self, "doc_freqs", as_doc_freqs(self.doc_freqs))
+
+    @cached_property
+    def idf(self) -> Mapping[str, float]:
+        """Every term's IDF: computed when a query first needs it (a writer never does)."""
+        return okapi_idf(self.doc_freqs, self.stats.n_docs, self.stats.epsilon)
 
     @classmethod
     def build(
@@ -388,7 +487,7 @@ class BM25Model:
             k1=k1,
             b=b,
             epsilon=epsilon,
-            moved=_place_new_terms({}, {}, doc_freq),
+            moved=_place_new_terms(lambda _: set(), {}, doc_freq),
         )
         return cls(stats, doc_freq)
 
@@ -396,33 +495,53 @@ class BM25Model:
         self, added: Iterable[Sequence[str]], removed: Iterable[Sequence[str]]
     ) -> BM25Model:
         """This model after documents were added and removed (each a list of terms); the average
-        length the documents are normalised with stays the lineage's."""
-        doc_freq = dict(self.doc_freqs)
+        length the documents are normalised with stays the lineage's. Reads and writes the
+        frequencies of the terms the delta touches only (and who holds the indices new terms
+        would take), not the whole vocabulary."""
+        step: Counter[str] = Counter()
         n_docs, total = self.stats.n_docs, self.stats.total_terms
         for document in removed:
             n_docs -= 1
             total -= len(document)
-            for word in set(document):
-                left = doc_freq[word] - 1
-                if left:
-                    doc_freq[word] = left
-                else:
-                    del doc_freq[word]
-        new_terms: dict[str, int] = {}
+            step.subtract(set(document))
         for document in added:
             n_docs += 1
             total += len(document)
-            for word in set(document):
-                if word not in doc_freq:
-                    new_terms[word] = 0
-                doc_freq[word] = doc_freq.get(word, 0) + 1
+            step.update(set(document))
         if n_docs <= 0:
             raise ValueError("a version cannot be left with zero documents")
-        moved = {t: i for t, i in self.stats.moved.items() if t in doc_freq}
-        kept = {t: self.stats.index_of(t) for t in doc_freq if t not in new_terms}
-        moved.update(_place_new_terms(kept, moved, new_terms))
-        stats = replace(self.stats, n_docs=n_docs, total_terms=total, moved=moved)
-        return BM25Model(stats, doc_freq)
+        doc_freqs = as_doc_freqs(self.doc_freqs)
+        before = doc_freqs.lookup(list(step))
+        now = {t: before.get(t, 0) + n for t, n in step.items() if n}
+        wrong = sorted(t for t, n in now.items() if n < 0)
+        if wrong:
+            raise ValueError(f"removed documents hold terms the version does not: {wrong[:5]}")
+        leaving = {t for t, n in now.items() if n == 0}
+        entering = [t for t, n in now.items() if n > 0 and t not in before]
+        moved = {t: i for t, i in self.stats.moved.items() if t not in leaving}
+        stats = self.stats
+        changes = doc_freqs.changes
+        # the indices the terms changed since the base table that stay hold (O(changes), so
+        # only when a term enters)
+        changed_held = (
+            {stats.index_of(t) for t, n in changes.items() if n and t not in leaving}
+            if entering
+            else set()
+        )
+
+        def held(indices: Collection[int]) -> set[int]:
+            """Of `indices`, those a term staying in the vocabulary holds by its hash (a moved
+            term holds `moved`'s index instead, which `_place_new_terms` counts)."""
+            out = {
+                index
+                for index, terms in doc_freqs.base.holders(indices).items()
+                if any(t not in changes and t not in leaving and t not in moved for t in terms)
+            }
+            return out | (changed_held & set(indices))
+
+        moved.update(_place_new_terms(held, moved, entering))
+        new_stats = replace(stats, n_docs=n_docs, total_terms=total, moved=moved)
+        return BM25Model(new_stats, doc_freqs.changed(now, before))
 
     def rebased(self) -> BM25Model:
         """The same corpus normalised with its real average length (a full build's)."""
@@ -448,23 +567,26 @@ class BM25Model:
 
 
 def _place_new_terms(
-    kept: Mapping[str, int], moved: Mapping[str, int], new_terms: Iterable[str]
+    held: Callable[[Collection[int]], set[int]],
+    moved: Mapping[str, int],
+    new_terms: Iterable[str],
 ) -> dict[str, int]:
-    """Indices for terms entering a vocabulary whose terms hold `kept` (term -> index): each new
-    term (in sorted order) takes its hash, or the next free index when that is taken. Returns the
-    new terms that moved."""
-    owner = set(kept.values()) | set(moved.values())
+    """Indices for terms entering a vocabulary: each new term (in sorted order) takes its hash,
+    or the next free index when that is taken. `held(indices)` = those of `indices` a term of the
+    vocabulary holds by its hash; `moved` = the terms that hold another index. Returns the new
+    terms that moved."""
+    wanted = {t: term_index(t) for t in new_terms}
+    owner = set(moved.values()) | held(set(wanted.values()))
     placed: dict[str, int] = {}
     clashing: list[str] = []
-    for term in sorted(new_terms):
-        index = term_index(term)
-        if index in owner:
+    for term in sorted(wanted):
+        if wanted[term] in owner:
             clashing.append(term)
         else:
-            owner.add(index)
+            owner.add(wanted[term])
     for term in clashing:
-        index = term_index(term)
-        while index in owner:
+        index = wanted[term]
+        while index in owner or held((index,)):
             index = (index + 1) % INDEX_SPACE
         owner.add(index)
         placed[term] = index

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import json
 import random
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,6 +20,7 @@ import pytest
 from qdrant_client import QdrantClient
 from rank_bm25 import BM25Okapi
 
+from rag_retriever import bm25 as bm25_module
 from rag_retriever.bm25 import BM25Model, Tokenizer
 from rag_retriever.encoder import Encoder
 from rag_retriever.errors import DocumentError, UpdateRefused
@@ -28,6 +31,7 @@ from rag_retriever.records import Document, embed_text
 from rag_retriever.retriever import Retriever
 from rag_retriever.store import DENSE, SPARSE, EdgeStore, ServerStore, StageQuery, Store
 from rag_retriever.store import edge as edge_module
+from rag_retriever.store import terms as terms_module
 
 WORDS = [
     "alpha",
@@ -80,6 +84,39 @@ def update(store: Store, encoder: Encoder, tmp_path: Path, upsert=(), delete=(),
 def served_docs(store: Store) -> set[str]:
     name = store.aliases()["kb"]
     return {str(r.payload["doc_id"]) for r in store.scroll(name)}
+
+
+def assert_bm25_is_rank_bm25s(
+    store: Store, name: str, corpus: dict[str, Document], rng: random.Random
+) -> None:
+    """The engine's BM25 scores of version `name` are rank-bm25's on `corpus` (with the lineage's
+    recorded average length) to 1e-5, for whole lists and for short ones."""
+    record = store.record(name)
+    tok = Tokenizer()
+    ids = sorted(corpus)
+    terms = [tok.tokenize(embed_text(corpus[i].title, corpus[i].text)) for i in ids]
+    ref = BM25Okapi(terms)
+    ref.avgdl = record.bm25.avgdl
+    model = BM25Model(record.bm25, store.doc_freqs(name))
+    assert dict(model.doc_freqs.items()) == Counter(t for d in terms for t in set(d))
+    doc_of = {r.id: str(r.payload["doc_id"]) for r in store.scroll(name)}
+    queries = [rng.sample(WORDS, 2) for _ in range(8)]
+    vectors = [model.query_vector(tok.tokenize(" ".join(q))) for q in queries]
+    results = store.search(name, [StageQuery(SPARSE, v, 100) for v in vectors])
+    for q, found in zip(queries, results, strict=True):
+        expected = dict(zip(ids, ref.get_scores(tok.tokenize(" ".join(q))), strict=True))
+        got = {doc_of[pid]: score for pid, score in found}
+        assert got.keys() == {i for i, s in expected.items() if s > 0}
+        for doc_id, score in got.items():
+            np.testing.assert_allclose(score, expected[doc_id], rtol=1e-5, atol=1e-5)
+    # a short list (the tombstoned points of the base dropped after an over-fetch, or asked again
+    # with the filter) is still the exact top 3
+    short = store.search(name, [StageQuery(SPARSE, v, 3) for v in vectors])
+    for q, found in zip(queries, short, strict=True):
+        expected_top = sorted(ref.get_scores(tok.tokenize(" ".join(q))), reverse=True)[:3]
+        got_top = [score for _, score in found]
+        positive = [e for e in expected_top if e > 0]
+        np.testing.assert_allclose(got_top[: len(positive)], positive, rtol=1e-5, atol=1e-5)
 
 
 def test_an_update_is_a_delta_version_with_its_report(
@@ -141,32 +178,8 @@ def test_bm25_after_random_deltas_equals_rank_bm25_on_the_current_corpus(
         for gone in deletes:
             del corpus[gone]
     name = store.aliases()["kb"]
-    record = store.record(name)
-    assert record.lineage.deltas == 6
-    tok = Tokenizer()
-    ids = sorted(corpus)
-    terms = [tok.tokenize(embed_text(corpus[i].title, corpus[i].text)) for i in ids]
-    ref = BM25Okapi(terms)
-    ref.avgdl = record.bm25.avgdl
-    model = BM25Model(record.bm25, store.doc_freqs(name))
-    doc_of = {r.id: str(r.payload["doc_id"]) for r in store.scroll(name)}
-    queries = [rng.sample(WORDS, 2) for _ in range(8)]
-    vectors = [model.query_vector(tok.tokenize(" ".join(q))) for q in queries]
-    results = store.search(name, [StageQuery(SPARSE, v, 100) for v in vectors])
-    for q, found in zip(queries, results, strict=True):
-        expected = dict(zip(ids, ref.get_scores(tok.tokenize(" ".join(q))), strict=True))
-        got = {doc_of[pid]: score for pid, score in found}
-        assert got.keys() == {i for i, s in expected.items() if s > 0}
-        for doc_id, score in got.items():
-            np.testing.assert_allclose(score, expected[doc_id], rtol=1e-5, atol=1e-5)
-    # a short list (the tombstoned points of the base dropped after an over-fetch, or asked again
-    # with the filter) is still the exact top 3
-    short = store.search(name, [StageQuery(SPARSE, v, 3) for v in vectors])
-    for q, found in zip(queries, short, strict=True):
-        expected_top = sorted(ref.get_scores(tok.tokenize(" ".join(q))), reverse=True)[:3]
-        got_top = [score for _, score in found]
-        positive = [e for e in expected_top if e > 0]
-        np.testing.assert_allclose(got_top[: len(positive)], positive, rtol=1e-5, atol=1e-5)
+    assert store.record(name).lineage.deltas == 6
+    assert_bm25_is_rank_bm25s(store, name, corpus, rng)
     store.close()
 
 
@@ -587,3 +600,79 @@ def test_the_update_command_refuses_bad_input_with_exit_2_and_writes_nothing(
     assert "not a query log directory" in capsys.readouterr().err
     assert main(["doctor", "--collection", "nope"]) == 2
     assert "does not exist" in capsys.readouterr().err
+
+
+def test_document_frequencies_are_a_shared_table_and_the_changes_since_it(
+    tiny_encoder: Encoder, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Edge keeps a full build's frequencies in a table that the deltas' versions hard-link (it
+    is never written again) and writes only the changes beside it; past REBASE_FRACTION a delta
+    writes a new table. Every term hashes onto one of 16 indices, so terms entering and leaving
+    collide all the time: every term of a version keeps an index of its own, a term keeps its
+    index while it stays, the frequencies are the corpus's and the scores rank-bm25's."""
+    real = bm25_module.term_index
+    monkeypatch.setattr(bm25_module, "term_index", lambda term: real(term) % 16)
+    store = EdgeStore(tmp_path / "edge")
+    rng = random.Random(11)
+    corpus = {f"d{i}": doc(i, rng, rng.randint(2, 9)) for i in range(30)}
+    first = write(store, tiny_encoder, tmp_path, list(corpus.values()))
+    table = tmp_path / "edge" / "collections" / first.collection / terms_module.TABLE_FILE
+    inode, digest = table.stat().st_ino, hashlib.sha256(table.read_bytes()).hexdigest()
+    tok = Tokenizer()
+    previous: dict[str, int] = {}
+    # a vocabulary this small changes by more than the default share at every delta
+    monkeypatch.setattr(terms_module, "REBASE_FRACTION", 100.0)
+    for step in range(8):
+        if step == 6:  # from here on the changes are always past the fraction
+            monkeypatch.setattr(terms_module, "REBASE_FRACTION", 0.0)
+        upserts = [doc(rng.randint(0, 60), rng, rng.randint(2, 9)) for _ in range(4)]
+        upserts = list({d.id: d for d in upserts}.values())
+        deletes = rng.sample(sorted(set(corpus) - {d.id for d in upserts}), 3)
+        report = update(store, tiny_encoder, tmp_path, upserts, deletes)
+        assert report.kind == "delta", step
+        corpus.update({d.id: d for d in upserts})
+        for gone in deletes:
+            del corpus[gone]
+        directory = tmp_path / "edge" / "collections" / report.collection
+        shared = (directory / terms_module.TABLE_FILE).stat().st_ino == inode
+        assert shared == (step < 6), step
+        model = BM25Model(store.record(report.collection).bm25, store.doc_freqs(report.collection))
+        vocabulary = {t for d in corpus.values() for t in tok.tokenize(embed_text(d.title, d.text))}
+        index = {t: model.index_of(t) for t in vocabulary}
+        assert len(set(index.values())) == len(index), step
+        assert all(index[t] == i for t, i in previous.items() if t in index), step
+        previous = index
+        assert_bm25_is_rank_bm25s(store, report.collection, corpus, rng)
+    # the full build's table was never written through its links
+    assert hashlib.sha256(table.read_bytes()).hexdigest() == digest
+    store.delete(first.collection)  # a version's link goes with it; the others still read
+    assert_bm25_is_rank_bm25s(store, store.aliases()["kb"], corpus, rng)
+    store.close()
+
+
+def test_a_version_that_keeps_its_frequencies_in_one_file_is_read_and_updated(
+    tiny_encoder: Encoder, tmp_path: Path
+) -> None:
+    """Versions written before the table hold one doc_freqs.json: read as it is, and the next
+    delta writes a table."""
+    store = EdgeStore(tmp_path / "edge")
+    rng = random.Random(5)
+    corpus = {f"d{i}": doc(i, rng) for i in range(12)}
+    first = write(store, tiny_encoder, tmp_path, list(corpus.values()))
+    directory = tmp_path / "edge" / "collections" / first.collection
+    whole = dict(store.doc_freqs(first.collection).items())
+    (directory / terms_module.TABLE_FILE).unlink()
+    (directory / terms_module.CHANGES_FILE).unlink()
+    (directory / terms_module.WHOLE_FILE).write_text(json.dumps(whole))
+    assert dict(store.doc_freqs(first.collection).items()) == whole
+    assert_bm25_is_rank_bm25s(store, first.collection, corpus, rng)
+    new = doc(40, rng)
+    report = update(store, tiny_encoder, tmp_path, [new], ["d2"])
+    assert report.kind == "delta"
+    corpus["d40"] = new
+    del corpus["d2"]
+    assert (
+        tmp_path / "edge" / "collections" / report.collection / terms_module.TABLE_FILE
+    ).exists()
+    assert_bm25_is_rank_bm25s(store, report.collection, corpus, rng)
+    store.close()

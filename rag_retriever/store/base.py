@@ -167,8 +167,9 @@ class Store(ABC):
         """Replace the stored JSON of a version's record (use `put_record`)."""
 
     @abstractmethod
-    def doc_freqs(self, name: str) -> dict[str, int]:
-        """The version's BM25 document frequencies (term -> number of chunks holding it)."""
+    def doc_freqs(self, name: str) -> Mapping[str, int]:
+        """The version's BM25 document frequencies (term -> number of chunks holding it). Edge:
+        a `DocFreqs` read term by term from a table a delta shares; the server: one dict."""
 
     @abstractmethod
     def put_doc_freqs(self, name: str, doc_freqs: Mapping[str, int]) -> None: ...

@@ -8,7 +8,9 @@ Edge has no collections or aliases. Layout under `root`:
 
     collections/<name>/meta.json       the version record (status building -> complete)
     collections/<name>/manifest.json   the shards it reads, each with the ids it no longer serves
-    collections/<name>/doc_freqs.json  its BM25 document frequencies
+    collections/<name>/terms.sqlite    its BM25 document frequencies: a full build's table,
+                                       hard-linked into the versions made from it by deltas
+    collections/<name>/term_changes.json  the frequencies changed since that table (terms.py)
     segments/<alias>--<id>/            one Edge shard (no WAL): written by one version, then
                                        read-only, shared by every version whose manifest names it
     aliases/<alias>.json               {"collection": <name>}, replaced atomically
@@ -61,7 +63,7 @@ from typing import Any
 
 import numpy as np
 
-from rag_retriever.bm25 import SparseVector
+from rag_retriever.bm25 import DocFreqs, SparseVector
 from rag_retriever.errors import CollectionNotFound, ConfigError, InvalidRequest
 from rag_retriever.records import ALIAS_PATTERN, SearchFilter, check_alias
 from rag_retriever.store.base import (
@@ -82,6 +84,7 @@ from rag_retriever.store.base import (
     write_atomic,
 )
 from rag_retriever.store.record import VersionRecord
+from rag_retriever.store.terms import read_doc_freqs, write_doc_freqs
 
 log = logging.getLogger(__name__)
 
@@ -303,11 +306,16 @@ class EdgeStore(Store):
     def write_meta(self, name: str, meta: Mapping[str, Any]) -> None:
         self._write(name, "meta.json", dict(meta))
 
-    def doc_freqs(self, name: str) -> dict[str, int]:
-        return dict(self._read(name, "doc_freqs.json"))
+    def doc_freqs(self, name: str) -> DocFreqs:
+        try:
+            return read_doc_freqs(self._dir(name))
+        except FileNotFoundError:
+            raise CollectionNotFound(f"collection {name!r} does not exist") from None
 
     def put_doc_freqs(self, name: str, doc_freqs: Mapping[str, int]) -> None:
-        self._write(name, "doc_freqs.json", dict(doc_freqs))
+        if not self._dir(name).is_dir():
+            raise CollectionNotFound(f"collection {name!r} does not exist")
+        write_doc_freqs(self._dir(name), doc_freqs)
 
     def manifest(self, name: str) -> Manifest:
         manifest = self._manifests.get(name)

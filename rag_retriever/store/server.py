@@ -127,7 +127,7 @@ class ServerStore(Store):
 
     def put_doc_freqs(self, name: str, doc_freqs: Mapping[str, int]) -> None:
         with self._call(name):
-            self.client.update_collection(name, metadata={DOC_FREQS_KEY: dict(doc_freqs)})
+            self.client.update_collection(name, metadata={DOC_FREQS_KEY: dict(doc_freqs.items())})
 
     def create(self, name: str, dim: int, record: VersionRecord) -> None:
         from qdrant_client import models as qm
