@@ -1,7 +1,7 @@
 """A version's BM25 document frequencies on disk, for the embedded store.
 
 A full build writes every term's frequency into an SQLite table (`terms.sqlite`: term, frequency,
-`term_index` hash; indexed both ways), which is never written again. A version made from it by
+`term_index` hash; indexed by term and by hash), which is never written again. A version made from it by
 deltas holds a hard link to the same file and, beside it, the changes since it
 (`term_changes.json`: term -> frequency now, 0 = in no document any more, and the number of
 terms). A delta therefore reads the frequencies of the terms it touches and writes the changes,
@@ -39,10 +39,14 @@ REBASE_FRACTION = 0.25
 # Terms per SQL statement (SQLite's default limit on bound parameters is 32,766).
 _BATCH = 900
 _SCHEMA = (
-    "CREATE TABLE terms (term TEXT PRIMARY KEY, df INTEGER NOT NULL, hash INTEGER NOT NULL)"
-    " WITHOUT ROWID",
-    "CREATE INDEX terms_by_hash ON terms (hash)",
+    "CREATE TABLE terms (term TEXT NOT NULL, df INTEGER NOT NULL, hash INTEGER NOT NULL)",
     "CREATE TABLE info (key TEXT PRIMARY KEY, value INTEGER NOT NULL)",
+)
+# Built after the rows are in (2M terms: 8 s in all, against 20 s for the rows inserted sorted
+# into a table keyed by term with the hash index in place).
+_INDEXES = (
+    "CREATE UNIQUE INDEX terms_by_term ON terms (term)",
+    "CREATE INDEX terms_by_hash ON terms (hash)",
 )
 
 
@@ -102,9 +106,13 @@ def write_table(path: Path, doc_freqs: Iterable[tuple[str, int]]) -> None:
             db.execute("PRAGMA synchronous = OFF")
             for statement in _SCHEMA:
                 db.execute(statement)
-            rows = sorted((t, n, bm25.term_index(t)) for t, n in doc_freqs)
-            db.executemany("INSERT INTO terms VALUES (?, ?, ?)", rows)
-            db.execute("INSERT INTO info VALUES ('terms', ?)", (len(rows),))
+            rows = db.executemany(
+                "INSERT INTO terms VALUES (?, ?, ?)",
+                ((t, n, bm25.term_index(t)) for t, n in doc_freqs),
+            ).rowcount
+            for statement in _INDEXES:
+                db.execute(statement)
+            db.execute("INSERT INTO info VALUES ('terms', ?)", (rows,))
             db.commit()
         finally:
             db.close()
