@@ -86,6 +86,28 @@ def served_docs(store: Store) -> set[str]:
     return {str(r.payload["doc_id"]) for r in store.scroll(name)}
 
 
+def random_delta(
+    store: Store,
+    encoder: Encoder,
+    tmp_path: Path,
+    corpus: dict[str, Document],
+    rng: random.Random,
+    *,
+    ids: int,
+    deletes: int,
+):
+    """Up to 4 documents upserted (ids below `ids`, new or replacing) and `deletes` others
+    deleted; `corpus` follows."""
+    upserts = [doc(rng.randint(0, ids), rng, rng.randint(2, 9)) for _ in range(4)]
+    upserts = list({d.id: d for d in upserts}.values())
+    gone = rng.sample(sorted(set(corpus) - {d.id for d in upserts}), deletes)
+    report = update(store, encoder, tmp_path, upserts, gone)
+    corpus.update({d.id: d for d in upserts})
+    for doc_id in gone:
+        del corpus[doc_id]
+    return report
+
+
 def assert_bm25_is_rank_bm25s(
     store: Store, name: str, corpus: dict[str, Document], rng: random.Random
 ) -> None:
@@ -169,14 +191,8 @@ def test_bm25_after_random_deltas_equals_rank_bm25_on_the_current_corpus(
     corpus = {f"d{i}": doc(i, rng, rng.randint(2, 9)) for i in range(30)}
     write(store, tiny_encoder, tmp_path, list(corpus.values()))
     for step in range(6):
-        upserts = [doc(rng.randint(0, 45), rng, rng.randint(2, 9)) for _ in range(4)]
-        upserts = list({d.id: d for d in upserts}.values())
-        deletes = rng.sample(sorted(set(corpus) - {d.id for d in upserts}), 2)
-        report = update(store, tiny_encoder, tmp_path, upserts, deletes)
+        report = random_delta(store, tiny_encoder, tmp_path, corpus, rng, ids=45, deletes=2)
         assert report.kind == "delta", step
-        corpus.update({d.id: d for d in upserts})
-        for gone in deletes:
-            del corpus[gone]
     name = store.aliases()["kb"]
     assert store.record(name).lineage.deltas == 6
     assert_bm25_is_rank_bm25s(store, name, corpus, rng)
@@ -625,14 +641,8 @@ def test_document_frequencies_are_a_shared_table_and_the_changes_since_it(
     for step in range(8):
         if step == 6:  # from here on the changes are always past the fraction
             monkeypatch.setattr(terms_module, "REBASE_FRACTION", 0.0)
-        upserts = [doc(rng.randint(0, 60), rng, rng.randint(2, 9)) for _ in range(4)]
-        upserts = list({d.id: d for d in upserts}.values())
-        deletes = rng.sample(sorted(set(corpus) - {d.id for d in upserts}), 3)
-        report = update(store, tiny_encoder, tmp_path, upserts, deletes)
+        report = random_delta(store, tiny_encoder, tmp_path, corpus, rng, ids=60, deletes=3)
         assert report.kind == "delta", step
-        corpus.update({d.id: d for d in upserts})
-        for gone in deletes:
-            del corpus[gone]
         directory = tmp_path / "edge" / "collections" / report.collection
         shared = (directory / terms_module.TABLE_FILE).stat().st_ino == inode
         assert shared == (step < 6), step
