@@ -399,10 +399,8 @@ class DocFreqs(Mapping[str, int]):
         self.size = size
 
     def __getitem__(self, term: str) -> int:
-        n = self.changes.get(term)
+        n = self.lookup((term,)).get(term)
         if n is None:
-            n = self.base.lookup((term,)).get(term, 0)
-        if not n:
             raise KeyError(term)
         return n
 

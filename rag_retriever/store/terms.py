@@ -5,9 +5,9 @@ A full build writes every term's frequency into an SQLite table (`terms.sqlite`:
 deltas holds a hard link to the same file and, beside it, the changes since it
 (`term_changes.json`: term -> frequency now, 0 = in no document any more, and the number of
 terms). A delta therefore reads the frequencies of the terms it touches and writes the changes,
-not the vocabulary: measured before this (one JSON of the whole vocabulary read, changed and
-written again by each delta), the BM25 step of a 10-document delta took 0.11 s at 54k terms, 1.35
-s at 500k and 9.4 s at 2M. When the changes pass `REBASE_FRACTION` of the table, the next version
+not the vocabulary: with one JSON of the whole vocabulary read, changed and written again by
+each delta, the BM25 step of a 10-document delta took 0.18 s at 54k terms, 1.50 s at 500k and
+6.46 s at 2M; 8-13 ms so (`python -m bench.bench_update --sizes --vocabulary ...`). When the changes pass `REBASE_FRACTION` of the table, the next version
 writes a new table (the cost of a full build's, once in that many changes). A hard link shares
 the file without a copy; a version's files are deleted with it, and the table goes with its last
 link. Versions written before this hold one `doc_freqs.json` and are read as they are.
@@ -42,7 +42,7 @@ _SCHEMA = (
     "CREATE TABLE terms (term TEXT NOT NULL, df INTEGER NOT NULL, hash INTEGER NOT NULL)",
     "CREATE TABLE info (key TEXT PRIMARY KEY, value INTEGER NOT NULL)",
 )
-# Built after the rows are in (2M terms: 8 s in all, against 20 s for the rows inserted sorted
+# Built after the rows are in (2M terms: 6.0 s in all, against 21.6 s for the rows inserted sorted
 # into a table keyed by term with the hash index in place).
 _INDEXES = (
     "CREATE UNIQUE INDEX terms_by_term ON terms (term)",
@@ -89,10 +89,6 @@ class SqliteTable:
         with self._lock:
             rows = self._db.execute("SELECT term, df FROM terms").fetchall()
         return ((str(t), int(n)) for t, n in rows)
-
-    def close(self) -> None:
-        with self._lock:
-            self._db.close()
 
 
 def write_table(path: Path, doc_freqs: Iterable[tuple[str, int]]) -> None:
@@ -141,19 +137,14 @@ def write_doc_freqs(directory: Path, doc_freqs: Mapping[str, int]) -> None:
     if isinstance(doc_freqs, DocFreqs) and isinstance(doc_freqs.base, SqliteTable):
         base = doc_freqs.base
         if len(doc_freqs.changes) <= REBASE_FRACTION * max(len(base), 1):
-            linked = base.path == table
-            if not linked:
-                try:
-                    os.link(base.path, table)
-                    linked = True
-                except OSError as exc:  # its version was deleted, or no hard links here
-                    log.info("%s: the BM25 table is written again (%s)", directory.name, exc)
-            if linked:
+            try:
+                os.link(base.path, table)
+            except OSError as exc:  # its version was deleted, or no hard links here
+                log.info("%s: the BM25 table is written again (%s)", directory.name, exc)
+            else:
                 _write_changes(directory, doc_freqs.changes, len(doc_freqs))
                 return
-    with contextlib.suppress(FileNotFoundError):
-        table.unlink()  # a link to another table (a retried write): never written through
-    write_table(table, doc_freqs.items())
+    write_table(table, doc_freqs.items())  # renamed over the name: never written through a link
     _write_changes(directory, {}, len(doc_freqs))
 
 
