@@ -1,5 +1,5 @@
 """Where every chunk of one collection version is, for offline jobs (evaluation, training); and
-a bounded cache of chunk records read from the engine.
+bounded caches of chunk records and vectors read from the engine.
 
 Example:
     >>> table = ChunkTable.load(store, "docs__all-minilm-l6-v2-384__v2")   # doctest: +SKIP
@@ -17,8 +17,11 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from typing import Generic, TypeVar
+
+import numpy as np
 
 from rag_retriever.errors import CollectionNotFound
 from rag_retriever.records import Chunk
@@ -26,46 +29,76 @@ from rag_retriever.store import Store
 
 # Chunk records kept in memory per process (most recently used); a bound, not a table.
 CHUNK_CACHE_SIZE = 20_000
+# Dense vectors kept per process for MMR (most recently used): 20,000 of MiniLM's 384 floats
+# are 31 MB. Reading 50 candidates' vectors from the engine is most of a diverse search's extra
+# cost (the bindings hand each back as a list of floats; README, "Diverse hits").
+VECTOR_CACHE_SIZE = 20_000
+
+T = TypeVar("T")
 
 
-class ChunkCache:
-    """The most recently read chunk records of each version, bounded; thread-safe."""
+class BoundedReads(Generic[T]):
+    """The most recently read items of each version, by id, bounded; thread-safe. Versions are
+    immutable, so an item read once stays right for as long as its version's name exists."""
 
-    def __init__(self, store: Store, size: int = CHUNK_CACHE_SIZE) -> None:
-        self.store = store
+    def __init__(self, read: Callable[[str, list[str]], dict[str, T]], size: int) -> None:
+        self._read = read
         self.size = size
-        self._items: OrderedDict[tuple[str, str], Chunk] = OrderedDict()
+        self._items: OrderedDict[tuple[str, str], T] = OrderedDict()
         self._lock = threading.Lock()
 
-    def get(self, name: str, ids: Sequence[str]) -> dict[str, Chunk]:
-        """The chunks with these ids; CollectionNotFound when one is missing (the version
+    def clear(self) -> None:
+        with self._lock:
+            self._items.clear()
+
+    def get(self, name: str, ids: Sequence[str]) -> dict[str, T]:
+        """The items with these ids; CollectionNotFound when one is missing (the version
         changed under the caller)."""
         out = self.find(name, ids)
         if len(out) != len(set(ids)):
             raise CollectionNotFound(f"collection {name!r} changed while it was read")
         return out
 
-    def find(self, name: str, ids: Sequence[str]) -> dict[str, Chunk]:
-        """The chunks with these ids that the version holds (the others are left out)."""
-        out: dict[str, Chunk] = {}
+    def find(self, name: str, ids: Sequence[str]) -> dict[str, T]:
+        """The items with these ids that the version holds (the others are left out)."""
+        out: dict[str, T] = {}
         with self._lock:
             for cid in ids:
-                chunk = self._items.get((name, cid))
-                if chunk is not None:
+                item = self._items.get((name, cid))
+                if item is not None:
                     self._items.move_to_end((name, cid))
-                    out[cid] = chunk
+                    out[cid] = item
         missing = [cid for cid in dict.fromkeys(ids) if cid not in out]
         if missing:
-            fetched = {
-                r.id: Chunk.from_payload(r.payload) for r in self.store.retrieve(name, missing)
-            }
+            fetched = self._read(name, missing)
             out.update(fetched)
             with self._lock:
-                for cid, chunk in fetched.items():
-                    self._items[(name, cid)] = chunk
+                for cid, item in fetched.items():
+                    self._items[(name, cid)] = item
                 while len(self._items) > self.size:
                     self._items.popitem(last=False)
         return out
+
+
+class ChunkCache(BoundedReads[Chunk]):
+    """The most recently read chunk records of each version."""
+
+    def __init__(self, store: Store, size: int = CHUNK_CACHE_SIZE) -> None:
+        def read(name: str, ids: list[str]) -> dict[str, Chunk]:
+            return {r.id: Chunk.from_payload(r.payload) for r in store.retrieve(name, ids)}
+
+        super().__init__(read, size)
+
+
+class VectorCache(BoundedReads[np.ndarray]):
+    """The most recently read dense vectors of each version (read without their payloads)."""
+
+    def __init__(self, store: Store, size: int = VECTOR_CACHE_SIZE) -> None:
+        def read(name: str, ids: list[str]) -> dict[str, np.ndarray]:
+            records = store.retrieve(name, ids, with_dense=True, with_payload=False)
+            return {r.id: r.dense for r in records if r.dense is not None}
+
+        super().__init__(read, size)
 
 
 @dataclass(frozen=True)

@@ -54,21 +54,23 @@ def mmr(
         raise ValueError(f"got {n} scores and {vectors.shape[0]} vectors")
     if n == 0 or k < 1:
         return []
-    span = float(scores.max() - scores.min())
-    relevance = (scores - scores.min()) / span if span > 0 else np.ones(n)
+    low = scores.min()
+    span = float(scores.max() - low)
+    relevance = (scores - low) / span if span > 0 else np.ones(n)
     norms = np.linalg.norm(vectors, axis=1, keepdims=True)
-    unit = vectors / np.where(norms == 0, 1.0, norms)
+    norms[norms == 0] = 1.0
+    unit = vectors / norms
     similarity = unit @ unit.T
-    # The best similarity of each candidate to any pick so far (-inf: nothing picked yet).
-    nearest = np.full(n, -np.inf)
-    free = np.ones(n, dtype=bool)
+    weighted = (1.0 - diversity) * relevance
+    # The best similarity of each candidate to any pick so far (no penalty before the first),
+    # and -inf on the candidates already picked.
+    penalty = np.zeros(n)
+    picked = np.zeros(n)
     picks: list[tuple[int, float]] = []
-    for _ in range(min(k, n)):
-        penalty = np.where(np.isfinite(nearest), nearest, 0.0)
-        value = (1.0 - diversity) * relevance - diversity * penalty
-        value = np.where(free, value, -np.inf)
+    for step in range(min(k, n)):
+        value = weighted - diversity * penalty + picked
         best = int(np.argmax(value))  # the first of equal values: the given order
         picks.append((best, float(value[best])))
-        free[best] = False
-        nearest = np.maximum(nearest, similarity[best])
+        picked[best] = -np.inf
+        penalty = similarity[best] if step == 0 else np.maximum(penalty, similarity[best])
     return picks

