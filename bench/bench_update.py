@@ -25,11 +25,13 @@ Part 4 (`run_vocabulary`): the BM25 statistics step of a 10-document delta at vo
 54k to 2M terms (a real corpus of a million chunks has millions; part 1's hardly grows): the
 version's frequencies read, the delta applied, the new version's written, through Edge's table
 and changes (rag_retriever/store/terms.py) against the peer, one JSON file of the whole
-vocabulary read and written (how versions kept them before; the server store still does).
+vocabulary read and written (how versions kept them before; the server store still does). Then
+the last version opened for a query (its terms' IDF read term by term) against every term's IDF
+computed at open, as versions were opened before.
 
-Usage: python -m bench.bench_update [--sizes 100000] [--deltas 100] [--rebuild] [--server 10000]
-[--e2e] [--delta-recall] [--vocabulary 54000 500000 2000000]   (`--sizes` with no number skips
-part 1)
+Usage: python -m bench.bench_update [--sizes 100000] [--deltas 100] [--rebuild] [--cold-reopen]
+[--server 10000] [--e2e] [--delta-recall] [--vocabulary 54000 500000 2000000]   (`--sizes` with
+no number skips part 1; `--cold-reopen` drops the page cache before a second reopen: root only)
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import os
 import random
 import subprocess
 import sys
@@ -209,6 +212,17 @@ def _reopen_in_subprocess(root: Path) -> dict[str, Any]:
     return dict(json.loads(done.stdout.strip().splitlines()[-1]))
 
 
+def _cold_reopen(root: Path) -> dict[str, Any]:
+    """The reopen with nothing of the shards in the page cache (a replica started on a machine
+    that never read them): the kernel's caches dropped first, which needs root."""
+    os.sync()
+    try:
+        Path("/proc/sys/vm/drop_caches").write_text("3\n")
+    except OSError as exc:
+        return {"skipped": f"the page cache could not be dropped ({exc}); run as root"}
+    return _reopen_in_subprocess(root)
+
+
 def _latency_and_recall(store: EdgeStore, queries: list[list[str]]) -> dict[str, float]:
     """Hybrid p50 (one batched dense + BM25 call) and dense recall@100 against exact search."""
     name = store.resolve("bench")
@@ -239,13 +253,19 @@ def run(
     *,
     rebuild: bool = False,
     compaction: str = "background",
+    cold_reopen: bool = False,
 ) -> dict[str, Any]:
     queries = _queries()
-    return {str(n): _run_size(n, deltas, queries, rebuild, compaction) for n in sizes}
+    return {str(n): _run_size(n, deltas, queries, rebuild, compaction, cold_reopen) for n in sizes}
 
 
 def _run_size(
-    n: int, deltas: int, queries: list[list[str]], rebuild: bool, compaction: str
+    n: int,
+    deltas: int,
+    queries: list[list[str]],
+    rebuild: bool,
+    compaction: str,
+    cold_reopen: bool = False,
 ) -> dict[str, Any]:
     corpus = Corpus(n)
     encoder = RandomEncoder()
@@ -287,6 +307,8 @@ def _run_size(
         }
         row["fresh"] = _latency_and_recall(store, queries)
         row["reopen"] = _reopen_in_subprocess(root / "edge")
+        if cold_reopen:
+            row["reopen_cold"] = _cold_reopen(root / "edge")
         one_pct = max(4, len(corpus.docs) // 100)
         for label, n_docs in (("delta_10_docs", 10), ("delta_1pct", one_pct)):
             seconds, report = apply(n_docs)
@@ -530,12 +552,35 @@ def run_vocabulary(
                 peer.append(time.perf_counter() - t0)
                 assert dict(new.doc_freqs.items()) == dict(again.doc_freqs.items())
                 current = new
+            # A serving process opens the last version and embeds a query: its terms' IDF read
+            # term by term, against every term's IDF computed first (how a version was opened
+            # before); the same query vector both ways.
+            query = [rng.choice(words) for _ in range(6)] + [added[0][0], "new0x1"]
+            lazy, whole_idf = [], []
+            for _ in range(rounds):
+                t0 = time.perf_counter()
+                opened = BM25Model(current.stats, read_doc_freqs(root / f"v{rounds}"))
+                vector = opened.query_vector(query)
+                lazy.append(time.perf_counter() - t0)
+                t0 = time.perf_counter()
+                eager = BM25Model(current.stats, read_doc_freqs(root / f"v{rounds}"))
+                idf = eager.idf
+                weights = {eager.index_of(t): 0.0 for t in query if t in idf}
+                for t in query:
+                    if t in idf:
+                        weights[eager.index_of(t)] += idf[t]
+                whole_idf.append(time.perf_counter() - t0)
+                got = dict(zip(vector.indices, vector.values, strict=True))
+                assert got.keys() == weights.keys()
+                assert np.allclose([got[i] for i in weights], list(weights.values()), rtol=1e-12)
         out[str(n)] = {
             "terms": n,
             "table_write_s": table_write,
             "delta_s_median": float(np.median(ours)),
             "delta_s_max": max(ours),
             "peer_s_median": float(np.median(peer)),
+            "open_query_s_median": float(np.median(lazy)),
+            "open_every_idf_s_median": float(np.median(whole_idf)),
         }
     return out
 
@@ -602,14 +647,17 @@ def report(
                 f"{side['after_deltas_ms']:.2f} ms vs rebuilt {side['rebuilt_ms']:.2f} ms -> "
                 f"{side['after_deltas_ms'] / side['rebuilt_ms']:.2f}x"
             )
-        reopen = r.get("reopen")
-        if reopen:
-            lines.append(
-                f"  reopen in a fresh process (open, alias, record, BM25 statistics, one hybrid "
-                f"query): {reopen['reopen_s']:.2f} s, peak RSS {reopen['rss_mb']:,.0f} MB "
-                f"({reopen.get('rss_anon_mb', 0):,.0f} MB private, "
-                f"{reopen.get('rss_file_mb', 0):,.0f} MB mapped shard files)"
-            )
+        for key, label in (("reopen", ""), ("reopen_cold", ", page cache dropped first")):
+            reopen = r.get(key)
+            if reopen and "skipped" in reopen:
+                lines.append(f"  reopen{label}: not measured: {reopen['skipped']}")
+            elif reopen:
+                lines.append(
+                    f"  reopen in a fresh process{label} (open, alias, record, BM25 statistics, "
+                    f"one hybrid query): {reopen['reopen_s']:.2f} s, peak RSS "
+                    f"{reopen['rss_mb']:,.0f} MB ({reopen.get('rss_anon_mb', 0):,.0f} MB private, "
+                    f"{reopen.get('rss_file_mb', 0):,.0f} MB mapped shard files)"
+                )
         lines.append(
             f"  disk {r['disk_mb']:,.0f} MB (two kept versions), RSS {r['rss_mb']:,.0f} MB"
         )
@@ -638,7 +686,10 @@ def report(
             f"{row['delta_s_median'] * 1000:.0f} ms (median; max {row['delta_s_max'] * 1000:.0f}) "
             f"vs one JSON of the vocabulary {row['peer_s_median']:.2f} s -> "
             f"{row['peer_s_median'] / row['delta_s_median']:.0f}x; the full build's table "
-            f"written in {row['table_write_s']:.1f} s"
+            f"written in {row['table_write_s']:.1f} s; opening its last version for a query "
+            f"{row['open_query_s_median'] * 1000:.1f} ms vs every term's IDF computed at open "
+            f"{row['open_every_idf_s_median']:.2f} s -> "
+            f"{row['open_every_idf_s_median'] / row['open_query_s_median']:.0f}x"
         )
     if e2e:
         lines.append(
@@ -678,8 +729,19 @@ def main(argv: list[str] | None = None) -> int:
         default="background",
         help="merge outgrown deltas in a background thread (the service's way) or in the update",
     )
+    parser.add_argument(
+        "--cold-reopen",
+        action="store_true",
+        help="also reopen with the page cache dropped first (needs root)",
+    )
     args = parser.parse_args(argv)
-    results = run(tuple(args.sizes), args.deltas, rebuild=args.rebuild, compaction=args.compaction)
+    results = run(
+        tuple(args.sizes),
+        args.deltas,
+        rebuild=args.rebuild,
+        compaction=args.compaction,
+        cold_reopen=args.cold_reopen,
+    )
     server = run_server(args.server) if args.server else None
     e2e = run_e2e() if args.e2e else None
     recall = run_delta_recall() if args.delta_recall else None

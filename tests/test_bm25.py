@@ -25,6 +25,7 @@ from rag_retriever.bm25 import (
     BM25Stats,
     SparseVector,
     Tokenizer,
+    as_doc_freqs,
     sparse_dot,
     term_index,
 )
@@ -161,6 +162,14 @@ def test_deltas_score_as_rank_bm25_on_the_current_corpus_with_the_recorded_avgdl
     }
     assert model.stats.n_docs == len(corpus)
     assert model.stats.total_terms == sum(map(len, corpus))
+    # the histogram the IDF floor comes from, kept by the deltas, is the corpus's; each term's
+    # IDF (read term by term, floor included) is rank-bm25's
+    df = Counter(t for d in corpus for t in set(d))
+    assert as_doc_freqs(model.doc_freqs).histogram == Counter(df.values())
+    idf = model.idf_of(list(df))
+    assert idf.keys() == ref.idf.keys()
+    for term, value in ref.idf.items():
+        assert idf[term] == pytest.approx(value, rel=1e-12, abs=1e-15)
     np.testing.assert_allclose(
         scores(model, corpus, query), ref.get_scores(query), rtol=1e-9, atol=1e-12
     )

@@ -11,6 +11,7 @@ import dataclasses
 import hashlib
 import json
 import random
+import sqlite3
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,7 +22,7 @@ from qdrant_client import QdrantClient
 from rank_bm25 import BM25Okapi
 
 from rag_retriever import bm25 as bm25_module
-from rag_retriever.bm25 import BM25Model, Tokenizer
+from rag_retriever.bm25 import BM25Model, Tokenizer, as_doc_freqs
 from rag_retriever.encoder import Encoder
 from rag_retriever.errors import DocumentError, UpdateRefused
 from rag_retriever.ingest.loaders import LoadedCorpus
@@ -120,7 +121,10 @@ def assert_bm25_is_rank_bm25s(
     ref = BM25Okapi(terms)
     ref.avgdl = record.bm25.avgdl
     model = BM25Model(record.bm25, store.doc_freqs(name))
-    assert dict(model.doc_freqs.items()) == Counter(t for d in terms for t in set(d))
+    doc_freqs = Counter(t for d in terms for t in set(d))
+    assert dict(model.doc_freqs.items()) == doc_freqs
+    # the histogram the IDF floor is computed from, as the version recorded it
+    assert as_doc_freqs(model.doc_freqs).histogram == Counter(doc_freqs.values())
     doc_of = {r.id: str(r.payload["doc_id"]) for r in store.scroll(name)}
     queries = [rng.sample(WORDS, 2) for _ in range(8)]
     vectors = [model.query_vector(tok.tokenize(" ".join(q))) for q in queries]
@@ -657,6 +661,38 @@ def test_document_frequencies_are_a_shared_table_and_the_changes_since_it(
     assert hashlib.sha256(table.read_bytes()).hexdigest() == digest
     store.delete(first.collection)  # a version's link goes with it; the others still read
     assert_bm25_is_rank_bm25s(store, store.aliases()["kb"], corpus, rng)
+    store.close()
+
+
+def test_versions_written_without_the_histogram_are_read_and_updated(
+    tiny_encoder: Encoder, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Tables and changes written before the histogram of document frequencies was recorded:
+    it is counted from them, the scores are still rank-bm25's, and the next delta records it."""
+    # a vocabulary this small changes by more than the default share at every delta
+    monkeypatch.setattr(terms_module, "REBASE_FRACTION", 100.0)
+    store = EdgeStore(tmp_path / "edge")
+    rng = random.Random(9)
+    corpus = {f"d{i}": doc(i, rng) for i in range(14)}
+    write(store, tiny_encoder, tmp_path, list(corpus.values()))
+    report = random_delta(store, tiny_encoder, tmp_path, corpus, rng, ids=20, deletes=2)
+    assert report.kind == "delta"
+    directory = tmp_path / "edge" / "collections" / report.collection
+    with sqlite3.connect(directory / terms_module.TABLE_FILE) as db:  # every link's table
+        db.execute("DROP TABLE histogram")
+    changes = json.loads((directory / terms_module.CHANGES_FILE).read_text())
+    del changes["histogram"]
+    (directory / terms_module.CHANGES_FILE).write_text(json.dumps(changes))
+    assert_bm25_is_rank_bm25s(store, report.collection, corpus, rng)
+    again = random_delta(store, tiny_encoder, tmp_path, corpus, rng, ids=20, deletes=1)
+    assert again.kind == "delta"
+    written = json.loads(
+        (
+            tmp_path / "edge" / "collections" / again.collection / terms_module.CHANGES_FILE
+        ).read_text()
+    )
+    assert "histogram" in written
+    assert_bm25_is_rank_bm25s(store, again.collection, corpus, rng)
     store.close()
 
 
