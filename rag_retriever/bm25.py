@@ -512,7 +512,7 @@ class BM25Model:
 
     def idf_of(self, terms: Collection[str]) -> dict[str, float]:
         """The IDF of those of `terms` some document holds: their frequencies are looked up, so
-        opening a version for queries reads no vocabulary (a 2M-term one took 3.0 s to open
+        opening a version for queries reads no vocabulary (a 2M-term one took 3.0-5.9 s to open
         with every IDF computed up front; README, "Incremental versions")."""
         found = as_doc_freqs(self.doc_freqs).lookup(terms)
         idf = {t: okapi_idf_of(n, self.stats.n_docs) for t, n in found.items()}

@@ -178,8 +178,9 @@ def write_doc_freqs(directory: Path, doc_freqs: Mapping[str, int]) -> None:
 def _write_changes(
     directory: Path, changes: Mapping[str, int], size: int, histogram: Mapping[int, int] | None
 ) -> None:
-    """The changes since the table, and (when there are any) the frequencies' histogram now,
-    kept up to date by each delta so that opening a version reads neither table nor changes."""
+    """The changes since the table and (for a version made by deltas) the frequencies'
+    histogram now, kept up to date by each delta, so that the IDF floor needs neither the
+    table's terms nor a lookup of the changes."""
     data: dict[str, object] = {"changes": changes, "size": size}
     if histogram is not None:
         data["histogram"] = sorted(histogram.items())
