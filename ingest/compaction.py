@@ -1,4 +1,4 @@
-"""Compaction: a version's shards merged into one new base, off the write path.
+"""Compaction: a version's shards merged into one new shard, off the write path.
 
 Example:
     >>> compact(store, "docs").outcome                                  # doctest: +SKIP
@@ -6,18 +6,24 @@ Example:
 
 On the embedded engine (Qdrant Edge, see store/edge.py) a delta adds a small shard to the shards
 of the version it is made from. When the deltas outgrow the base (`BASE_MERGE_FRACTION`), every
-shard is worth merging into a new base: a full HNSW build, minutes at a million chunks. With
-`RAG_COMPACTION=background` (the default) the update that finds the deltas outgrown does not
-merge: it serves its version at once, and a compaction runs beside it:
+shard is worth merging into a new base: a full HNSW build, minutes at a million chunks. When
+more than MAX_DELTA_SHARDS delta shards pile up and merging them is more than an update should
+wait for (INLINE_MERGE_POINTS), the newest of them are worth merging into one delta shard. With
+`RAG_COMPACTION=background` (the default) the update that finds either does not merge: it serves
+its version at once, and a compaction runs beside it:
 
 1. under the alias's write lock, briefly: the served version's shards are noted in a marker
    that the compacting process keeps locked (retention keeps the new shard; updates leave the
    noted shards unmerged);
 2. without the lock: their live points are copied into a new shard (vectors as they are, nothing
    embedded again) and its HNSW graph is built, while updates go on;
-3. under the lock again: the next version is the new base in place of the noted shards, plus the
-   delta shards that updates added meanwhile (with the ids they tombstoned in the noted shards
-   tombstoned in the new base); the alias moves to it and retention runs.
+3. under the lock again: the next version is the new shard in place of the noted shards, plus
+   the delta shards that updates added meanwhile (with the ids they tombstoned in the noted
+   shards tombstoned in the new one); the alias moves to it and retention runs.
+
+A background compaction goes on with the next one while the version it made is still due (the
+updates that landed meanwhile may have piled up delta shards), so nothing due waits for the next
+update.
 
 The compacted version holds the same points with the same vectors and BM25 weights as the one
 it replaces, so answers do not change (tested). A process killed at any step leaves the alias on
@@ -47,13 +53,20 @@ from typing import Any, Literal
 from rag_retriever.ingest.lock import COMPACTION, IngestLock, default_lock_dir
 from rag_retriever.settings import Compaction as Mode
 from rag_retriever.settings import default_of
-from rag_retriever.store import EdgeStore, Store, collection_name
+from rag_retriever.store import EdgeStore, Store, collection_name, edge
 from rag_retriever.store.catalog import apply_retention, point_alias
 from rag_retriever.store.record import STATUS_BUILDING, Lineage, stamp
 
 log = logging.getLogger(__name__)
 
-__all__ = ["CompactionReport", "Mode", "compact", "compact_in_background", "spawn_compaction"]
+__all__ = [
+    "CompactionReport",
+    "Mode",
+    "compact",
+    "compact_in_background",
+    "compact_while_due",
+    "spawn_compaction",
+]
 
 Outcome = Literal["compacted", "not_due", "running", "dropped", "not_sharded"]
 
@@ -62,6 +75,8 @@ Outcome = Literal["compacted", "not_due", "running", "dropped", "not_sharded"]
 class CompactionReport:
     alias: str
     outcome: Outcome
+    # "base": every shard into a new base; "deltas": the newest delta shards into one
+    kind: str | None = None
     # the new version, and the version whose shards it merged
     collection: str | None = None
     source: str | None = None
@@ -87,8 +102,9 @@ def compact(
     keep_versions: int = default_of("keep_versions"),
     retention_grace_s: float = default_of("retention_grace_s"),
 ) -> CompactionReport:
-    """Merge the shards of the version `alias` serves into a new base, as the next version (see
-    the module docstring). Without `force`, only when the deltas have outgrown the base."""
+    """Merge shards of the version `alias` serves, as the next version (see the module
+    docstring): all of them into a new base when the deltas have outgrown it (or `force`), else
+    its newest delta shards into one when more than MAX_DELTA_SHARDS are read; else not due."""
     if not isinstance(store, EdgeStore):
         return CompactionReport(
             alias, "not_sharded", message="a Qdrant server version is one collection already"
@@ -105,8 +121,8 @@ def compact(
         return CompactionReport(
             alias,
             "not_due",
-            message="nothing to compact: its deltas have not outgrown its base (--force merges "
-            "them anyway)"
+            message="nothing to compact: its deltas have not outgrown its base and it reads at "
+            f"most {edge.MAX_DELTA_SHARDS} delta shards (--force merges them anyway)"
             if not force
             else "nothing to compact: it reads one shard without tombstones",
         )
@@ -114,11 +130,12 @@ def compact(
     try:
         live = sum(s.live for s in job.segments)
         log.info(
-            "%s: compacting the %d shards of %s (%d live points) into a new base",
+            "%s: compacting %d shards of %s (%d live points) into %s",
             alias,
             len(job.segments),
             job.source,
             live,
+            _INTO[job.kind],
         )
         job = store.build_compaction(job)
         with IngestLock(lock_dir, alias, wait_s=lock_wait_s, holder=COMPACTION):
@@ -138,7 +155,8 @@ def compact(
                     deltas=record.lineage.deltas,
                     compacted=True,
                 ),
-                source=f"compaction of {onto}",
+                source=f"compaction of {onto}"
+                + ("" if job.kind == "base" else f" ({len(job.segments)} delta shards merged)"),
                 created_at=stamp(),
                 completed_at=None,
                 retired_at=None,
@@ -173,7 +191,7 @@ def compact(
         alias,
         len(job.segments),
         job.source,
-        name,
+        _INTO[job.kind],
         job.points,
         seconds,
         name,
@@ -181,6 +199,7 @@ def compact(
     return CompactionReport(
         alias,
         "compacted",
+        kind=job.kind,
         collection=name,
         source=job.source,
         shards_merged=len(job.segments),
@@ -188,6 +207,29 @@ def compact(
         seconds=seconds,
         deleted_versions=tuple(deleted),
     )
+
+
+# What a compaction of each kind makes, for messages.
+_INTO = {"base": "a new base", "deltas": "one delta shard"}
+
+# How many compactions a background run does in a row at most (each one merges what the last left
+# due); a stream of updates that keeps it due longer waits for the next update to start another.
+MAX_ROUNDS = 16
+
+
+def compact_while_due(store: Store, alias: str, **options: Any) -> list[CompactionReport]:
+    """`compact(store, alias, **options)`, then again while the version it made is due (at most
+    MAX_ROUNDS): the reports, in order. `force` applies to the first only."""
+    reports = [compact(store, alias, **options)]
+    options = {**options, "force": False}
+    while (
+        len(reports) < MAX_ROUNDS
+        and reports[-1].outcome == "compacted"
+        and reports[-1].collection is not None
+        and store.compaction_due(reports[-1].collection)
+    ):
+        reports.append(compact(store, alias, **options))
+    return reports
 
 
 def _dropped(source: str, alias: str, started: float, why: str) -> CompactionReport:
@@ -208,17 +250,19 @@ _threads_lock = threading.Lock()
 
 
 def compact_in_background(store: Store, alias: str, **options: Any) -> threading.Thread:
-    """`compact(store, alias, **options)` in a daemon thread of this process (a process that
-    exits kills it: that is safe, see the module docstring). Errors are logged, not raised."""
+    """`compact_while_due(store, alias, **options)` in a daemon thread of this process (a
+    process that exits kills it: that is safe, see the module docstring). Errors are logged,
+    not raised."""
 
     def run() -> None:
         try:
-            report = compact(store, alias, **options)
+            reports = compact_while_due(store, alias, **options)
         except Exception:
             log.exception("%s: background compaction failed; the alias is unchanged", alias)
             return
-        if report.outcome == "dropped":
-            log.warning("%s: background compaction dropped: %s", alias, report.message)
+        for report in reports:
+            if report.outcome == "dropped":
+                log.warning("%s: background compaction dropped: %s", alias, report.message)
 
     thread = threading.Thread(target=run, name=f"compact-{alias}", daemon=True)
     with _threads_lock:

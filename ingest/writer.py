@@ -157,7 +157,8 @@ class IngestReport:
     not_found: int = 0
     # Why a full build was made where a delta was possible (a model change, BM25 re-base, ...).
     full_reason: str | None = None
-    # The version's deltas outgrew its base: "started" (a background compaction), "running"
+    # The version's deltas outgrew its base, or left more delta shards than a version should
+    # read (store/edge.py): "started" (a background compaction), "running"
     # (one was already), "due" (left to the caller: `rag-retriever compact`); None: not due.
     compaction: str | None = None
 
@@ -188,7 +189,7 @@ class WriteOptions:
     gate: Gate | None = None
     progress: bool = False
     lock_dir: Path | None = None
-    # How a delta whose shards outgrew the base is compacted (ingest/compaction.py). A library
+    # How a delta's merges too big to wait on are done (ingest/compaction.py). A library
     # call merges inside the write unless asked: a background thread needs a process that lives
     # on. The CLI and the HTTP service follow RAG_COMPACTION (`from_settings`).
     compaction: CompactionMode = "inline"
@@ -277,8 +278,9 @@ def update_documents(
 
 
 def _compaction(report: IngestReport, store: Store, opts: WriteOptions) -> IngestReport:
-    """After the write let go of the alias: when the served version's deltas outgrew its base,
-    start a background compaction (or, `deferred`, say that one is due)."""
+    """After the write let go of the alias: when the served version is due for a compaction
+    (its deltas outgrew its base, or too many delta shards piled up), start a background
+    compaction (or, `deferred`, say that one is due)."""
     if opts.compaction == "inline" or not report.promoted or report.kind != "delta":
         return report
     if not store.compaction_due(report.collection):

@@ -238,7 +238,7 @@ def cmd_update(args: argparse.Namespace) -> int:
 
 
 def cmd_compact(args: argparse.Namespace) -> int:
-    from rag_retriever.ingest.compaction import compact
+    from rag_retriever.ingest.compaction import compact_while_due
     from rag_retriever.store import open_store
 
     settings = _settings(args)
@@ -246,7 +246,7 @@ def cmd_compact(args: argparse.Namespace) -> int:
         check_alias(settings.collection)
     except ValueError as exc:
         raise ConfigError(f"{exc}; compact makes a new version of an alias: name it") from None
-    report = compact(
+    reports = compact_while_due(
         open_store(settings),
         settings.collection,
         force=args.force,
@@ -256,15 +256,18 @@ def cmd_compact(args: argparse.Namespace) -> int:
         retention_grace_s=settings.retention_grace_s,
     )
     if args.json:
-        print(json.dumps(report.to_dict(), indent=2))
-    elif report.outcome == "compacted":
-        print(
-            f"{report.alias} -> {report.collection}: {report.shards_merged} shards of "
-            f"{report.source} merged into one base ({report.points} points) in "
-            f"{report.seconds:.1f} s"
-        )
-    else:
-        print(f"{report.alias}: {report.outcome.replace('_', ' ')}: {report.message}")
+        print(json.dumps({"compactions": [r.to_dict() for r in reports]}, indent=2))
+        return 0
+    for report in reports:
+        if report.outcome == "compacted":
+            into = "one base" if report.kind == "base" else "one delta shard"
+            print(
+                f"{report.alias} -> {report.collection}: {report.shards_merged} shards of "
+                f"{report.source} merged into {into} ({report.points} points) in "
+                f"{report.seconds:.1f} s"
+            )
+        else:
+            print(f"{report.alias}: {report.outcome.replace('_', ' ')}: {report.message}")
     return 0
 
 
@@ -310,8 +313,9 @@ def _print_ingest(report: dict[str, Any], as_json: bool) -> None:
         print(f"retention   deleted {', '.join(report['deleted_versions'])}")
     if report.get("compaction"):
         print(
-            f"compaction  {report['compaction']} (the deltas outgrew the base: their shards are "
-            f"merged into one new base, served as the next version when done)"
+            f"compaction  {report['compaction']} (the deltas outgrew the base, or too many delta "
+            f"shards piled up: they are merged off the write path, served as the next version "
+            f"when done)"
             if report["compaction"] != "due"
             else "compaction  due: run `rag-retriever compact --collection "
             f"{report['alias']}` (RAG_COMPACTION=deferred)"

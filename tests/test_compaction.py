@@ -3,6 +3,7 @@ on, answers unchanged, nothing lost, and safe to kill at every step (ingest/comp
 
 from __future__ import annotations
 
+import math
 import random
 import subprocess
 import sys
@@ -11,6 +12,8 @@ from typing import Any
 
 import numpy as np
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from rag_retriever.bm25 import BM25Model, Tokenizer
 from rag_retriever.encoder import Encoder
@@ -18,6 +21,7 @@ from rag_retriever.ingest import compaction as compaction_module
 from rag_retriever.ingest.compaction import compact, wait_for_compactions
 from rag_retriever.records import Document
 from rag_retriever.store import DENSE, SPARSE, EdgeStore, StageQuery
+from rag_retriever.store import edge as edge_module
 from tests.test_update import (
     WORDS,
     _cli_env,
@@ -214,6 +218,7 @@ def test_one_compaction_at_a_time_and_a_dead_one_names_nothing(
     other = EdgeStore(tmp_path / "edge")
     assert other.running_compaction("kb") == {
         "source": job.source,
+        "kind": job.kind,
         "segments": [s.id for s in job.segments],
         "shard": job.shard,
         "pid": job_pid(),
@@ -226,6 +231,170 @@ def test_one_compaction_at_a_time_and_a_dead_one_names_nothing(
     assert compact(other, "kb", lock_dir=tmp_path).outcome == "compacted"
     other.close()
     store.close()
+
+
+def _piled_up(
+    store: EdgeStore,
+    encoder: Encoder,
+    tmp_path: Path,
+    corpus: dict[str, Document],
+    rng: random.Random,
+    sizes: tuple[int, ...],
+) -> Any:
+    """Deferred updates of `sizes` documents each (new ones, and one deleted each time), none of
+    them merged by the update (INLINE_MERGE_POINTS is 0): one delta shard each."""
+    report = None
+    for n in sizes:
+        changed = [doc(100 + len(corpus) + i, rng, rng.randint(3, 9)) for i in range(n)]
+        gone = rng.sample(sorted(corpus), 1)
+        report = update(store, encoder, tmp_path, changed, gone, compaction="deferred")
+        corpus.update({d.id: d for d in changed})
+        del corpus[gone[0]]
+    return report
+
+
+@pytest.fixture
+def no_inline_merges(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Updates merge no delta shards themselves, and the deltas never outgrow the base: every
+    merge is a delta-shard compaction's."""
+    monkeypatch.setattr(edge_module, "INLINE_MERGE_POINTS", 0)
+    monkeypatch.setattr(edge_module, "BASE_MERGE_FRACTION", 100.0)
+
+
+@pytest.mark.usefixtures("no_inline_merges")
+def test_piled_up_delta_shards_are_merged_off_the_write_path_and_the_base_is_kept(
+    tiny_encoder: Encoder, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A big delta, then two small ones: three delta shards, more than MAX_DELTA_SHARDS, so the
+    update says a compaction is due. The compaction merges the binary counter's run (the two
+    small ones, the big one is more than MERGE_RATIO times them) into one delta shard; the base
+    and the big delta shard are the same shards, with the same tombstones. An update that merges
+    inside the write while it runs leaves the shards before the run alone too."""
+    store = EdgeStore(tmp_path / "edge")
+    rng = random.Random(11)
+    corpus = {f"d{i}": doc(i, rng, rng.randint(3, 9)) for i in range(30)}
+    write(store, tiny_encoder, tmp_path, list(corpus.values()))
+    due = _piled_up(store, tiny_encoder, tmp_path, corpus, rng, (12, 1, 1))
+    before = store.manifest(due.collection).segments
+    assert len(before) == 4 and due.compaction == "due"
+    shards = {s.id: _files(tmp_path / "edge" / "segments" / s.id) for s in before}
+    build = EdgeStore.build_compaction
+    during: dict[str, Any] = {}
+
+    def build_then_update(self: EdgeStore, job: Any) -> Any:
+        built = build(self, job)
+        assert job.kind == "deltas" and job.segments == before[2:]
+        added = doc(90, rng)
+        report = update(store, tiny_encoder, tmp_path, [added], compaction="inline")
+        corpus[added.id] = added
+        during["answers"] = _answers(store, report.collection, random.Random(7))
+        return built
+
+    monkeypatch.setattr(EdgeStore, "build_compaction", build_then_update)
+    report = compact(store, "kb", lock_dir=tmp_path)
+
+    assert report.outcome == "compacted" and report.kind == "deltas"
+    assert report.shards_merged == 2 and report.points == before[2].live + before[3].live
+    name = store.aliases()["kb"]
+    after = store.manifest(name).segments
+    assert after[:2] == before[:2] and len(after) == 4  # the base and the big delta as they were
+    assert after[2].id not in shards and not after[2].deleted and after[3].id not in shards
+    assert store.count(name) == store.record(name).chunks
+    assert store.record(name).lineage.compacted
+    assert _texts(store, name) == {d.id: d.text for d in corpus.values()}
+    _same_answers(_answers(store, name, random.Random(7)), during["answers"])
+    assert {s: _files(tmp_path / "edge" / "segments" / s) for s in shards} == shards
+    # the update added a third delta shard again: due, and the next run merges the newest two
+    monkeypatch.setattr(EdgeStore, "build_compaction", build)
+    assert store.compaction_due(name)
+    again = compact(store, "kb", lock_dir=tmp_path)
+    assert (again.outcome, again.kind, again.shards_merged) == ("compacted", "deltas", 2)
+    assert again.collection is not None
+    assert store.manifest(again.collection).segments[:2] == before[:2]
+    assert not store.compaction_due(again.collection)
+    assert compact(store, "kb", lock_dir=tmp_path).outcome == "not_due"
+    store.close()
+
+
+@pytest.mark.usefixtures("no_inline_merges")
+def test_updates_during_a_delta_shard_compaction_are_in_the_version_it_makes(
+    tiny_encoder: Encoder, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """While the merged delta shard is built, updates tombstone points of the merged shards and
+    of the base and add shards of their own; the version made keeps all of it, and, still
+    due, a background run compacts again until it is not."""
+    store = EdgeStore(tmp_path / "edge")
+    rng = random.Random(12)
+    corpus = {f"d{i}": doc(i, rng, rng.randint(3, 9)) for i in range(30)}
+    write(store, tiny_encoder, tmp_path, list(corpus.values()))
+    due = _piled_up(store, tiny_encoder, tmp_path, corpus, rng, (2, 2, 2))
+    base = store.manifest(due.collection).segments[0].id
+    build = EdgeStore.build_compaction
+    during: dict[str, Any] = {}
+
+    def build_then_update(self: EdgeStore, job: Any) -> Any:
+        built = build(self, job)
+        if during:
+            return built
+        assert job.kind == "deltas" and len(job.segments) == 3  # every delta shard: 3 > 2
+        # one document of the merged shards replaced and one of the base deleted; 2 new shards
+        merged = min(int(d[1:]) for d in corpus if int(d[1:]) >= 100)
+        based = min(d for d in corpus if int(d[1:]) < 100)
+        edits: tuple[tuple[list[Document], list[str]], ...] = (
+            ([doc(merged, rng)], [based]),
+            ([doc(80, rng)], []),
+            ([doc(81, rng)], []),
+        )
+        for changed, gone in edits:
+            report = update(store, tiny_encoder, tmp_path, changed, gone, compaction="deferred")
+            corpus.update({d.id: d for d in changed})
+            for g in gone:
+                corpus.pop(g)
+        during["last"] = report.collection
+        during["answers"] = _answers(store, report.collection, random.Random(9))
+        return built
+
+    monkeypatch.setattr(EdgeStore, "build_compaction", build_then_update)
+    reports = compaction_module.compact_while_due(
+        store, "kb", lock_dir=tmp_path, keep_versions=1, retention_grace_s=0
+    )
+
+    assert [r.outcome for r in reports] == ["compacted", "compacted"]
+    assert [r.kind for r in reports] == ["deltas", "deltas"]
+    assert not store.exists(str(reports[0].collection))  # retention kept one version
+    name = store.aliases()["kb"]
+    assert name == reports[1].collection
+    assert _texts(store, name) == {d.id: d.text for d in corpus.values()}
+    assert store.count(name) == store.record(name).chunks
+    _same_answers(_answers(store, name, random.Random(9)), during["answers"])
+    segments = store.manifest(name).segments
+    assert segments[0].id == base
+    assert len(segments) - 1 <= edge_module.MAX_DELTA_SHARDS and not store.compaction_due(name)
+    assert {p.name for p in (tmp_path / "edge" / "segments").iterdir()} == {s.id for s in segments}
+    assert store.running_compaction("kb") is None
+    store.close()
+
+
+@given(
+    lives=st.lists(st.integers(0, 5_000), min_size=0, max_size=8),
+    cap=st.sampled_from([math.inf, 0, 1_000, 4_000]),
+)
+def test_the_delta_merge_plan_is_the_pairwise_binary_counter(lives: list[int], cap: float) -> None:
+    """Oracle: the binary counter as pairs (merge the newest two while the older holds at most
+    MERGE_RATIO times the newer, then everything past MAX_DELTA_SHARDS), which the store ran
+    before; with a cap, no merge of more than `cap` points and no MAX rule."""
+    deltas = [edge_module.Segment(f"s{i}", n) for i, n in enumerate(lives)]
+    shards = [[n] for n in lives]  # each shard as the lives it holds
+    while (
+        len(shards) >= 2
+        and sum(shards[-2]) <= edge_module.MERGE_RATIO * sum(shards[-1])
+        and sum(shards[-2]) + sum(shards[-1]) <= cap
+    ):
+        shards[-2:] = [shards[-2] + shards[-1]]
+    if cap == math.inf and len(shards) > edge_module.MAX_DELTA_SHARDS:
+        shards = [[n for s in shards for n in s]]
+    expected = len(lives) - len(shards[-1]) if shards and len(shards[-1]) > 1 else len(lives)
+    assert edge_module._merge_from(deltas, cap) == expected
 
 
 def job_pid() -> int:

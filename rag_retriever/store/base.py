@@ -200,11 +200,13 @@ class Store(ABC):
     def seal(self, name: str, indexes: Mapping[str, IndexKind], *, merge_base: bool = True) -> None:
         """Make a fully written collection fast and durable: payload indexes (path -> kind),
         flush, optimize. Nothing is written to it afterwards. `merge_base=False`: an engine
-        that keeps a version as shards leaves a base merge to a compaction (`compaction_due`)."""
+        that keeps a version as shards leaves a base merge, and any merge too big to wait on, to
+        a compaction (`compaction_due`)."""
 
     def compaction_due(self, name: str) -> bool:
-        """Whether version `name` holds enough delta shards to be worth compacting into one
-        base (engines that keep versions as shards; see edge.py)."""
+        """Whether version `name` holds enough delta shards to be worth compacting: into one
+        base, or its newest delta shards into one (engines that keep versions as shards; see
+        edge.py)."""
         return False
 
     def running_compaction(self, alias: str) -> dict[str, Any] | None:
