@@ -326,6 +326,13 @@ def _run_size(
                 "compaction": compaction,
                 "delta_s_p50": percentile([s for s, _ in many], 50),
                 "delta_s_max": max(s for s, _ in many),
+                "delta_s_p90": percentile([s for s, _ in many], 90),
+                # where the slowest delta's time went (a lock wait shows as the gap to the stages)
+                "slowest_delta": {
+                    "at": max(range(len(many)), key=lambda i: many[i][0]),
+                    "s": max(s for s, _ in many),
+                    "stages_s": max(many, key=lambda m: m[0])[1].timings_s,
+                },
                 "compactions_started": sum(r.compaction == "started" for _, r in many),
                 "waited_for_compaction_s": time.perf_counter() - waited,
                 "served_compacted": bool(store.record(store.resolve("bench")).lineage.compacted),
@@ -632,6 +639,13 @@ def report(
                 f"{after['dense_recall_at_100']:.4f} ({after['dense_recall_at_100'] - fresh['dense_recall_at_100']:+.4f}), "
                 f"{after['shards']} shard(s)"
             )
+            slow = after.get("slowest_delta")
+            if slow:
+                stages = ", ".join(f"{k} {v:.2f}" for k, v in slow["stages_s"].items())
+                lines.append(
+                    f"    p90 {after.get('delta_s_p90', 0.0):.2f} s; the slowest (delta "
+                    f"#{slow['at'] + 1}, {slow['s']:.1f} s), stages (s): {stages}"
+                )
         again = r.get("rebuilt")
         if after and again:
             lines.append(

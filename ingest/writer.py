@@ -190,8 +190,8 @@ class WriteOptions:
     progress: bool = False
     lock_dir: Path | None = None
     # How a delta's merges too big to wait on are done (ingest/compaction.py). A library
-    # call merges inside the write unless asked: a background thread needs a process that lives
-    # on. The CLI and the HTTP service follow RAG_COMPACTION (`from_settings`).
+    # call merges inside the write unless asked ("background" leaves a child process running
+    # after the call). The CLI and the HTTP service follow RAG_COMPACTION (`from_settings`).
     compaction: CompactionMode = "inline"
 
     @classmethod

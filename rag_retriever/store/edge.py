@@ -25,12 +25,15 @@ tombstoned ids: dense scores are cosines and BM25's IDF is on the query side, so
 different shards compare. Delta
 shards are merged like a binary counter (MERGE_RATIO, at most MAX_DELTA_SHARDS; cost: the deltas'
 points); when the deltas hold more than BASE_MERGE_FRACTION of the base, everything is merged
-into a new base (a full HNSW build, vectors copied, nothing re-encoded): inside the write
-(`seal(merge_base=True)`), or by a compaction off the write path (`begin_compaction` ->
+into a new base (a full HNSW build, vectors copied, nothing re-encoded). Either merge runs
+inside the write (`seal(merge_base=True)`), or, off the write path, the write does only merges
+of at most INLINE_MERGE_POINTS and leaves the rest to a compaction (`begin_compaction` ->
 `build_compaction` without a lock -> `adopt_compaction` onto whatever version serves by then;
-driven by rag_retriever/ingest/compaction.py). A running compaction holds a lock on its marker
+driven by rag_retriever/ingest/compaction.py), which merges all shards into a new base or the
+newest delta shards into one. A running compaction holds a lock on its marker
 (compactions/<alias>.json, naming the shards it merges and the shard it writes): retention keeps
-that shard, and writes leave those shards unmerged, until the marker is let go.
+that shard, and writes leave those shards and the ones before them unmerged, until the marker
+is let go.
 
 Readers: any number of processes open sealed shards at once; shards are opened on first use and
 kept open (a serving process keeps the base shard open across deltas). Retention deletes a
