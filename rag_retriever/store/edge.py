@@ -98,10 +98,11 @@ _SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,199}")
 # most MERGE_RATIO times the newer one's points. For equal deltas that keeps at most ~5 delta
 # shards and copies each delta point ~6 times over 100 deltas (simulated), so merges stay small.
 MERGE_RATIO = 2
-# And never more than this many delta shards: each costs one engine call per query (0.3-2 ms at
+# And no more than this many delta shards (more are merged inside the update in inline mode, and
+# make a compaction due otherwise): each costs one engine call per query (0.3-2 ms at
 # 100k points; with 4, hybrid p50 after 100 1% deltas was 2.0-2.4x a fresh build). With 2, the
 # deltas copy ~19% more points in merges (simulated over 100 1% deltas at 100k) and a version
-# reads at most 3 shards (2.6 on average, was 3.0).
+# reads at most 3 shards once its merges are done (2.6 on average, was 3.0).
 MAX_DELTA_SHARDS = 2
 # When the delta shards' points (live or tombstoned in the base) exceed this share of the base's,
 # everything is merged into a new base (a full HNSW build), so over-fetching past tombstones and
