@@ -322,6 +322,7 @@ def _run_size(
         if deltas:
             waited = time.perf_counter()
             wait_for_compactions()
+            slowest = max(range(len(many)), key=lambda i: many[i][0])
             versions = [store.record(i.name) for i in store.versions("bench")]
             row["after_deltas"] = {
                 "deltas": deltas,
@@ -331,9 +332,9 @@ def _run_size(
                 "delta_s_p90": percentile([s for s, _ in many], 90),
                 # where the slowest delta's time went (a lock wait shows as the gap to the stages)
                 "slowest_delta": {
-                    "at": max(range(len(many)), key=lambda i: many[i][0]),
-                    "s": max(s for s, _ in many),
-                    "stages_s": max(many, key=lambda m: m[0])[1].timings_s,
+                    "at": slowest,
+                    "s": many[slowest][0],
+                    "stages_s": many[slowest][1].timings_s,
                 },
                 "compactions_started": sum(r.compaction == "started" for _, r in many),
                 "waited_for_compaction_s": time.perf_counter() - waited,

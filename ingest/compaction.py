@@ -32,8 +32,8 @@ a complete version, and the next write removes what it left (a stale marker name
 Where it runs: in a child process of the process that wrote (`compaction="background"`: the
 Python API and the HTTP service; not a thread, see `compact_in_background`); as `rag-retriever
 compact --collection ALIAS`, which the CLI's `ingest` and `update` start detached
-(`compaction="deferred"` leaves the start to the caller); or inside the write itself (`RAG_COMPACTION=inline`, the behaviour before compaction moved off the write
-path). On a Qdrant server every delta is a complete collection already: nothing to compact.
+(`compaction="deferred"` leaves the start to the caller); or inside the write itself
+(`RAG_COMPACTION=inline`, the behaviour before compaction moved off the write path). On a Qdrant server every delta is a complete collection already: nothing to compact.
 """
 
 from __future__ import annotations
@@ -53,6 +53,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import rag_retriever
+from rag_retriever.errors import RagError
 from rag_retriever.ingest.lock import COMPACTION, IngestLock, default_lock_dir
 from rag_retriever.settings import Compaction as Mode
 from rag_retriever.settings import default_of
@@ -139,7 +140,7 @@ def compact(
             len(job.segments),
             job.source,
             live,
-            _INTO[job.kind],
+            MERGED_INTO[job.kind],
         )
         job = store.build_compaction(job)
         with IngestLock(lock_dir, alias, wait_s=lock_wait_s, holder=COMPACTION):
@@ -195,7 +196,7 @@ def compact(
         alias,
         len(job.segments),
         job.source,
-        _INTO[job.kind],
+        MERGED_INTO[job.kind],
         job.points,
         seconds,
         name,
@@ -213,8 +214,8 @@ def compact(
     )
 
 
-# What a compaction of each kind makes, for messages.
-_INTO = {"base": "a new base", "deltas": "one delta shard"}
+# What a compaction of each kind merges the shards into, for messages.
+MERGED_INTO = {"base": "one base", "deltas": "one delta shard"}
 
 # How many compactions a background run does in a row at most (each one merges what the last left
 # due); a stream of updates that keeps it due longer waits for the next update to start another.
@@ -345,6 +346,9 @@ def main(argv: list[str] | None = None) -> int:
             keep_versions=args.keep_versions,
             retention_grace_s=args.retention_grace_s,
         )
+    except RagError as exc:  # a message for the operator, not a stack trace
+        log.error("%s: background compaction failed; the alias is unchanged: %s", args.alias, exc)
+        return 1
     except Exception:
         log.exception("%s: background compaction failed; the alias is unchanged", args.alias)
         return 1

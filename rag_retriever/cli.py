@@ -238,7 +238,7 @@ def cmd_update(args: argparse.Namespace) -> int:
 
 
 def cmd_compact(args: argparse.Namespace) -> int:
-    from rag_retriever.ingest.compaction import compact_while_due
+    from rag_retriever.ingest.compaction import MERGED_INTO, compact_while_due
     from rag_retriever.store import open_store
 
     settings = _settings(args)
@@ -260,10 +260,10 @@ def cmd_compact(args: argparse.Namespace) -> int:
         return 0
     for report in reports:
         if report.outcome == "compacted":
-            into = "one base" if report.kind == "base" else "one delta shard"
             print(
                 f"{report.alias} -> {report.collection}: {report.shards_merged} shards of "
-                f"{report.source} merged into {into} ({report.points} points) in "
+                f"{report.source} merged into {MERGED_INTO[str(report.kind)]} ({report.points} "
+                f"points) in "
                 f"{report.seconds:.1f} s"
             )
         else:

@@ -453,6 +453,22 @@ def test_a_failed_background_compaction_leaves_the_alias_and_says_so(
     store.close()
 
 
+def test_the_compaction_child_says_what_is_wrong_without_a_stack_trace(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The child's own entry point: an alias that does not exist is a one-line error, exit 1;
+    arguments it cannot parse exit 2 (argparse)."""
+    root = tmp_path / "edge"
+    args = ["--root", str(root), "--alias", "nope", "--lock-dir", str(tmp_path)]
+    assert compaction_module.main(args) == 1
+    failed = [r for r in caplog.records if "background compaction failed" in r.getMessage()]
+    assert len(failed) == 1 and failed[0].exc_info is None
+    assert "alias 'nope' does not exist" in failed[0].getMessage()
+    with pytest.raises(SystemExit) as exc:
+        compaction_module.main([*args, "--keep-versions", "many"])
+    assert exc.value.code == 2
+
+
 CLI = [sys.executable, "-m", "rag_retriever.cli"]
 
 

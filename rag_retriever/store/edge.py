@@ -212,16 +212,21 @@ def _merge_from(deltas: Sequence[Segment], cap: float = math.inf) -> int:
     ):
         start -= 1
         points += deltas[start].live
-    left = len(deltas) if start == len(deltas) - 1 else start + 1
-    if cap == math.inf and left > MAX_DELTA_SHARDS:
+    if start == len(deltas) - 1:  # the newest shard merges with none
+        start = len(deltas)
+    if cap == math.inf and min(start + 1, len(deltas)) > MAX_DELTA_SHARDS:
         return 0
-    return start if start < len(deltas) - 1 else len(deltas)
+    return start
+
+
+def _too_many_deltas(segments: Sequence[Segment]) -> bool:
+    return len(segments) - 1 > MAX_DELTA_SHARDS
 
 
 def _due(segments: Sequence[Segment]) -> bool:
     """Whether a compaction is due: the deltas outgrew the base, or an update left more than
     MAX_DELTA_SHARDS delta shards (their merge was too big for it, INLINE_MERGE_POINTS)."""
-    return _outgrown(segments) or len(segments) - 1 > MAX_DELTA_SHARDS
+    return _outgrown(segments) or _too_many_deltas(segments)
 
 
 def _limited(queries: Sequence[StageQuery], limits: Sequence[int]) -> list[StageQuery]:
@@ -630,7 +635,7 @@ class EdgeStore(Store):
             if not (len(segments) > 1 or any(s.deleted for s in segments)):
                 return None
             kind, run = "base", segments
-        elif len(segments) - 1 > MAX_DELTA_SHARDS:
+        elif _too_many_deltas(segments):
             kind, run = "deltas", segments[1 + _merge_from(segments[1:]) :]
         else:
             return None
