@@ -7,7 +7,7 @@ else fp32. Explicit choices are honoured or refused with a clear error, never sw
 For inference, a CUDA model holds its weights in the chosen half precision (`for_inference`):
 autocast over fp32 weights would cast every weight again on every forward pass. On the CPU the
 weights stay fp32 under bf16 autocast. bf16 weights there encoded 1.3-1.5x faster (137-170 vs
-94-122 SQuAD chunks/s, 2 cores with AMX), but layer norms and the residual stream then run in
+94-122 SQuAD chunks/s, 2 cores with AVX512-BF16), but layer norms and the residual stream then run in
 bf16 too: SciFact's dense nDCG@10 fell 0.0018 and recall@10 0.0037, outside the README tables'
 +-0.0005 (README "GPU and CPU speed"). Keeping only the linear layers in bf16 under autocast
 is exact but no faster. A model that is trained next keeps fp32 weights (`half_weights=False`);
@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
+from rag_retriever.attention import use_cpu_attention
 from rag_retriever.errors import ConfigError
 from rag_retriever.settings import default_of
 
@@ -104,8 +105,11 @@ def for_inference(
     model: torch.nn.Module, precision: Precision, *, half_weights: bool = True
 ) -> torch.nn.Module:
     """`model` on the precision's device, in eval mode, its weights in half precision where
-    `holds_half_weights` (`half_weights=False`: left in fp32, for a model that is trained next)."""
+    `holds_half_weights` (`half_weights=False`: left in fp32, for a model that is trained next);
+    on the CPU with `grouped_attention` (attention.py), which only inference uses."""
     model = model.to(precision.device)
+    if precision.device.type == "cpu":
+        use_cpu_attention(model)
     if half_weights and holds_half_weights(precision):
         model = model.to(precision.torch_dtype)
     return model.eval()
