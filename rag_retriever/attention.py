@@ -55,14 +55,24 @@ def grouped_attention(
     scale = dim**-0.5 if scaling is None else scaling
     group = max(1, GROUP_SCORE_BYTES // (heads * q_len * k_len * 4))
     out = value.new_empty((batch, heads, q_len, value.shape[-1]))
-    keys_t = key.transpose(2, 3)
-    for start in range(0, batch, group):
-        part = slice(start, start + group)
-        scores = torch.matmul(query[part], keys_t[part]).float().mul_(scale)
-        if attention_mask is not None:
-            scores.add_(attention_mask[part])
-        probs = torch.softmax(scores, dim=-1).to(value.dtype)
-        torch.matmul(probs, value[part], out=out[part])
+    # Views of each group, made once: every Python-level torch call takes the GIL, which the
+    # ingest's writer thread wants too, so the loop keeps to five calls a group.
+    masks = attention_mask.float().split(group) if attention_mask is not None else None
+    parts = zip(
+        query.split(group),
+        key.transpose(2, 3).split(group),
+        value.split(group),
+        out.split(group),
+        strict=True,
+    )
+    for i, (q, k_t, v, o) in enumerate(parts):
+        scores = torch.matmul(q, k_t)
+        if masks is None:
+            scores = scores.float().mul_(scale)
+        else:  # mask + scale * scores, in fp32 (the mask's dtype) in one call
+            scores = torch.add(masks[i], scores, alpha=scale)
+        probs = torch.softmax(scores, dim=-1).to(v.dtype)
+        torch.matmul(probs, v, out=o)
     return out.transpose(1, 2), None
 
 
