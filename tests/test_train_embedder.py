@@ -35,6 +35,7 @@ from rag_retriever.training.mining import (
     MinedSet,
     batches_without_shared_gold,
     mine_examples,
+    split_examples,
 )
 from tests.conftest import GradientsOnly, collection_retriever, write_jsonl
 
@@ -344,3 +345,33 @@ def test_the_loss_mask_equals_the_nested_loop_it_replaced(golds, extra) -> None:
     expected = [[r in ex.gold and j != i for j, r in enumerate(rows)] for i, ex in enumerate(batch)]
     table = GoldTable([*batch, Example("other", "q", 99, frozenset({99, 5}), (), True)])
     assert table.mask(batch, rows).tolist() == expected
+
+
+def _table(docs: list[str]) -> ChunkTable:
+    """A chunk table with one chunk per entry of `docs` (row i in document docs[i])."""
+    chunks = [Chunk(f"c{i}", doc, doc, i, 0, 1, "x", 1, f"h{i}") for i, doc in enumerate(docs)]
+    return ChunkTable("t", chunks)
+
+
+def test_validation_is_split_by_document_so_it_judges_documents_never_trained_on() -> None:
+    docs = [f"d{i // 3}" for i in range(60)]  # 20 documents, 3 chunks each
+    table = _table(docs)
+    examples = [
+        Example(f"q{r}", "q", r, frozenset({r}), (), True) for r in range(len(table.chunks))
+    ]
+    train, val = split_examples(examples, 0.2, seed=3, index=table)
+    doc_of = {r: table.chunks[r].doc_id for r in range(len(table.chunks))}
+    assert {doc_of[ex.positive] for ex in train}.isdisjoint({doc_of[ex.positive] for ex in val})
+    assert len(val) == 12 and len(train) == 48  # whole documents, 20% of the questions
+    assert sorted(ex.question_id for ex in train + val) == sorted(e.question_id for e in examples)
+    # the same seed, the same split; by question (no index) any document may be on both sides
+    assert split_examples(examples, 0.2, seed=3, index=table) == (train, val)
+    by_question = split_examples(examples, 0.2, seed=3)
+    assert len(by_question[1]) == 12
+    # one document: nothing to split by, so by question; never every document held out
+    single = _table(["only"] * 10)
+    one_doc = [Example(f"q{r}", "q", r, frozenset({r}), (), True) for r in range(10)]
+    assert [len(part) for part in split_examples(one_doc, 0.3, seed=0, index=single)] == [7, 3]
+    two = _table(["a"] * 9 + ["b"])
+    pair = [Example(f"q{r}", "q", r, frozenset({r}), (), True) for r in range(10)]
+    assert all(split_examples(pair, 0.9, seed=s, index=two)[0] for s in range(5))

@@ -308,7 +308,7 @@ def train_embedder(
         negatives=max(1, config.hard_negatives),
         progress=progress,
     )
-    train, val = split_examples(mined.examples, config.val_fraction, config.seed)
+    train, val = split_examples(mined.examples, config.val_fraction, config.seed, mined.index)
     if len(train) < config.batch_size:
         raise ConfigError(
             f"only {len(train)} usable training questions (skipped: {mined.skipped}, input problems: "

@@ -101,15 +101,36 @@ def mine_examples(
 
 
 def split_examples(
-    examples: Sequence[Example], val_fraction: float, seed: int
+    examples: Sequence[Example],
+    val_fraction: float,
+    seed: int,
+    index: ChunkTable | None = None,
 ) -> tuple[list[Example], list[Example]]:
-    """A seeded train/validation split by question."""
+    """A seeded train/validation split. With the chunk `index`, by document: the questions whose
+    positive lies in one document all go to the same side, so validation asks about documents the
+    model was not trained on (split by question, 538 of SciFact's 809 claims share a gold
+    abstract with another claim, and validation reported +0.14 MRR@10 where unseen abstracts lost
+    0.01 nDCG@10; README "Improving a collection"). Fewer than two documents: by question."""
     if not 0.0 <= val_fraction < 1.0:
         raise ValueError(f"val_fraction must be in [0, 1), got {val_fraction}")
     order = list(examples)
     random.Random(seed).shuffle(order)
     n_val = round(len(order) * val_fraction)
-    return order[n_val:], order[:n_val]
+    docs = [index.chunks[ex.positive].doc_id for ex in order] if index is not None else []
+    distinct = list(dict.fromkeys(docs))
+    if len(distinct) < 2:
+        return order[n_val:], order[:n_val]
+    sizes = Counter(docs)
+    held: set[str] = set()
+    taken = 0
+    for doc in distinct:  # in shuffled order
+        if taken >= n_val or len(held) == len(distinct) - 1:
+            break
+        held.add(doc)
+        taken += sizes[doc]
+    train = [ex for ex, doc in zip(order, docs, strict=True) if doc not in held]
+    val = [ex for ex, doc in zip(order, docs, strict=True) if doc in held]
+    return train, val
 
 
 def batches_without_shared_gold(

@@ -341,7 +341,7 @@ def _split(
     usable = [ex for ex in mined.examples if ex.positive_retrieved]
     skipped = dict(mined.skipped)
     skipped["gold_not_among_candidates"] = len(mined.examples) - len(usable)
-    train, val = split_examples(usable, config.val_fraction, config.seed)
+    train, val = split_examples(usable, config.val_fraction, config.seed, mined.index)
     if len(train) < max(MIN_TRAIN_QUESTIONS, config.batch_size):
         raise ConfigError(
             f"only {len(train)} usable training questions (skipped: {skipped}, input problems: "
