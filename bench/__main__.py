@@ -3,12 +3,14 @@ the ratio. Results go to `<out>/bench.json` and `<out>/bench.txt`.
 
 Usage:
     python -m bench [--out bench-out] [--only bm25 engine ingest update query load operate training
-        fusion context gpu improve] [--reranker DIR] [--context-questions N]
+        fusion context few_labels gpu improve] [--reranker DIR] [--context-questions N]
 
 Needs ../shared/data (SQuAD and SciFact). Takes about an hour on 2 CPU cores: the engine at 100k
 chunks (with qdrant-client's local mode as its peer), the update deltas at 100k, and the fusion
 and context benchmarks' first runs (each encodes SQuAD and SciFact once and caches them under
---out) take most of it. `gpu` (bench/bench_gpu.py) says "skipped" in one line without a CUDA device.
+--out) take most of it; `few_labels` (bench/bench_few_labels.py: three other ways to use
+SciFact's labelled claims, judged on folds by document) about 10 minutes. `gpu`
+(bench/bench_gpu.py) says "skipped" in one line without a CUDA device.
 `improve` (bench/bench_improve.py: `improve` cross-validated on SciFact and on 800 SQuAD train
 questions, each fold's run against the stock version) runs only when named: it takes hours.
 """
@@ -34,6 +36,7 @@ BENCHES = (
     "training",
     "fusion",
     "context",
+    "few_labels",
     "gpu",
 )
 # Hours on 2 cores (it trains the embedder a dozen times): only when asked for (--only improve).
@@ -105,8 +108,8 @@ class _Report:
 
 
 def _run_standalone(args: argparse.Namespace, report: _Report) -> dict[str, Any]:
-    """The benchmarks that bring their own data: BM25, the engine, ingest, update, fusion, GPU
-    (in that order).
+    """The benchmarks that bring their own data: BM25, the engine, ingest, update, fusion,
+    context, few_labels, improve, GPU (in that order).
     Each module is imported only when its benchmark runs."""
     results: dict[str, Any] = {}
     if "bm25" in args.only:
@@ -157,6 +160,17 @@ def _run_standalone(args: argparse.Namespace, report: _Report) -> dict[str, Any]
         results["context"] = bench_context.run(args.out, args.context_questions)
         report.emit(
             ["== diverse hits, context, headings ==", *bench_context.report(results["context"])]
+        )
+
+    if "few_labels" in args.only:
+        from bench import bench_few_labels
+
+        results["few_labels"] = bench_few_labels.run(args.out)
+        report.emit(
+            [
+                "== a few hundred labels, other ways ==",
+                *bench_few_labels.report(results["few_labels"]),
+            ]
         )
 
     if "improve" in args.only:
