@@ -495,20 +495,22 @@ COMPACT_KILL_POINTS = [
 ]
 
 
-@pytest.mark.slow
-def test_sigkill_at_each_step_of_a_compaction_leaves_a_complete_version_served(
-    tiny_encoder: Encoder, tiny_encoder_dir: Path, tmp_path: Path
-) -> None:
+def _kill_at_each_step(
+    store: EdgeStore, env: dict[str, str], corpus: dict[str, Document], make_due: Any
+) -> list[list[str]]:
+    """`rag-retriever compact` SIGKILLed after each of COMPACT_KILL_POINTS, `make_due()` first
+    whenever the served version is not due: after every kill the alias serves a complete version
+    with every document, and no compaction is left marked running. The shard ids the served
+    version read before each kill."""
     from tests.test_reingest import kill_after
 
-    rng = random.Random(8)
-    env, corpus, store = _cli_store(tmp_path, tiny_encoder, tiny_encoder_dir, rng, "deferred")
-    root = tmp_path / "data" / "edge"
-    cli = CLI
+    root = store.root
+    shards_before = []
     for method, nth, moved in COMPACT_KILL_POINTS:
         if not store.compaction_due(store.aliases()["kb"]):
-            _outgrow(store, tiny_encoder, tmp_path / "data", corpus, rng)
+            make_due()
         before = store.aliases()["kb"]
+        shards_before.append([s.id for s in store.manifest(before).segments])
         kill_after(method, nth, ["compact", "--collection", "kb"], env)
         check = EdgeStore(root)
         name = check.aliases()["kb"]
@@ -518,6 +520,20 @@ def test_sigkill_at_each_step_of_a_compaction_leaves_a_complete_version_served(
         assert _texts(check, name) == {d.id: d.text for d in corpus.values()}, method
         assert check.running_compaction("kb") is None, method  # died with its process
         check.close()
+    return shards_before
+
+
+@pytest.mark.slow
+def test_sigkill_at_each_step_of_a_compaction_leaves_a_complete_version_served(
+    tiny_encoder: Encoder, tiny_encoder_dir: Path, tmp_path: Path
+) -> None:
+    rng = random.Random(8)
+    env, corpus, store = _cli_store(tmp_path, tiny_encoder, tiny_encoder_dir, rng, "deferred")
+    root = tmp_path / "data" / "edge"
+    cli = CLI
+    _kill_at_each_step(
+        store, env, corpus, lambda: _outgrow(store, tiny_encoder, tmp_path / "data", corpus, rng)
+    )
     # the next write removes what the kills left; a compaction runs again
     change = _write_corpus(tmp_path / "change.jsonl", [doc(90, rng)])
     done = subprocess.run(
@@ -543,6 +559,36 @@ def test_sigkill_at_each_step_of_a_compaction_leaves_a_complete_version_served(
     assert {p.name for p in (root / "segments").iterdir()} == named
     assert "d90" in served_docs(check)
     check.close()
+    store.close()
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("no_inline_merges")
+def test_sigkill_at_each_step_of_a_delta_shard_compaction_keeps_the_base(
+    tiny_encoder: Encoder, tiny_encoder_dir: Path, tmp_path: Path
+) -> None:
+    """Three small delta shards on a base they have not outgrown: `compact` merges the delta
+    shards only (the child process keeps the default thresholds, under which three shards of
+    two documents on a base of 30 are a delta-shard compaction). Killed at every step, every
+    version reads the same base shard with the same tombstones, and the last kill, after the
+    alias moved, leaves it serving the base and one merged delta shard (the in-process updates
+    merge nothing themselves: `no_inline_merges`)."""
+    rng = random.Random(13)
+    env, corpus, store = _cli_store(tmp_path, tiny_encoder, tiny_encoder_dir, rng, "deferred")
+
+    def pile_up() -> None:
+        _piled_up(store, tiny_encoder, tmp_path / "data", corpus, rng, (2, 2, 2))
+
+    pile_up()
+    base = store.manifest(store.aliases()["kb"]).segments[0]
+    shards_before = _kill_at_each_step(store, env, corpus, pile_up)
+    assert all(shards[0] == base.id for shards in shards_before)
+    served = store.aliases()["kb"]
+    after = store.manifest(served).segments
+    # the base shard as it was, with its tombstones; one merged delta shard after it
+    assert after[0] == base and len(after) == 2
+    assert after[1].id not in shards_before[-1]
+    assert store.record(served).source.endswith("(3 delta shards merged)")
     store.close()
 
 
