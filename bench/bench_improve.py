@@ -4,6 +4,7 @@ cross-validated (issue 21, item 7).
 Usage:
     python -m bench.bench_improve curve [--out bench-out] [--splits 2]
     python -m bench.bench_improve cv [--out bench-out] [--set scifact|squad] [--folds 3] [--inner 3]
+        [--outer N]
     python -m bench.bench_improve report [--out bench-out]
 
 - `curve`: fine-tune all-MiniLM-L6-v2 (train-embedder, its defaults) on 200 / 400 / all the
@@ -256,9 +257,9 @@ CV_SETS = {
 }
 
 
-def cv(out: Path, folds: int, inner: int, which: str) -> None:
+def cv(out: Path, folds: int, inner: int, which: str, only: int | None = None) -> None:
     """`improve` on all but one fold of a set's questions, judged on that fold (module
-    docstring)."""
+    docstring); every fold, or the one numbered `only` (0-based)."""
     alias_of_set, folder, filename, level, drawn = CV_SETS[which]
     results = Results(out / "improve-cv.json")
     # its own data directory: `curve` may be writing to the other one
@@ -281,6 +282,8 @@ def cv(out: Path, folds: int, inner: int, which: str) -> None:
     # fold by fold, both ways of judging on the same fold before the next (a stopped run has
     # paired figures)
     for o, held in enumerate(outer):
+        if only is not None and o != only:
+            continue
         for method, k in (("kfold", inner), ("split", 1)):
             key = f"cv/{prefix}{method}/{o}"
             if results.get(key) is not None:
@@ -394,13 +397,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--folds", type=int, default=3, help="outer folds of `cv` (3)")
     parser.add_argument("--set", choices=sorted(CV_SETS), default="scifact")
     parser.add_argument("--inner", type=int, default=3, help="improve's folds in `cv` (3)")
+    parser.add_argument(
+        "--outer", type=int, help="run this outer fold of `cv` only (0-based; default: all)"
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(message)s")
     args.out.mkdir(parents=True, exist_ok=True)
     if args.part == "curve":
         curve(args.out, args.splits, args.sets)
     if args.part == "cv":
-        cv(args.out, args.folds, args.inner, args.set)
+        if args.outer is not None and not 0 <= args.outer < args.folds:
+            parser.error(f"--outer must be in [0, {args.folds}), got {args.outer}")
+        cv(args.out, args.folds, args.inner, args.set, args.outer)
     lines = report(Results(args.out / "improve.json").data)
     lines += report_cv(Results(args.out / "improve-cv.json").data)
     print("\n".join(lines))
