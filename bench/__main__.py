@@ -9,7 +9,7 @@ Needs ../shared/data (SQuAD and SciFact). Takes about an hour on 2 CPU cores: th
 chunks (with qdrant-client's local mode as its peer), the update deltas at 100k, and the fusion
 and context benchmarks' first runs (each encodes SQuAD and SciFact once and caches them under
 --out) take most of it; `few_labels` (bench/bench_few_labels.py: three other ways to use
-SciFact's labelled claims, judged on folds by document) about 10 minutes. `gpu`
+SciFact's labelled claims, judged on folds by document) about 7 minutes. `gpu`
 (bench/bench_gpu.py) says "skipped" in one line without a CUDA device.
 `improve` (bench/bench_improve.py: `improve` cross-validated on SciFact and on 800 SQuAD train
 questions, each fold's run against the stock version) runs only when named: it takes hours.

@@ -88,6 +88,12 @@ class SciFact:
     def fused(self, dense: Sequence[Ranked], rows: Sequence[int]) -> list[Ranked]:
         return [self.fusion.fuse(d, self.bm25[i]) for d, i in zip(dense, rows, strict=True)]
 
+    def search(self, queries: np.ndarray, rows: Sequence[int]) -> tuple[list[Ranked], list[Ranked]]:
+        """The dense and fused lists of claims `rows` searched with `queries` (made unit length)
+        in place of their own vectors."""
+        dense = self.dense(queries / np.linalg.norm(queries, axis=1, keepdims=True))
+        return dense, self.fused(dense, rows)
+
     def ndcg(self, rankings: Sequence[Ranked], rows: Sequence[int]) -> float:
         return float(
             np.mean(
@@ -166,8 +172,7 @@ def moved_towards(
     centroid = np.stack(
         [data.vectors[[row[c] for c, _ in ranked[:k]]].mean(axis=0) for ranked in hits]
     )
-    moved = data.queries[list(rows)] + alpha * centroid
-    return moved / np.linalg.norm(moved, axis=1, keepdims=True)
+    return data.queries[list(rows)] + alpha * centroid
 
 
 def features(data: SciFact, i: int, dense: Ranked, fused: Ranked) -> np.ndarray:
@@ -279,12 +284,10 @@ def measure(data: SciFact, folds: int) -> list[dict[str, Any]]:
         for decay in ADAPTER_DECAY:
             w = fit_adapter(data, train, decay)
             q = data.queries[test]
-            moved = q + q @ w
-            dense = data.dense(moved / np.linalg.norm(moved, axis=1, keepdims=True))
-            fold[f"adapter, lam {decay}"] = judged(dense, data.fused(dense, test))
+            fold[f"adapter, lam {decay}"] = judged(*data.search(q + q @ w, test))
         for k, alpha in PRF:
-            dense = data.dense(moved_towards(data, test, [stock_fused[i] for i in test], k, alpha))
-            fold[f"prf, k {k}, alpha {alpha}"] = judged(dense, data.fused(dense, test))
+            moved = moved_towards(data, test, [stock_fused[i] for i in test], k, alpha)
+            fold[f"prf, k {k}, alpha {alpha}"] = judged(*data.search(moved, test))
         for decay in LTR_DECAY:
             model = fit_ltr(data, train, stock_dense, stock_fused, decay)
             fused = [reordered(data, i, stock_dense[i], stock_fused[i], model) for i in test]

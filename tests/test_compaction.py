@@ -7,6 +7,7 @@ import math
 import random
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -496,7 +497,10 @@ COMPACT_KILL_POINTS = [
 
 
 def _kill_at_each_step(
-    store: EdgeStore, env: dict[str, str], corpus: dict[str, Document], make_due: Any
+    store: EdgeStore,
+    env: dict[str, str],
+    corpus: dict[str, Document],
+    make_due: Callable[[], object],
 ) -> list[list[str]]:
     """`rag-retriever compact` SIGKILLed after each of COMPACT_KILL_POINTS, `make_due()` first
     whenever the served version is not due: after every kill the alias serves a complete version
