@@ -6,7 +6,6 @@ import os
 import shutil
 import subprocess
 import sys
-import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -227,14 +226,9 @@ def test_a_killed_holder_does_not_leave_the_lock_stuck(tmp_path: Path) -> None:
         pass
     proc.kill()
     proc.wait()
-    deadline = time.time() + 5
-    while True:
-        try:
-            with IngestLock(tmp_path, "kb"):
-                break
-        except IngestLocked:
-            assert time.time() < deadline
-            time.sleep(0.05)
+    # The holder is dead, so the lock is free (the kernel releases it with the process).
+    with IngestLock(tmp_path, "kb"):
+        pass
 
 
 @pytest.mark.parametrize(

@@ -165,20 +165,20 @@ def _wait_gone(pids: list[int], seconds: float) -> list[int]:
 @pytest.mark.parametrize("how", ["sigterm", "ctrl-c", "sigkill"])
 def test_workers_stop_with_the_command(how: str) -> None:
     """SIGTERM to the command, Ctrl-C (SIGINT to its process group), or SIGKILL: the command
-    ends at once (the corpus would take minutes; the bound is loose for a busy CI machine) and
-    no worker outlives it."""
+    ends (the corpus would take minutes) with the handler's exit status, and no worker outlives
+    it."""
     proc, workers = start_with_workers(_SCRIPT)
     try:
-        sent = time.monotonic()
         if how == "sigterm":
             proc.send_signal(signal.SIGTERM)
         elif how == "ctrl-c":
             os.killpg(proc.pid, signal.SIGINT)
         else:
             proc.kill()
-        proc.wait(timeout=30)
-        assert time.monotonic() - sent < 10.0
-        assert _wait_gone(workers, 10.0) == []
+        # It ends long before the corpus is chunked; these waits only keep a hung process from
+        # hanging the suite (how fast it stops is bench/bench_stop.py's figure).
+        proc.wait(timeout=300)
+        assert _wait_gone(workers, 300.0) == []
         if how == "sigterm":
             assert proc.returncode == 143
         elif how == "ctrl-c":

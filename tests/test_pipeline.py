@@ -54,12 +54,14 @@ def test_items_keep_their_order_and_the_write_queue_stays_bounded() -> None:
 @pytest.mark.parametrize("stage", ["produce", "transform", "consume"])
 def test_an_error_in_any_stage_stops_all_and_is_raised_here(stage: str) -> None:
     closed = threading.Event()
+    produced: list[int] = []
 
     def produce():
         try:
             for i in range(1000):
                 if stage == "produce" and i == 5:
                     raise RuntimeError("boom in produce")
+                produced.append(i)
                 yield i
         finally:
             closed.set()  # the generator is closed in its own thread
@@ -74,12 +76,13 @@ def test_an_error_in_any_stage_stops_all_and_is_raised_here(stage: str) -> None:
             raise RuntimeError("boom in consume")
         time.sleep(0.001)
 
-    began = time.monotonic()
     with pytest.raises(RuntimeError, match=f"boom in {stage}"):
         pipeline: Pipeline[int, int] = Pipeline(depth=2, produce_ahead=4)
         pipeline.run(produce(), transform, consume)
-    assert time.monotonic() - began < 2.0
-    assert closed.wait(2.0)
+    # The other stages stopped instead of running the producer dry: past the failing item, at
+    # most what the bounded queues hold was produced (however slow the machine).
+    assert len(produced) <= 5 + 1 + 2 + 4 + 2, len(produced)
+    assert closed.wait(60)  # a hang guard, not a time limit
     assert not _stage_threads()
 
 
@@ -233,15 +236,12 @@ def test_the_pipeline_stops_with_the_command(how: str, tmp_path: Path) -> None:
     proc, workers = start_with_workers(_SCRIPT, str(tmp_path / "edge"))
     try:
         assert all(_alive(p) for p in workers)
-        sent = time.monotonic()
         if how == "sigterm":
             proc.send_signal(signal.SIGTERM)
         else:
             os.killpg(proc.pid, signal.SIGINT)
-        proc.wait(timeout=30)
-        # 2 s on an idle machine; the bound is loose for a loaded CI machine
-        assert time.monotonic() - sent < 10.0
-        assert _wait_gone(workers, 10.0) == []
+        proc.wait(timeout=300)  # a hang guard: how fast it stops is bench/bench_stop.py's
+        assert _wait_gone(workers, 300.0) == []
         assert proc.returncode == (143 if how == "sigterm" else -signal.SIGINT)
     finally:
         if proc.poll() is None:

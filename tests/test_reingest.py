@@ -8,7 +8,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -132,28 +131,44 @@ def test_queries_keep_answering_while_a_new_version_is_swapped_in(
 
 
 # Run by the killed subprocess: `rag-retriever ingest` with one Store method wrapped so it
-# announces each call on stderr and then pauses, and the test can kill it right after that step
-# (deterministic, however fast the machine; a timer after the progress bar was not).
+# announces each call on stderr and, after its `nth` call, waits there for the test's signal:
+# the signal lands right after that step however fast or busy the machine is (a pause of a
+# fixed length let a slow test process signal a later step, and a timer after the progress bar
+# was not deterministic either).
 KILLABLE_INGEST = """
-import sys, time
+import signal, sys, threading
 from rag_retriever import cli, store
-def announce(name):
+# Every handler installed (the CLI's for SIGTERM, Python's for SIGINT) first notes the signal,
+# so the step waiting in the writer's thread returns as the command's own handler runs.
+signalled = threading.Event()
+install = signal.signal
+def noting(signum, handler):
+    def handle(sig, frame):
+        signalled.set()
+        return handler(sig, frame)
+    return install(signum, handle if callable(handler) else handler)
+signal.signal = noting
+signal.signal(signal.SIGINT, signal.default_int_handler)
+def announce(name, nth):
     original = getattr(store.EdgeStore, name)
+    calls = []
     def wrapped(self, *args, **kwargs):
         out = original(self, *args, **kwargs)
+        calls.append(name)
         print("kill-point " + name, file=sys.stderr, flush=True)
-        time.sleep(0.3)
+        if len(calls) == nth:
+            signalled.wait(3600)  # until the signal
         return out
     setattr(store.EdgeStore, name, wrapped)
-announce(sys.argv[1])
-sys.exit(cli.main(sys.argv[2:]))
+announce(sys.argv[1], int(sys.argv[2]))
+sys.exit(cli.main(sys.argv[3:]))
 """
 
 
 def kill_after(method: str, nth: int, args: list[str], env: dict[str, str]) -> None:
     """Run the CLI with `args`, SIGKILL it right after its `nth` call of the store's `method`."""
     proc = subprocess.Popen(
-        [sys.executable, "-c", KILLABLE_INGEST, method, *args],
+        [sys.executable, "-c", KILLABLE_INGEST, method, str(nth), *args],
         env=env,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
@@ -244,14 +259,15 @@ def test_sigkill_at_each_write_step_never_breaks_the_alias(
         store.close()
 
 
-@pytest.mark.slow
 def _signal_after_the_first_upsert(
     args: list[str], env: dict[str, str], sig: signal.Signals
-) -> tuple[int, str, float]:
-    """Run the killable ingest and send `sig` right after its first upsert: its exit status, what
-    it printed after that, and the seconds it took to stop."""
+) -> tuple[int, str]:
+    """Run the killable ingest and send `sig` right after its first upsert: its exit status and
+    what it printed after that. How long it takes to stop is a benchmark's figure
+    (bench/bench_stop.py), not a test's: the wait below only keeps a hung process from hanging
+    the suite."""
     proc = subprocess.Popen(
-        [sys.executable, "-c", KILLABLE_INGEST, "upsert", *args],
+        [sys.executable, "-c", KILLABLE_INGEST, "upsert", "1", *args],
         env=env,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
@@ -261,19 +277,19 @@ def _signal_after_the_first_upsert(
     for line in proc.stderr:
         if line.strip() == "kill-point upsert":
             break
-    sent = time.monotonic()
     proc.send_signal(sig)
     rest = proc.stderr.read()
-    proc.wait(timeout=30)
-    return proc.returncode, rest, time.monotonic() - sent
+    proc.wait(timeout=300)
+    return proc.returncode, rest
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("sig", "code"), [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
-def test_a_signal_mid_write_stops_cleanly_within_two_seconds(
+def test_a_signal_mid_write_stops_cleanly(
     tiny_encoder_dir: Path, tmp_path: Path, sig: signal.Signals, code: int
 ) -> None:
-    """`docker stop` / Ctrl-C during an ingest: partial version removed, lock released, alias
-    untouched, one line on stderr, exit 143 / 130."""
+    """`docker stop` / Ctrl-C during an ingest: the handler ran (its line, its exit status),
+    the partial version is removed from disk, the lock released, the alias untouched."""
     corpus = tmp_path / "corpus.jsonl"
     write_jsonl(
         corpus,
@@ -295,12 +311,12 @@ def test_a_signal_mid_write_stops_cleanly_within_two_seconds(
     assert first.returncode == 0, first.stderr
     store = EdgeStore(tmp_path / "data" / "edge")
     served = store.aliases()["kb"]
-    status, rest, elapsed = _signal_after_the_first_upsert(args, env, sig)
+    status, rest = _signal_after_the_first_upsert(args, env, sig)
     assert status == code, rest
-    assert elapsed < 2.0
     assert "nothing unfinished was kept" in rest and "Traceback" not in rest
     assert store.aliases()["kb"] == served
     assert [i.status for i in store.versions("kb")] == [STATUS_COMPLETE]
+    assert store.collection_names() == [served]  # the partial version's files are gone
     with IngestLock(tmp_path / "data", "kb"):  # released
         pass
     store.close()
@@ -319,7 +335,7 @@ def test_an_ingest_stopped_by_sigterm_logs_no_failure(
         "RAG_LOG_LEVEL": "INFO",
     }
     args = ["ingest", str(corpus), "--collection", "kb", "--no-progress"]
-    status, rest, _ = _signal_after_the_first_upsert(args, env, signal.SIGTERM)
+    status, rest = _signal_after_the_first_upsert(args, env, signal.SIGTERM)
     assert status == 143, rest
     assert "stopped by SIGTERM" in rest
     assert not [line for line in rest.splitlines() if line.startswith("ERROR")], rest
