@@ -204,7 +204,7 @@ def _run_on_squad(args: argparse.Namespace, report: _Report) -> dict[str, Any]:
     from bench.bench_common import shared_path
     from rag_retriever.ingest.loaders import load_documents
     from rag_retriever.ingest.writer import ingest_documents
-    from rag_retriever.retriever import Retriever
+    from rag_retriever.query.retriever import Retriever
     from rag_retriever.settings import Settings
 
     results: dict[str, Any] = {}

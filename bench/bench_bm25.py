@@ -17,7 +17,7 @@ import numpy as np
 from rank_bm25 import BM25Okapi
 
 from bench.bench_common import percentile, read_jsonl, real_sentences, shared_path
-from rag_retriever.bm25 import BM25Model, Tokenizer
+from rag_retriever.models.bm25 import BM25Model, Tokenizer
 from rag_retriever.store import SPARSE, EdgeStore, StageQuery
 from rag_retriever.store.record import bare_record
 

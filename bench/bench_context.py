@@ -30,11 +30,11 @@ from typing import Any
 import numpy as np
 
 from bench.bench_common import percentile, read_jsonl, shared_path
-from rag_retriever.diversity import mmr
 from rag_retriever.ingest.loaders import LoadedCorpus, load_documents
 from rag_retriever.ingest.writer import ingest_documents
+from rag_retriever.query.diversity import mmr
+from rag_retriever.query.retriever import Retriever
 from rag_retriever.records import Hit, SearchResult
-from rag_retriever.retriever import Retriever
 from rag_retriever.settings import Settings
 
 DIVERSITIES = (0.0, 0.3, 0.5, 0.7)

@@ -30,7 +30,7 @@ import numpy as np
 
 from bench.bench_bm25 import synthetic_chunks
 from bench.bench_common import percentile, read_jsonl, real_sentences, shared_path
-from rag_retriever.bm25 import BM25Model, Tokenizer
+from rag_retriever.models.bm25 import BM25Model, Tokenizer
 from rag_retriever.records import SearchFilter
 from rag_retriever.store import DENSE, SPARSE, EdgeStore, ServerStore, StageQuery, Store
 from rag_retriever.store.record import bare_record

@@ -41,10 +41,10 @@ import torch
 from bench.bench_common import shared_path
 from rag_retriever.eval.metrics import ndcg_at_k
 from rag_retriever.eval.questions import Question, load_questions
-from rag_retriever.fusion import Fusion
 from rag_retriever.ingest.loaders import load_documents
 from rag_retriever.ingest.writer import ingest_documents
-from rag_retriever.retriever import Retriever
+from rag_retriever.query.fusion import Fusion
+from rag_retriever.query.retriever import Retriever
 from rag_retriever.settings import Settings
 from rag_retriever.training.folds import folds_by_document
 

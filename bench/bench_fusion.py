@@ -34,7 +34,7 @@ from typing import Any
 
 from bench.bench_common import shared_path
 from rag_retriever.eval.metrics import item_ranks
-from rag_retriever.fusion import Fusion
+from rag_retriever.query.fusion import Fusion
 from rag_retriever.training import fusion as tuning
 from rag_retriever.training.fusion import Lists
 
@@ -105,12 +105,12 @@ def run(out: Path, *, synthetic: int = SYNTHETIC) -> dict[str, Any]:
 
 
 def _write_cache(out: Path, cache: Path, cache_synthetic: Path, synthetic: int) -> None:
-    from rag_retriever.chunk_table import ChunkTable
     from rag_retriever.eval.evaluation import gold_items
     from rag_retriever.eval.questions import load_questions
     from rag_retriever.ingest.loaders import load_documents
     from rag_retriever.ingest.writer import ingest_documents
-    from rag_retriever.retriever import Retriever
+    from rag_retriever.query.chunk_table import ChunkTable
+    from rag_retriever.query.retriever import Retriever
     from rag_retriever.settings import Settings
     from rag_retriever.training.fusion import split_by_document
 

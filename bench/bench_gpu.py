@@ -36,14 +36,14 @@ import torch
 import transformers
 
 from bench.bench_common import percentile, shared_path
-from rag_retriever.encoder import Encoder, embed_batch
 from rag_retriever.ingest.chunking import Chunker, ChunkingConfig
 from rag_retriever.ingest.loaders import load_documents
 from rag_retriever.ingest.parallel_chunking import chunk_documents, cores
-from rag_retriever.profiles import resolve_model
-from rag_retriever.quiet import quiet_transformers
-from rag_retriever.reranker import CrossEncoderReranker
-from rag_retriever.token_counter import TokenizerCounter
+from rag_retriever.models.encoder import Encoder, embed_batch
+from rag_retriever.models.profiles import resolve_model
+from rag_retriever.models.quiet import quiet_transformers
+from rag_retriever.models.reranker import CrossEncoderReranker
+from rag_retriever.models.token_counter import TokenizerCounter
 from rag_retriever.training.common import OptimizerStep, training_precision, warmup_linear
 
 PAIRS = 100  # the reranking request: 100 (question, chunk) pairs

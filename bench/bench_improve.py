@@ -37,19 +37,20 @@ from pathlib import Path
 from typing import Any
 
 from bench.bench_common import shared_path
-from rag_retriever.encoder import Encoder
 from rag_retriever.eval.evaluation import evaluate
 from rag_retriever.eval.questions import Question, load_questions
 from rag_retriever.ingest.loaders import load_documents
 from rag_retriever.ingest.versions import documents_of
 from rag_retriever.ingest.writer import ingest_documents
-from rag_retriever.profiles import ResolvedModel, resolve_model
-from rag_retriever.retriever import RetrievalConfig, Retriever
+from rag_retriever.models.encoder import Encoder
+from rag_retriever.models.profiles import ResolvedModel, resolve_model
+from rag_retriever.query.retriever import RetrievalConfig, Retriever
 from rag_retriever.settings import Settings
 from rag_retriever.store.catalog import point_alias
 from rag_retriever.training.embedder import EmbedderTrainingConfig, train_embedder
 from rag_retriever.training.folds import folds_by_document
-from rag_retriever.training.improve import ImproveOptions, improver
+from rag_retriever.training.improve import ImproveOptions
+from rag_retriever.training.improver import improver
 
 SIZES = (200, 400, 800)
 SCIFACT_FOLDS = 4

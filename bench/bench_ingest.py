@@ -15,10 +15,10 @@ from pathlib import Path
 from typing import Any
 
 from bench.bench_common import shared_path
-from rag_retriever.encoder import Encoder
 from rag_retriever.ingest.chunking import Chunker
 from rag_retriever.ingest.loaders import LoadedCorpus, load_documents
 from rag_retriever.ingest.writer import chunking_config_for, ingest_documents
+from rag_retriever.models.encoder import Encoder
 from rag_retriever.store import EdgeStore
 
 CHANGED_FRACTION = 0.01

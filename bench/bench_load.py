@@ -33,9 +33,9 @@ import numpy as np
 
 from rag_retriever.client import AsyncRetrieverClient, ClientError
 from rag_retriever.errors import RagError
+from rag_retriever.query.retriever import Retriever
 from rag_retriever.records import MODES, Mode
-from rag_retriever.retriever import Retriever
-from rag_retriever.server import check_ready, create_app, serve_in_thread
+from rag_retriever.service.server import check_ready, create_app, serve_in_thread
 from rag_retriever.settings import Settings
 
 # Queries answered before each measured phase (loads the BM25 sidecar, warms the caches).

@@ -23,10 +23,10 @@ from typing import Any
 
 from bench.bench_common import percentile, read_jsonl, shared_path
 from bench.bench_load import _http_clients
-from rag_retriever.cache import SemanticCache
-from rag_retriever.querylog import QueryLog
-from rag_retriever.retriever import Retriever
-from rag_retriever.server import create_app, serve_in_thread
+from rag_retriever.query.cache import SemanticCache
+from rag_retriever.query.querylog import QueryLog
+from rag_retriever.query.retriever import Retriever
+from rag_retriever.service.server import create_app, serve_in_thread
 from rag_retriever.settings import Settings
 
 
@@ -140,7 +140,7 @@ def _ensure(data_dir: Path) -> None:
 
 
 def doctor_time(data_dir: Path) -> dict[str, Any]:
-    from rag_retriever.doctor import Doctor, Thresholds
+    from rag_retriever.ops.doctor import Doctor, Thresholds
 
     out: dict[str, Any] = {}
     for alias in ("squad", "scifact"):

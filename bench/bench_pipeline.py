@@ -37,7 +37,7 @@ CORPORA = ("squad_v11_dev", "scifact")
 _CHILD = """
 import json, sys, tempfile, time
 from pathlib import Path
-from rag_retriever.encoder import Encoder
+from rag_retriever.models.encoder import Encoder
 from rag_retriever.ingest.loaders import load_documents
 from rag_retriever.ingest.writer import ingest_documents
 from rag_retriever.store import EdgeStore

@@ -18,11 +18,11 @@ import torch
 import transformers
 
 from bench.bench_common import percentile, read_jsonl, shared_path
-from rag_retriever.profiles import resolve_model
-from rag_retriever.quiet import quiet_transformers
+from rag_retriever.models.profiles import resolve_model
+from rag_retriever.models.quiet import quiet_transformers
+from rag_retriever.models.reranker import CrossEncoderReranker
+from rag_retriever.query.retriever import Retriever
 from rag_retriever.records import Mode
-from rag_retriever.reranker import CrossEncoderReranker
-from rag_retriever.retriever import Retriever
 
 
 def untrained_reranker(directory: Path) -> Path:

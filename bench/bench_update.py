@@ -52,12 +52,12 @@ from typing import Any
 import numpy as np
 
 from bench.bench_common import percentile, read_jsonl, real_sentences, shared_path
-from rag_retriever.bm25 import Tokenizer
-from rag_retriever.encoder import Encoded
 from rag_retriever.ingest.compaction import wait_for_compactions
 from rag_retriever.ingest.loaders import LoadedCorpus, load_documents
 from rag_retriever.ingest.writer import WriteOptions, ingest_documents, update_documents
-from rag_retriever.profiles import Fingerprint
+from rag_retriever.models.bm25 import Tokenizer
+from rag_retriever.models.encoder import Encoded
+from rag_retriever.models.profiles import Fingerprint
 from rag_retriever.records import Document
 from rag_retriever.store import DENSE, SPARSE, EdgeStore, StageQuery
 
@@ -156,7 +156,7 @@ def _queries() -> list[list[str]]:
 def _hybrid_p50(stores: list[EdgeStore], queries: list[list[str]]) -> list[float]:
     """Hybrid p50 (one batched dense + BM25 call) of each store's served version, the queries
     interleaved across the stores so that the machine's load falls on all of them alike."""
-    from rag_retriever.bm25 import BM25Model
+    from rag_retriever.models.bm25 import BM25Model
 
     encoder = RandomEncoder()
     vectors = np.stack([encoder.vector(" ".join(terms)) for terms in queries])
@@ -182,7 +182,7 @@ def reopen_probe(root: Path) -> dict[str, float]:
     alias, read the version record and BM25 document frequencies, answer one hybrid query.
     Seconds to that first answer, and the process's memory (bench_engine's reading)."""
     from bench.bench_engine import _memory
-    from rag_retriever.bm25 import BM25Model
+    from rag_retriever.models.bm25 import BM25Model
 
     terms = _queries()[0]
     t0 = time.perf_counter()
@@ -401,7 +401,7 @@ def run_server(n: int = 10_000) -> dict[str, Any]:
 
 def run_e2e() -> dict[str, Any]:
     """SQuAD dev + SciFact with the real model: a full ingest, then a 1% change of documents."""
-    from rag_retriever.encoder import Encoder
+    from rag_retriever.models.encoder import Encoder
 
     docs: list[Document] = []
     for name in ("squad_v11_dev", "scifact"):
@@ -459,10 +459,10 @@ def run_delta_recall(sets: tuple[tuple[str, str, str], ...] = RECALL_SETS) -> di
     changed (a sentence appended); `ingest` of the real corpus then takes the delta path (those
     documents added back and restored). Both versions are scored with the README's eval on the
     set's labelled questions (real model, default settings)."""
-    from rag_retriever.encoder import Encoder
     from rag_retriever.eval.evaluation import evaluate
     from rag_retriever.eval.questions import load_questions
-    from rag_retriever.retriever import RetrievalConfig, Retriever
+    from rag_retriever.models.encoder import Encoder
+    from rag_retriever.query.retriever import RetrievalConfig, Retriever
 
     encoder = Encoder.load("all-MiniLM-L6-v2")
     out: dict[str, Any] = {}
@@ -524,7 +524,7 @@ def run_vocabulary(
 ) -> dict[str, Any]:
     """Part 4: seconds of a 10-document delta's BM25 statistics step (read, apply, write) at
     each vocabulary size, the table and changes against one JSON file, in one run."""
-    from rag_retriever.bm25 import BM25Model
+    from rag_retriever.models.bm25 import BM25Model
     from rag_retriever.store.terms import read_doc_freqs, write_doc_freqs
 
     rng = random.Random(0)

@@ -49,15 +49,6 @@ _EXPORTS = {
 __all__ = sorted(_EXPORTS)
 
 if TYPE_CHECKING:
-    from rag_retriever.encoder import (
-        Encoder as Encoder,
-    )
-    from rag_retriever.encoder import (
-        Fingerprint as Fingerprint,
-    )
-    from rag_retriever.encoder import (
-        load_encoder as load_encoder,
-    )
     from rag_retriever.errors import (
         CollectionNotFound as CollectionNotFound,
     )
@@ -85,6 +76,27 @@ if TYPE_CHECKING:
     from rag_retriever.errors import (
         RagError as RagError,
     )
+    from rag_retriever.models.encoder import (
+        Encoder as Encoder,
+    )
+    from rag_retriever.models.encoder import (
+        Fingerprint as Fingerprint,
+    )
+    from rag_retriever.models.encoder import (
+        load_encoder as load_encoder,
+    )
+    from rag_retriever.models.reranker import (
+        CrossEncoderReranker as CrossEncoderReranker,
+    )
+    from rag_retriever.models.reranker import (
+        Scorer as Scorer,
+    )
+    from rag_retriever.query.retriever import (
+        RetrievalConfig as RetrievalConfig,
+    )
+    from rag_retriever.query.retriever import (
+        Retriever as Retriever,
+    )
     from rag_retriever.records import (
         Chunk as Chunk,
     )
@@ -105,18 +117,6 @@ if TYPE_CHECKING:
     )
     from rag_retriever.records import (
         StageScore as StageScore,
-    )
-    from rag_retriever.reranker import (
-        CrossEncoderReranker as CrossEncoderReranker,
-    )
-    from rag_retriever.reranker import (
-        Scorer as Scorer,
-    )
-    from rag_retriever.retriever import (
-        RetrievalConfig as RetrievalConfig,
-    )
-    from rag_retriever.retriever import (
-        Retriever as Retriever,
     )
     from rag_retriever.settings import (
         Settings as Settings,

@@ -39,8 +39,8 @@ except ImportError as exc:  # pragma: no cover - exercised by a test that hides 
 from pydantic import ConfigDict, InstanceOf
 
 from rag_retriever.client import AsyncRetrieverClient, RetrieverClient
+from rag_retriever.query.retriever import Retriever
 from rag_retriever.records import HIT_STAGES, Hit, Mode, SearchFilter, SearchResult
-from rag_retriever.retriever import Retriever
 
 STAGES = HIT_STAGES
 

@@ -24,7 +24,7 @@ from typing import Any, Literal
 CHUNK_ID_NAMESPACE = uuid.UUID("5b1c0f8e-7a52-4b8e-9d1c-2f4e6a7b8c90")
 
 Mode = Literal["dense", "bm25", "hybrid", "rerank"]
-# The fusions of the dense and BM25 lists (each one entry of rag_retriever.fusion.METHODS); named
+# The fusions of the dense and BM25 lists (each one entry of rag_retriever.query.fusion.METHODS); named
 # here because the settings (below the fusion layer) validate the untuned one.
 FusionMethod = Literal["rrf", "dbsf", "minmax", "zscore", "adaptive"]
 MODES: tuple[Mode, ...] = ("dense", "bm25", "hybrid", "rerank")

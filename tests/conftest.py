@@ -18,12 +18,12 @@ from hypothesis import settings
 from qdrant_client import QdrantClient
 from transformers import BertConfig, BertForSequenceClassification, BertModel, BertTokenizer
 
-from rag_retriever.encoder import Encoder
 from rag_retriever.ingest.loaders import LoadedCorpus
 from rag_retriever.ingest.writer import ingest_documents
-from rag_retriever.profiles import ModelProfile, write_profile_file
+from rag_retriever.models.encoder import Encoder
+from rag_retriever.models.profiles import ModelProfile, write_profile_file
+from rag_retriever.query.retriever import Retriever
 from rag_retriever.records import Document
-from rag_retriever.retriever import Retriever
 from rag_retriever.store import EdgeStore, ServerStore, Store
 
 # Property tests check correctness, not speed: no per-example deadline, which a busy CI machine

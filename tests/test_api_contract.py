@@ -10,8 +10,8 @@ import pytest
 import schemathesis
 from hypothesis import HealthCheck, given, settings
 
-from rag_retriever.encoder import Encoder
-from rag_retriever.server import create_app
+from rag_retriever.models.encoder import Encoder
+from rag_retriever.service.server import create_app
 from rag_retriever.settings import Settings
 from tests.test_server import build_retriever
 

@@ -1,4 +1,4 @@
-"""The CPU attention (rag_retriever/attention.py) against PyTorch's own scaled dot-product
+"""The CPU attention (rag_retriever/models/attention.py) against PyTorch's own scaled dot-product
 attention: the same output in fp32, the same hidden states of a whole model with padding, and
 the `sdpa` path itself wherever it is not meant to apply (gradients, dropout, causal)."""
 
@@ -11,9 +11,9 @@ import pytest
 import torch
 from transformers import AutoModel, AutoTokenizer
 
-from rag_retriever import attention
-from rag_retriever.attention import NAME, grouped_attention, use_cpu_attention
-from rag_retriever.device import Precision, for_inference
+from rag_retriever.models import attention
+from rag_retriever.models.attention import NAME, grouped_attention, use_cpu_attention
+from rag_retriever.models.device import Precision, for_inference
 from tests.conftest import build_tiny_bert
 
 

@@ -19,8 +19,9 @@ from hypothesis import strategies as st
 from qdrant_client import QdrantClient
 from rank_bm25 import BM25Okapi
 
-from rag_retriever import bm25 as bm25_module
-from rag_retriever.bm25 import (
+from rag_retriever.errors import VersionIncompatible
+from rag_retriever.models import bm25 as bm25_module
+from rag_retriever.models.bm25 import (
     BM25Model,
     BM25Stats,
     SparseVector,
@@ -29,7 +30,6 @@ from rag_retriever.bm25 import (
     sparse_dot,
     term_index,
 )
-from rag_retriever.errors import VersionIncompatible
 from rag_retriever.store import SPARSE, EdgeStore, ServerStore, StageQuery, Store
 from rag_retriever.store.record import bare_record
 from tests.conftest import shared_data

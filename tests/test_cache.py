@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from rag_retriever.cache import CacheKey, SemanticCache
+from rag_retriever.query.cache import CacheKey, SemanticCache
 from rag_retriever.records import SearchResult
 
 
@@ -78,7 +78,7 @@ def test_bad_settings_are_refused(size: int, threshold: float) -> None:
 
 
 def test_a_similar_question_with_other_question_words_or_numbers_is_a_miss() -> None:
-    """The near pairs of SQuAD dev differ in these (see rag_retriever/cache.py)."""
+    """The near pairs of SQuAD dev differ in these (see rag_retriever/query/cache.py)."""
     cache = SemanticCache(size=10, threshold=0.9)
     cache.put(KEY, "Where did the Wesleys teach in 1735?", unit(0.0), result("a"))
     close = unit(0.01)
@@ -130,7 +130,7 @@ def test_no_false_hit_on_squad_questions_that_ask_different_things(minilm) -> No
     import json
     import random
 
-    from rag_retriever.cache import DEFAULT_THRESHOLD
+    from rag_retriever.query.cache import DEFAULT_THRESHOLD
     from tests.conftest import shared_data
 
     articles = {"United_Methodist_Church", "Ctenophora", "Yuan_dynasty", "Normans"}

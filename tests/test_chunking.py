@@ -152,7 +152,7 @@ def test_every_squad_gold_span_lies_inside_a_chunk_and_fits_the_window() -> None
     """With the default settings and the real MiniLM tokenizer (tokenizer only: fast)."""
     from transformers import AutoTokenizer
 
-    from rag_retriever.profiles import resolve_model
+    from rag_retriever.models.profiles import resolve_model
 
     source = resolve_model("all-MiniLM-L6-v2").source
     tok = AutoTokenizer.from_pretrained(source)

@@ -271,7 +271,7 @@ def test_serve_stopped_by_sigterm_says_nothing_about_ingests(
     import os
     import signal
 
-    from rag_retriever import server
+    from rag_retriever.service import server
 
     def serve_until_stopped(*args: object, **kwargs: object) -> None:
         os.kill(os.getpid(), signal.SIGTERM)  # what `docker stop` sends

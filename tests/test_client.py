@@ -24,10 +24,10 @@ from rag_retriever.client import (
     Unauthorized,
     UnprocessableRequest,
 )
-from rag_retriever.encoder import Encoder
 from rag_retriever.errors import RagError
+from rag_retriever.models.encoder import Encoder
+from rag_retriever.query.retriever import Retriever
 from rag_retriever.records import SearchFilter, SearchResult
-from rag_retriever.retriever import Retriever
 from rag_retriever.settings import Settings
 from tests.test_server import build_retriever, live_server
 

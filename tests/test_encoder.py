@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 import torch
 
-from rag_retriever.encoder import Encoder, hash_weights, masked_mean
 from rag_retriever.errors import ConfigError, ModelLoadError
-from rag_retriever.profiles import ModelProfile, resolve_model, write_profile_file
+from rag_retriever.models.encoder import Encoder, hash_weights, masked_mean
+from rag_retriever.models.profiles import ModelProfile, resolve_model, write_profile_file
 
 
 def test_masked_mean_equals_hand_computed_mean() -> None:

@@ -15,15 +15,15 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from rag_retriever.device import AUTO_BATCH_SIZE, choose_precision
-from rag_retriever.encoder import (
+from rag_retriever.errors import ConfigError
+from rag_retriever.models.device import AUTO_BATCH_SIZE, choose_precision
+from rag_retriever.models.encoder import (
     Encoder,
     Prefetch,
     TokenBatch,
     embed_batch,
     tokenize,
 )
-from rag_retriever.errors import ConfigError
 from tests.conftest import WORDS
 
 TEXTS = st.lists(
@@ -144,7 +144,7 @@ def test_an_out_of_memory_halves_the_batch_once_with_one_warning(
     texts = [" ".join(WORDS[i : i + 5 + i % 7]) for i in range(20)]
     wrapped = OutOfMemoryAbove(tiny_encoder.model, rows=3)
     encoder = _encoder_around(tiny_encoder, wrapped, batch_size=8)
-    with caplog.at_level(logging.WARNING, logger="rag_retriever.encoder"):
+    with caplog.at_level(logging.WARNING, logger="rag_retriever.models.encoder"):
         result = encoder.encode_passages(texts)
         again = encoder.encode_passages(texts)
     np.testing.assert_allclose(result.vectors, _reference(tiny_encoder, texts)[0], atol=1e-5)

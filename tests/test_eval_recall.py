@@ -7,12 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from rag_retriever.encoder import Encoder
 from rag_retriever.errors import InvalidRequest
 from rag_retriever.eval.questions import load_questions
 from rag_retriever.eval.recall_at_k import build_parser, run
+from rag_retriever.models.encoder import Encoder
+from rag_retriever.query.retriever import Retriever
 from rag_retriever.records import Document
-from rag_retriever.retriever import Retriever
 from rag_retriever.store import Store
 from tests.conftest import collection_retriever, write_jsonl
 

@@ -10,9 +10,9 @@ from types import ModuleType
 
 import pytest
 
-from rag_retriever.encoder import Encoder
 from rag_retriever.ingest.loaders import LoadedCorpus
 from rag_retriever.ingest.writer import ingest_documents
+from rag_retriever.models.encoder import Encoder
 from rag_retriever.records import Hit, StageScore
 from rag_retriever.settings import Settings
 from rag_retriever.store import EdgeStore

@@ -11,7 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from rag_retriever.errors import InvalidRequest
-from rag_retriever.fusion import METHODS, Fusion, adaptive, dbsf, minmax, rrf, zscore
+from rag_retriever.query.fusion import METHODS, Fusion, adaptive, dbsf, minmax, rrf, zscore
 from rag_retriever.records import FusionMethod
 
 

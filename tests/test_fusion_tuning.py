@@ -10,17 +10,17 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from rag_retriever.bm25 import sparse_dot
-from rag_retriever.chunk_table import ChunkTable
 from rag_retriever.cli import main
-from rag_retriever.encoder import Encoder
 from rag_retriever.errors import ConfigError, InvalidRequest
 from rag_retriever.eval.questions import Question, load_questions
-from rag_retriever.fusion import METHODS, Fusion
 from rag_retriever.ingest.loaders import LoadedCorpus
 from rag_retriever.ingest.writer import ingest_documents
+from rag_retriever.models.bm25 import sparse_dot
+from rag_retriever.models.encoder import Encoder
+from rag_retriever.query.chunk_table import ChunkTable
+from rag_retriever.query.fusion import METHODS, Fusion
+from rag_retriever.query.retriever import Retriever
 from rag_retriever.records import Document
-from rag_retriever.retriever import Retriever
 from rag_retriever.settings import Settings
 from rag_retriever.store import Store
 from rag_retriever.store.catalog import rollback

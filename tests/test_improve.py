@@ -168,9 +168,9 @@ def test_the_loop_serve_query_feedback_export_improve_answers_better(
     the promoted version ranks the judged documents higher on those questions."""
     from fastapi.testclient import TestClient
 
-    from rag_retriever.querylog import QueryLog
-    from rag_retriever.retriever import Retriever
-    from rag_retriever.server import create_app
+    from rag_retriever.query.querylog import QueryLog
+    from rag_retriever.query.retriever import Retriever
+    from rag_retriever.service.server import create_app
 
     _ingest(tmp_path)
     live = _served(env)
@@ -247,12 +247,13 @@ def test_folds_are_chosen_by_question_count_and_checked(
     env: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     from rag_retriever.training.improve_kfold import KFoldImprove
+    from rag_retriever.training.improver import KFOLDS_DEFAULT, improver
 
     _ingest(tmp_path)
     questions = _questions(tmp_path, filler=True)
 
     def made(**options: object) -> improve.Improve:
-        return improve.improver(
+        return improver(
             Settings.from_env(collection="kb"),
             questions,
             work_dir=tmp_path / "work",
@@ -260,7 +261,7 @@ def test_folds_are_chosen_by_question_count_and_checked(
         )
 
     auto = made()  # 120 questions: fewer than KFOLD_BELOW
-    assert isinstance(auto, KFoldImprove) and auto.options.folds == improve.KFOLDS_DEFAULT
+    assert isinstance(auto, KFoldImprove) and auto.options.folds == KFOLDS_DEFAULT
     one = made(folds=1)
     assert type(one) is improve.Improve
     assert type(made(folds=1, held_out=0.2)) is improve.Improve

@@ -12,13 +12,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from rag_retriever.chunk_table import ChunkTable
-from rag_retriever.encoder import Encoded, Encoder
 from rag_retriever.errors import CollectionNotFound, ConfigError, IngestLocked, InvalidRequest
 from rag_retriever.ingest.loaders import LoadedCorpus
 from rag_retriever.ingest.lock import IngestLock
 from rag_retriever.ingest.writer import ingest_documents
-from rag_retriever.profiles import ModelProfile, write_profile_file
+from rag_retriever.models.encoder import Encoded, Encoder
+from rag_retriever.models.profiles import ModelProfile, write_profile_file
+from rag_retriever.query.chunk_table import ChunkTable
 from rag_retriever.records import Document, chunk_point_id
 from rag_retriever.store import EdgeStore, Store
 from rag_retriever.store.catalog import promote_version, rollback

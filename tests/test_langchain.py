@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from rag_retriever.client import AsyncRetrieverClient, RetrieverClient
-from rag_retriever.encoder import Encoder
+from rag_retriever.models.encoder import Encoder
+from rag_retriever.query.retriever import Retriever
 from rag_retriever.records import Context, Hit, SearchFilter, StageScore
-from rag_retriever.retriever import Retriever
 from rag_retriever.settings import Settings
 from tests.test_server import build_retriever, live_server
 
@@ -184,7 +184,7 @@ def test_missing_langchain_core_gives_the_install_command(monkeypatch: pytest.Mo
 
 def test_the_package_does_not_import_langchain() -> None:
     code = (
-        "import sys, rag_retriever, rag_retriever.server, rag_retriever.client, rag_retriever.cli\n"
+        "import sys, rag_retriever, rag_retriever.service.server, rag_retriever.client, rag_retriever.cli\n"
         "print(sorted(m for m in sys.modules if m.startswith('langchain')))"
     )
     out = subprocess.run(

@@ -14,12 +14,12 @@ import pytest
 from fastapi.testclient import TestClient
 
 from rag_retriever.cli import main
-from rag_retriever.encoder import Encoder
 from rag_retriever.errors import CollectionNotFound, InvalidRequest
 from rag_retriever.eval.questions import load_questions
-from rag_retriever.querylog import QueryLog, read_lines
-from rag_retriever.retriever import Retriever
-from rag_retriever.server import create_app
+from rag_retriever.models.encoder import Encoder
+from rag_retriever.query.querylog import QueryLog, read_lines
+from rag_retriever.query.retriever import Retriever
+from rag_retriever.service.server import create_app
 from rag_retriever.settings import Settings
 from rag_retriever.store import Store
 from tests.conftest import collection_retriever
@@ -224,7 +224,7 @@ def test_both_clients_return_the_query_id_and_send_feedback(
 
     from rag_retriever.client import AsyncRetrieverClient, NotFound, RetrieverClient
     from rag_retriever.langchain import result_to_documents
-    from rag_retriever.server import serve_in_thread
+    from rag_retriever.service.server import serve_in_thread
 
     with serve_in_thread(create_app(logged, Settings(data_dir=tmp_path))) as url:
         with RetrieverClient(url) as client:
@@ -286,7 +286,7 @@ def test_doctor_finds_duplicates_and_boilerplate_and_exits_1(
 def test_doctor_reads_the_query_log_for_drift_and_stage_health(
     logged: Retriever, tmp_path: Path
 ) -> None:
-    from rag_retriever.doctor import Doctor, Thresholds
+    from rag_retriever.ops.doctor import Doctor, Thresholds
 
     for q in ["the king", "wine", "apples", "river mountain", "peace", "queen", "city", "war"]:
         logged.retrieve(q, k=3)

@@ -19,9 +19,9 @@ from hypothesis import strategies as st
 from rag_retriever.ingest.chunking import Chunker, ChunkingConfig
 from rag_retriever.ingest.loaders import load_documents
 from rag_retriever.ingest.parallel_chunking import chunk_documents
-from rag_retriever.profiles import resolve_model
+from rag_retriever.models.profiles import resolve_model
+from rag_retriever.models.token_counter import TokenizerCounter
 from rag_retriever.records import Chunk, Document
-from rag_retriever.token_counter import TokenizerCounter
 from tests.conftest import shared_data
 from tests.test_chunking import CFG, chars, document_text
 from tests.word_counters import words

@@ -13,12 +13,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from rag_retriever.bm25 import BM25Model, Tokenizer
-from rag_retriever.encoder import Encoder
 from rag_retriever.ingest.chunking import Chunker
 from rag_retriever.ingest.loaders import LoadedCorpus
 from rag_retriever.ingest.pipeline import Pipeline
 from rag_retriever.ingest.writer import chunking_config_for, document_hash, ingest_documents
+from rag_retriever.models.bm25 import BM25Model, Tokenizer
+from rag_retriever.models.encoder import Encoder
 from rag_retriever.records import Document
 from rag_retriever.store import Store
 from tests.test_parallel_chunking import _alive, _wait_gone, start_with_workers
@@ -186,10 +186,10 @@ def test_a_failing_write_stage_leaves_the_alias_and_no_partial_version(
 _SCRIPT = """
 import multiprocessing, signal, sys, threading, time
 import numpy as np
-from rag_retriever.encoder import Encoded
+from rag_retriever.models.encoder import Encoded
 from rag_retriever.ingest.loaders import LoadedCorpus
 from rag_retriever.ingest.writer import ingest_documents
-from rag_retriever.profiles import Fingerprint
+from rag_retriever.models.profiles import Fingerprint
 from rag_retriever.records import Document
 from rag_retriever.store import EdgeStore
 from tests.word_counters import SlowWords

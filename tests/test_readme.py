@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from rag_retriever.cli import main
-from rag_retriever.retriever import Retriever
-from rag_retriever.server import create_app, serve_in_thread
+from rag_retriever.query.retriever import Retriever
+from rag_retriever.service.server import create_app, serve_in_thread
 from rag_retriever.settings import Settings
 
 pytestmark = pytest.mark.model

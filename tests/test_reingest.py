@@ -12,14 +12,14 @@ from pathlib import Path
 
 import pytest
 
-from rag_retriever.encoder import Encoder
 from rag_retriever.errors import GateRejected
 from rag_retriever.eval.gate import make_gate
 from rag_retriever.ingest.loaders import LoadedCorpus
 from rag_retriever.ingest.lock import IngestLock
 from rag_retriever.ingest.writer import ingest_documents
+from rag_retriever.models.encoder import Encoder
+from rag_retriever.query.retriever import Retriever
 from rag_retriever.records import Document
-from rag_retriever.retriever import Retriever
 from rag_retriever.settings import Settings
 from rag_retriever.store import STATUS_COMPLETE, EdgeStore, Store
 from tests.conftest import write_jsonl

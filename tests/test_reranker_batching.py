@@ -12,14 +12,14 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from rag_retriever.device import (
+from rag_retriever.models.device import (
     AUTO_RERANK_BATCH_SIZE,
     Precision,
     for_inference,
     holds_half_weights,
     inference,
 )
-from rag_retriever.reranker import CrossEncoderReranker
+from rag_retriever.models.reranker import CrossEncoderReranker
 from tests.conftest import WORDS
 
 

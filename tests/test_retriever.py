@@ -13,9 +13,6 @@ import pytest
 import torch
 from rank_bm25 import BM25Okapi
 
-from rag_retriever.bm25 import Tokenizer
-from rag_retriever.chunk_table import ChunkTable
-from rag_retriever.encoder import Encoder
 from rag_retriever.errors import (
     CollectionNotFound,
     ConfigError,
@@ -23,13 +20,16 @@ from rag_retriever.errors import (
     InvalidRequest,
     ModelLoadError,
 )
-from rag_retriever.fusion import METHODS, rrf
 from rag_retriever.ingest.loaders import LoadedCorpus
 from rag_retriever.ingest.writer import ingest_documents
-from rag_retriever.profiles import ModelProfile, write_profile_file
+from rag_retriever.models.bm25 import Tokenizer
+from rag_retriever.models.encoder import Encoder
+from rag_retriever.models.profiles import ModelProfile, write_profile_file
+from rag_retriever.models.reranker import CrossEncoderReranker, PairScores, Scorer
+from rag_retriever.query.chunk_table import ChunkTable
+from rag_retriever.query.fusion import METHODS, rrf
+from rag_retriever.query.retriever import RetrievalConfig, Retriever
 from rag_retriever.records import Document, FusionMethod, SearchFilter
-from rag_retriever.reranker import CrossEncoderReranker, PairScores, Scorer
-from rag_retriever.retriever import RetrievalConfig, Retriever
 from rag_retriever.settings import Settings
 from rag_retriever.store import EdgeStore, Store
 from tests.conftest import collection_retriever
@@ -470,8 +470,8 @@ def test_chunks_cut_for_the_cross_encoder_are_reported(
 def test_every_mode_is_described_once_by_its_stages() -> None:
     from typing import get_args
 
+    from rag_retriever.query.retriever import MODE_STAGES
     from rag_retriever.records import Mode
-    from rag_retriever.retriever import MODE_STAGES
 
     assert tuple(MODE_STAGES) == get_args(Mode)  # the order the modes are listed in
     # each mode's result is the last list it makes; a stage needs the ones it builds on

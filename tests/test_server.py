@@ -19,16 +19,17 @@ import pytest
 from fastapi.testclient import TestClient
 from qdrant_client import QdrantClient
 
-from rag_retriever import cli, server
+from rag_retriever import cli
 from rag_retriever.client import PayloadTooLarge, RetrieverClient
-from rag_retriever.encoder import Encoder
 from rag_retriever.errors import ConfigError, ModelLoadError
 from rag_retriever.ingest.loaders import LoadedCorpus
 from rag_retriever.ingest.writer import ingest_documents
+from rag_retriever.models.encoder import Encoder
+from rag_retriever.models.reranker import CrossEncoderReranker
+from rag_retriever.query.retriever import Retriever
 from rag_retriever.records import SearchFilter
-from rag_retriever.reranker import CrossEncoderReranker
-from rag_retriever.retriever import Retriever
-from rag_retriever.server import create_app, serve_in_thread
+from rag_retriever.service import server
+from rag_retriever.service.server import create_app, serve_in_thread
 from rag_retriever.settings import Settings
 from rag_retriever.store import ServerStore, StageQuery
 from tests.test_retriever import DOCS
@@ -386,7 +387,7 @@ def test_fingerprint_mismatch_is_409(
 ) -> None:
     import shutil
 
-    from rag_retriever.profiles import ModelProfile, write_profile_file
+    from rag_retriever.models.profiles import ModelProfile, write_profile_file
 
     other_dir = Path(shutil.copytree(tiny_encoder_dir, tmp_path / "other"))
     write_profile_file(other_dir, ModelProfile("other-bert", "q: ", "p: ", "mean", 64))
@@ -424,7 +425,7 @@ def test_unexpected_errors_are_a_generic_500_and_logged(
         collection="kb",
     )
     with (
-        caplog.at_level(logging.ERROR, logger="rag_retriever.server"),
+        caplog.at_level(logging.ERROR, logger="rag_retriever.service.server"),
         TestClient(create_app(broken, served.settings), raise_server_exceptions=False) as client,
     ):
         response = client.post("/v1/search", json={"query": "king", "mode": "dense"})

@@ -14,8 +14,8 @@ from hypothesis import strategies as st
 
 from rag_retriever.ingest.chunking import Chunker, ChunkingConfig, sentence_spans
 from rag_retriever.ingest.loaders import load_documents
+from rag_retriever.models.token_counter import TokenizerCounter, splits_at_whitespace
 from rag_retriever.records import Document
-from rag_retriever.token_counter import TokenizerCounter, splits_at_whitespace
 from tests.conftest import shared_data
 from tests.test_chunking import document_text
 from tests.test_parallel_chunking import minilm_counter

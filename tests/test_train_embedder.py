@@ -13,14 +13,14 @@ import transformers
 from hypothesis import given
 from hypothesis import strategies as st
 
-from rag_retriever.chunk_table import ChunkTable
-from rag_retriever.device import Precision
-from rag_retriever.encoder import Encoder
 from rag_retriever.errors import ConfigError
 from rag_retriever.eval.questions import load_questions
-from rag_retriever.profiles import ModelProfile, resolve_model
+from rag_retriever.models.device import Precision
+from rag_retriever.models.encoder import Encoder
+from rag_retriever.models.profiles import ModelProfile, resolve_model
+from rag_retriever.query.chunk_table import ChunkTable
+from rag_retriever.query.retriever import Retriever
 from rag_retriever.records import Chunk, Document
-from rag_retriever.retriever import Retriever
 from rag_retriever.store import Store
 from rag_retriever.training.common import OptimizerStep, micro_batches
 from rag_retriever.training.embedder import (
@@ -181,7 +181,7 @@ def test_training_keeps_fp32_weights_where_inference_holds_half_ones(
     # here: the CPU is made to hold half weights as CUDA does.
     from safetensors import safe_open
 
-    from rag_retriever import device
+    from rag_retriever.models import device
 
     monkeypatch.setattr(device, "holds_half_weights", lambda precision: precision.dtype != "fp32")
 

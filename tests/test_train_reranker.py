@@ -11,17 +11,17 @@ import pytest
 import torch
 from transformers import AutoTokenizer, BertForSequenceClassification, BertModel
 
-from rag_retriever.chunk_table import ChunkTable
 from rag_retriever.cli import EXIT_WORSE, build_parser, main, training_verdict
-from rag_retriever.device import Precision
-from rag_retriever.encoder import Encoder
 from rag_retriever.errors import ConfigError
 from rag_retriever.eval.questions import load_questions
 from rag_retriever.ingest.loaders import LoadedCorpus
 from rag_retriever.ingest.writer import ingest_documents
+from rag_retriever.models.device import Precision
+from rag_retriever.models.encoder import Encoder
+from rag_retriever.models.reranker import CrossEncoderReranker
+from rag_retriever.query.chunk_table import ChunkTable
+from rag_retriever.query.retriever import Retriever
 from rag_retriever.records import Chunk, Document
-from rag_retriever.reranker import CrossEncoderReranker
-from rag_retriever.retriever import Retriever
 from rag_retriever.store import Store
 from rag_retriever.training.common import OptimizerStep
 from rag_retriever.training.mining import Example, MinedSet, mine_examples

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rag_retriever.device import Precision
+from rag_retriever.models.device import Precision
 from rag_retriever.training.common import OptimizerStep, training_precision, warmup_linear
 
 

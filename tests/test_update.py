@@ -21,15 +21,15 @@ import pytest
 from qdrant_client import QdrantClient
 from rank_bm25 import BM25Okapi
 
-from rag_retriever import bm25 as bm25_module
-from rag_retriever.bm25 import BM25Model, Tokenizer, as_doc_freqs
-from rag_retriever.encoder import Encoder
 from rag_retriever.errors import DocumentError, UpdateRefused
 from rag_retriever.ingest.loaders import LoadedCorpus
 from rag_retriever.ingest.writer import ingest_documents, update_documents
-from rag_retriever.profiles import ModelProfile, write_profile_file
+from rag_retriever.models import bm25 as bm25_module
+from rag_retriever.models.bm25 import BM25Model, Tokenizer, as_doc_freqs
+from rag_retriever.models.encoder import Encoder
+from rag_retriever.models.profiles import ModelProfile, write_profile_file
+from rag_retriever.query.retriever import Retriever
 from rag_retriever.records import Document, embed_text
-from rag_retriever.retriever import Retriever
 from rag_retriever.store import DENSE, SPARSE, EdgeStore, ServerStore, StageQuery, Store
 from rag_retriever.store import edge as edge_module
 from rag_retriever.store import terms as terms_module

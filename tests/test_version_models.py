@@ -9,12 +9,12 @@ from pathlib import Path
 import pytest
 
 from rag_retriever.cli import main
-from rag_retriever.encoder import Encoder
 from rag_retriever.errors import FingerprintMismatch
 from rag_retriever.ingest.loaders import LoadedCorpus
 from rag_retriever.ingest.writer import ingest_documents
+from rag_retriever.models.encoder import Encoder
+from rag_retriever.query.retriever import Retriever
 from rag_retriever.records import Document
-from rag_retriever.retriever import Retriever
 from rag_retriever.settings import Settings
 from rag_retriever.store import EdgeStore, open_store
 from tests.conftest import build_tiny_bert, write_jsonl

@@ -17,15 +17,15 @@ from fastapi.testclient import TestClient
 from qdrant_client import QdrantClient
 
 from rag_retriever.client import AsyncRetrieverClient, RetrieverClient, Unauthorized
-from rag_retriever.encoder import Encoder
 from rag_retriever.ingest.loaders import LoadedCorpus
 from rag_retriever.ingest.writer import ingest_documents
+from rag_retriever.models.encoder import Encoder
+from rag_retriever.query.retriever import Retriever
 from rag_retriever.records import Document
-from rag_retriever.retriever import Retriever
-from rag_retriever.server import create_app, serve_in_thread
+from rag_retriever.service.server import create_app, serve_in_thread
+from rag_retriever.service.writes import Change, merge
 from rag_retriever.settings import Settings
 from rag_retriever.store import EdgeStore, ServerStore, Store
-from rag_retriever.writes import Change, merge
 
 DOCS = tuple(
     Document(f"d{i}", f"doc {i}", f"alpha bravo {w} river city king queen {w}")

@@ -22,7 +22,6 @@ from typing import Any, Literal
 
 from tqdm.auto import tqdm
 
-from rag_retriever.chunk_table import ChunkTable
 from rag_retriever.errors import InvalidRequest
 from rag_retriever.eval.metrics import (
     FAILURE_CLASSES,
@@ -33,8 +32,9 @@ from rag_retriever.eval.metrics import (
     recall_from_ranks,
 )
 from rag_retriever.eval.questions import Question
+from rag_retriever.query.chunk_table import ChunkTable
+from rag_retriever.query.retriever import Retriever, Trace
 from rag_retriever.records import Mode
-from rag_retriever.retriever import Retriever, Trace
 
 Level = Literal["chunk", "doc"]
 DEFAULT_KS = (1, 5, 10, 20, 100)

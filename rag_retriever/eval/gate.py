@@ -18,15 +18,15 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from rag_retriever.encoder import Encoder, encoder_of_version
 from rag_retriever.errors import ConfigError
 from rag_retriever.eval.evaluation import EvalRun, evaluate, primary_mode
 from rag_retriever.eval.judge import judge
 from rag_retriever.eval.questions import Question, load_questions
-from rag_retriever.ingest.writer import Gate, GateDecision
+from rag_retriever.ingest.options import Gate, GateDecision
+from rag_retriever.models.encoder import Encoder, encoder_of_version
+from rag_retriever.models.reranker import CrossEncoderReranker, Scorer
+from rag_retriever.query.retriever import RetrievalConfig, Retriever
 from rag_retriever.records import Mode
-from rag_retriever.reranker import CrossEncoderReranker, Scorer
-from rag_retriever.retriever import RetrievalConfig, Retriever
 from rag_retriever.settings import Settings
 from rag_retriever.store import Store
 

@@ -31,8 +31,8 @@ from rag_retriever.eval.report import (
     summary_table,
     write_outputs,
 )
+from rag_retriever.query.retriever import Retriever
 from rag_retriever.records import MODES, Mode
-from rag_retriever.retriever import Retriever
 from rag_retriever.settings import Settings
 
 

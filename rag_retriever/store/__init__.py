@@ -7,7 +7,8 @@ Example:
     >>> store.record("docs__all-minilm-l6-v2-384__v3").lineage     # doctest: +SKIP
 
 - `base`: the `Store` interface every engine implements (one contract, one test suite), naming,
-  filters and what a search asks for.
+  filters and what a search asks for; it imports neither engine.
+- `open`: `open_store(settings)`, the one place that picks an engine; `files`: atomic writes.
 - `edge`: Qdrant Edge, the embedded default (a version = an immutable manifest of shards).
 - `server`: a Qdrant server or cluster through qdrant-client.
 - `record`: the typed version record (`VersionRecord`).
@@ -27,15 +28,14 @@ from rag_retriever.store.base import (
     Record,
     StageQuery,
     Store,
-    check_data_dir,
     collection_name,
     index_kind,
     metadata_path,
-    open_store,
     parse_collection_name,
-    write_atomic,
 )
 from rag_retriever.store.edge import EdgeStore
+from rag_retriever.store.files import write_atomic
+from rag_retriever.store.open import check_data_dir, open_store
 from rag_retriever.store.record import (
     SCHEMA_VERSION,
     STATUS_BUILDING,

@@ -22,32 +22,26 @@ This module knows nothing of chunking, models or how BM25 weights are computed.
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
-import os
 import re
 import struct
 import time
-import uuid
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Final, Literal
 
 import numpy as np
 
-from rag_retriever.bm25 import SparseVector
 from rag_retriever.errors import (
     CollectionNotFound,
-    ConfigError,
     InvalidRequest,
     RagError,
     StoreUnavailable,
     VersionIncompatible,
 )
+from rag_retriever.models.bm25 import SparseVector
 from rag_retriever.records import SearchFilter
-from rag_retriever.settings import Settings
 from rag_retriever.store.record import STATUS_COMPLETE, VersionRecord
 
 log = logging.getLogger(__name__)
@@ -303,61 +297,6 @@ class Store(ABC):
 
     def next_version(self, alias: str) -> int:
         return max((i.version for i in self.versions(alias)), default=0) + 1
-
-
-def open_store(settings: Settings) -> Store:
-    """A Qdrant server store when RAG_QDRANT_URL is set, else Qdrant Edge under data_dir."""
-    if settings.qdrant_url:
-        from qdrant_client import QdrantClient
-
-        from rag_retriever.store.server import ServerStore
-
-        client = QdrantClient(url=settings.qdrant_url, api_key=settings.qdrant_api_key, timeout=30)
-        return ServerStore(
-            client,
-            shard_number=settings.qdrant_shards,
-            replication_factor=settings.qdrant_replicas,
-            write_consistency_factor=settings.qdrant_write_consistency,
-        )
-    from rag_retriever.store.edge import EdgeStore
-
-    check_data_dir(settings.data_dir)
-    return EdgeStore(settings.edge_dir)
-
-
-def check_data_dir(data_dir: Path) -> None:
-    """Refuse a data dir that is a file, or was written by rag-retriever 0.1."""
-    if data_dir.exists() and not data_dir.is_dir():
-        raise ConfigError(f"RAG_DATA_DIR {data_dir} is a file, not a directory; point it at one")
-    old = [p for p in (data_dir / "qdrant", data_dir / "indexes") if p.is_dir()]
-    if old:
-        raise ConfigError(
-            f"{data_dir} holds collections written by rag-retriever 0.1 "
-            f"({', '.join(str(p) for p in old)}: qdrant-client local mode and a BM25 sidecar), "
-            f"which this version does not read. Re-ingest your documents into a new data dir "
-            f"(RAG_DATA_DIR=new-dir rag-retriever ingest PATH --collection NAME), or remove "
-            f"those folders to re-ingest in place."
-        )
-
-
-def write_atomic(path: Path, data: bytes) -> None:
-    """Replace `path` with `data` so that a reader (or a crash) sees the old or the new file:
-    write a temporary file, fsync it, rename it over `path`, fsync the directory."""
-    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
-    with open(tmp, "wb") as fh:
-        fh.write(data)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
-    fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def read_json(path: Path) -> Any:
-    return json.loads(path.read_text(encoding="utf-8"))
 
 
 @contextlib.contextmanager

@@ -43,6 +43,13 @@ shard: the next write of the alias removes both.
 
 Does not do: replication, or writes from two processes to one version (the writer holds the
 alias's lock).
+
+Why one module: `EdgeStore` is the `Store` contract on one engine, and every method reads or
+writes the one layout above (version directories, manifests, shard directories, the alias and
+marker files) through one cache of open shards; split, each part would need the others'
+private file and shard handling. What is pure moved out: the manifest, its merge policy and the
+ranked-list merging are store/shards.py, the BM25 table store/terms.py, atomic files
+store/files.py.
 """
 
 from __future__ import annotations
@@ -60,14 +67,14 @@ import threading
 import time
 import uuid
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from rag_retriever.bm25 import DocFreqs, SparseVector
 from rag_retriever.errors import CollectionNotFound, ConfigError, InvalidRequest
+from rag_retriever.models.bm25 import DocFreqs, SparseVector
 from rag_retriever.records import ALIAS_PATTERN, SearchFilter, check_alias
 from rag_retriever.store.base import (
     DENSE,
@@ -83,10 +90,21 @@ from rag_retriever.store.base import (
     make_record,
     metadata_path,
     parse_collection_name,
-    read_json,
-    write_atomic,
 )
+from rag_retriever.store.files import read_json, write_atomic
 from rag_retriever.store.record import VersionRecord
+from rag_retriever.store.shards import (
+    Compaction,
+    Manifest,
+    Segment,
+    limited,
+    live_head,
+    merge_due,
+    merge_from,
+    outgrown,
+    ranked,
+    too_many_deltas,
+)
 from rag_retriever.store.terms import read_doc_freqs, write_doc_freqs
 
 log = logging.getLogger(__name__)
@@ -94,20 +112,6 @@ log = logging.getLogger(__name__)
 # What a version's directory or a shard may be called: a plain file name that cannot leave the
 # store.
 _SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,199}")
-# Delta shards are merged like a binary counter: the newest two whenever the older one holds at
-# most MERGE_RATIO times the newer one's points. For equal deltas that keeps at most ~5 delta
-# shards and copies each delta point ~6 times over 100 deltas (simulated), so merges stay small.
-MERGE_RATIO = 2
-# And no more than this many delta shards (more are merged inside the update in inline mode, and
-# make a compaction due otherwise): each costs one engine call per query (0.3-2 ms at
-# 100k points; with 4, hybrid p50 after 100 1% deltas was 2.0-2.4x a fresh build). With 2, the
-# deltas copy ~19% more points in merges (simulated over 100 1% deltas at 100k) and a version
-# reads at most 3 shards once its merges are done (2.6 on average, was 3.0).
-MAX_DELTA_SHARDS = 2
-# When the delta shards' points (live or tombstoned in the base) exceed this share of the base's,
-# everything is merged into a new base (a full HNSW build), so over-fetching past tombstones and
-# the shard count stay bounded.
-BASE_MERGE_FRACTION = 0.5
 # With compaction off the write path (`seal(merge_base=False)`), an update merges delta shards
 # itself only while the merge holds at most this many points (a copy and an HNSW build of ~1-2 s
 # on 2 cores); a bigger merge of delta shards, like a base merge, is left to a compaction, so no
@@ -132,137 +136,6 @@ _MARKER_TRIES = 10
 _MARKER_RETRY_S = 0.01
 # The payload index kinds a shard reports (ShardInfo.payload_schema), as the store names them.
 _INDEX_KINDS: dict[str, IndexKind] = {"Keyword": "keyword", "Integer": "integer", "Bool": "bool"}
-
-
-@dataclass(frozen=True)
-class Segment:
-    """One shard as a version reads it: its id, its points, and the ids it no longer serves."""
-
-    id: str
-    points: int
-    deleted: frozenset[str] = frozenset()
-
-    @property
-    def live(self) -> int:
-        return self.points - len(self.deleted)
-
-    def to_json(self) -> dict[str, Any]:
-        return {"id": self.id, "points": self.points, "deleted": sorted(self.deleted)}
-
-    @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> Segment:
-        return cls(str(data["id"]), int(data["points"]), frozenset(data.get("deleted") or ()))
-
-
-@dataclass(frozen=True)
-class Manifest:
-    """The shards of a version, oldest (the base) first; `own` is the one this version writes."""
-
-    segments: tuple[Segment, ...] = ()
-    own: str | None = None
-    merges: tuple[str, ...] = field(default=(), compare=False)
-
-    def to_json(self) -> dict[str, Any]:
-        return {"segments": [s.to_json() for s in self.segments], "own": self.own}
-
-    @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> Manifest:
-        return cls(tuple(Segment.from_json(s) for s in data["segments"]), data.get("own"))
-
-
-@dataclass(frozen=True)
-class Compaction:
-    """A running compaction of `alias`: `shard` receives the live points of `segments`, a run of
-    consecutive shards of version `source` when it started: all of them (`kind` "base": a new
-    base), or its newest delta shards ("deltas": one delta shard in their place). The marker
-    file (`fd`) stays locked by this process until `end_compaction`; a process that dies lets
-    go of it, so a marker nobody holds is stale and names nothing."""
-
-    alias: str
-    source: str
-    segments: tuple[Segment, ...]
-    shard: str
-    fd: int = field(compare=False, repr=False)
-    points: int = 0
-    kind: str = "base"
-
-
-def _outgrown(segments: Sequence[Segment]) -> bool:
-    """Whether the delta shards (and the base's tombstones) exceed BASE_MERGE_FRACTION of the
-    base: past it, the shards are worth merging into a new base."""
-    if len(segments) < 2:
-        return False
-    base, deltas = segments[0], segments[1:]
-    return sum(s.points for s in deltas) + len(base.deleted) > BASE_MERGE_FRACTION * base.points
-
-
-def _merge_from(deltas: Sequence[Segment], cap: float = math.inf) -> int:
-    """Where the newest delta shards to merge into one begin (`len(deltas)`: none). Like a binary
-    counter: the run grows backwards while the next older shard holds at most MERGE_RATIO times
-    the run's live points, and (`cap`) while the merge holds at most `cap` points. Without a cap,
-    all of them when more than MAX_DELTA_SHARDS would be left; with one, that merge is a
-    compaction's (`_due`)."""
-    if len(deltas) < 2:
-        return len(deltas)
-    start, points = len(deltas) - 1, deltas[-1].live
-    while (
-        start > 0
-        and deltas[start - 1].live <= MERGE_RATIO * points
-        and points + deltas[start - 1].live <= cap
-    ):
-        start -= 1
-        points += deltas[start].live
-    if start == len(deltas) - 1:  # the newest shard merges with none
-        start = len(deltas)
-    if cap == math.inf and min(start + 1, len(deltas)) > MAX_DELTA_SHARDS:
-        return 0
-    return start
-
-
-def _too_many_deltas(segments: Sequence[Segment]) -> bool:
-    return len(segments) - 1 > MAX_DELTA_SHARDS
-
-
-def _due(segments: Sequence[Segment]) -> bool:
-    """Whether a compaction is due: the deltas outgrew the base, or an update left more than
-    MAX_DELTA_SHARDS delta shards (their merge was too big for it, INLINE_MERGE_POINTS)."""
-    return _outgrown(segments) or _too_many_deltas(segments)
-
-
-def _limited(queries: Sequence[StageQuery], limits: Sequence[int]) -> list[StageQuery]:
-    return [
-        q if q.limit == n else replace(q, limit=n) for q, n in zip(queries, limits, strict=True)
-    ]
-
-
-@dataclass
-class _Head:
-    """A shard's score-ordered points up to its `limit`-th live one: every id read (`names`,
-    by position), the live ones with their scores, and the last one's score (`floor`; None
-    when the list holds fewer live points)."""
-
-    names: list[str]
-    live: list[tuple[str, float]]
-    floor: float | None
-
-
-def _live_head(points: Sequence[Any], limit: int, deleted: frozenset[str]) -> _Head:
-    names: list[str] = []
-    live: list[tuple[str, float]] = []
-    for point in points:
-        pid = str(point.id)
-        names.append(pid)
-        if pid not in deleted:
-            live.append((pid, float(point.score)))
-            if len(live) == limit:
-                return _Head(names, live, live[-1][1])
-    return _Head(names, live, None)
-
-
-def _ranked(shard: int, points: Sequence[Any]) -> Iterator[tuple[float, int, int]]:
-    """(-score, shard, position) of a shard's score-ordered points, for `heapq.merge`."""
-    for at, point in enumerate(points):
-        yield -point.score, shard, at
 
 
 class EdgeStore(Store):
@@ -532,7 +405,7 @@ class EdgeStore(Store):
             return segments
         running = self.running_compaction(name.split("__", 1)[0])
         frozen = set(running.get("segments", ())) if running is not None else set()
-        if merge_base and running is None and _outgrown(segments):
+        if merge_base and running is None and outgrown(segments):
             log.info(
                 "%s: the deltas outgrew the base; merging %d shards into a new base",
                 name,
@@ -541,7 +414,7 @@ class EdgeStore(Store):
             return (self._merge(name, segments, indexes),)
         fixed = max([1] + [at + 1 for at, s in enumerate(segments) if s.id in frozen])
         deltas = segments[fixed:]
-        start = _merge_from(deltas, math.inf if merge_base else INLINE_MERGE_POINTS)
+        start = merge_from(deltas, math.inf if merge_base else INLINE_MERGE_POINTS)
         if start < len(deltas):
             log.info("%s: merging %d delta shards into one", name, len(deltas) - start)
             deltas = (*deltas[:start], self._merge(name, deltas[start:], indexes))
@@ -597,7 +470,7 @@ class EdgeStore(Store):
             raise InvalidRequest(str(exc)) from None
 
     def compaction_due(self, name: str) -> bool:
-        return _due(self.manifest(name).segments)
+        return merge_due(self.manifest(name).segments)
 
     def running_compaction(self, alias: str) -> dict[str, Any] | None:
         """What a compaction of `alias` running now (in any process) merges: its marker,
@@ -624,19 +497,19 @@ class EdgeStore(Store):
     def begin_compaction(self, alias: str, *, force: bool = False) -> Compaction | None:
         """Start compacting the version `alias` serves: every shard into a new base when the
         deltas outgrew it (or `force`), else its newest delta shards into one when there are
-        more than MAX_DELTA_SHARDS (the binary counter's run, `_merge_from`). None when another
+        more than MAX_DELTA_SHARDS (the binary counter's run, `merge_from`). None when another
         compaction runs or there is nothing worth merging. The marker names the shards and the
         new shard before it is created, so that retention never deletes it while it is built."""
         source = self.aliases().get(alias)
         if source is None:
             raise CollectionNotFound(f"alias {alias!r} does not exist; nothing to compact")
         segments = self.manifest(source).segments
-        if force or _outgrown(segments):
+        if force or outgrown(segments):
             if not (len(segments) > 1 or any(s.deleted for s in segments)):
                 return None
             kind, run = "base", segments
-        elif _too_many_deltas(segments):
-            kind, run = "deltas", segments[1 + _merge_from(segments[1:]) :]
+        elif too_many_deltas(segments):
+            kind, run = "deltas", segments[1 + merge_from(segments[1:]) :]
         else:
             return None
         fd = self._lock_marker(alias)
@@ -867,12 +740,12 @@ class EdgeStore(Store):
             return [best_first(found) for found in self._query(segments[0].id, queries, None)]
         asked = [[self._fetch_limit(seg, q) for q in queries] for seg in segments]
         breadth = [q.limit for q in queries]
-        base = self._points(segments[0].id, _limited(queries, asked[0]), None, ef_of=breadth)
+        base = self._points(segments[0].id, limited(queries, asked[0]), None, ef_of=breadth)
         # The base's live top `limit` of each query, ids read once here and reused by the merge.
         # No point that scores below its last one can make the answer, so the other shards are
         # asked only for points above it (fewer points handed back and walked).
         heads = [
-            _live_head(found, q.limit, segments[0].deleted)
+            live_head(found, q.limit, segments[0].deleted)
             for found, q in zip(base, queries, strict=True)
         ]
         floors = [head.floor for head in heads]
@@ -882,7 +755,7 @@ class EdgeStore(Store):
         fetched = [base] + [
             self._points(
                 seg.id,
-                _limited(queries, limits),
+                limited(queries, limits),
                 None,
                 ef_of=[math.ceil(q.limit * seg.live / live) for q in queries],
                 floors=floors,
@@ -954,7 +827,7 @@ class EdgeStore(Store):
         back as long as asked), that shard is asked again with its tombstones as a filter."""
         while True:
             out: list[tuple[str, float]] = []
-            walk = heapq.merge(*(_ranked(j, found) for j, found in enumerate(lists)))
+            walk = heapq.merge(*(ranked(j, found) for j, found in enumerate(lists)))
             ended: int | None = None  # a shard whose list ran out but may hold more
             short: int | None = None
             for neg, j, k in walk:

@@ -23,9 +23,9 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any, Literal
 
-from rag_retriever.bm25 import BM25Stats
 from rag_retriever.errors import VersionIncompatible
-from rag_retriever.profiles import Fingerprint
+from rag_retriever.models.bm25 import BM25Stats
+from rag_retriever.models.profiles import Fingerprint
 
 # 1: the untyped metadata dict of rag-retriever 0.2 (IDF on the document side); 2: this record.
 SCHEMA_VERSION = 2

@@ -23,8 +23,8 @@ from typing import Any
 
 import numpy as np
 
-from rag_retriever.bm25 import SparseVector
 from rag_retriever.errors import CollectionNotFound, StoreUnavailable
+from rag_retriever.models.bm25 import SparseVector
 from rag_retriever.records import SearchFilter
 from rag_retriever.store.base import (
     DENSE,

@@ -31,9 +31,9 @@ import uuid
 from collections.abc import Collection, Iterable, Iterator, Mapping
 from pathlib import Path
 
-from rag_retriever import bm25
-from rag_retriever.bm25 import DictTable, DocFreqs
-from rag_retriever.store.base import read_json, write_atomic
+from rag_retriever.models import bm25
+from rag_retriever.models.bm25 import DictTable, DocFreqs
+from rag_retriever.store.files import read_json, write_atomic
 
 log = logging.getLogger(__name__)
 

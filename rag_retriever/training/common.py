@@ -19,11 +19,11 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from rag_retriever.device import Precision, choose_precision
-from rag_retriever.encoder import quiet_transformers
 from rag_retriever.errors import ConfigError
 from rag_retriever.eval.metrics import paired_bootstrap_ci
 from rag_retriever.eval.questions import Question, file_sha256, load_questions
+from rag_retriever.models.device import Precision, choose_precision
+from rag_retriever.models.encoder import quiet_transformers
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)

@@ -32,12 +32,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from rag_retriever.device import Precision
-from rag_retriever.encoder import Encoder, embed_batch
 from rag_retriever.errors import ConfigError
 from rag_retriever.eval.metrics import mrr_at_k, recall_at_k
-from rag_retriever.profiles import ModelProfile, ResolvedModel, write_profile_file
-from rag_retriever.retriever import Retriever
+from rag_retriever.models.device import Precision
+from rag_retriever.models.encoder import Encoder, embed_batch
+from rag_retriever.models.profiles import ModelProfile, ResolvedModel, write_profile_file
+from rag_retriever.query.retriever import Retriever
 from rag_retriever.training.common import (
     OptimizerStep,
     Scale,

@@ -28,14 +28,14 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
-from rag_retriever.chunk_table import ChunkTable
 from rag_retriever.errors import InvalidRequest
 from rag_retriever.eval.evaluation import gold_items
 from rag_retriever.eval.judge import judge
 from rag_retriever.eval.metrics import mrr_at_k, recall_at_k
 from rag_retriever.eval.questions import Question
-from rag_retriever.fusion import K_DEFAULT, METHODS, Fusion
-from rag_retriever.retriever import Retriever
+from rag_retriever.query.chunk_table import ChunkTable
+from rag_retriever.query.fusion import K_DEFAULT, METHODS, Fusion
+from rag_retriever.query.retriever import Retriever
 
 BATCH = 64
 # The grid: RRF's k from "top ranks dominate" to the paper's 60 and beyond; the BM25 list's

@@ -42,17 +42,17 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from rag_retriever.chunk_table import ChunkTable
-from rag_retriever.encoder import Encoder, encoder_of_version
 from rag_retriever.errors import ConfigError
 from rag_retriever.eval.evaluation import EvalRun, evaluate, primary_mode
 from rag_retriever.eval.judge import judge
 from rag_retriever.eval.questions import Question, file_sha256, load_questions
 from rag_retriever.ingest.versions import documents_of
 from rag_retriever.ingest.writer import IngestReport, ingest_documents
-from rag_retriever.profiles import ResolvedModel, resolve_model
-from rag_retriever.reranker import CrossEncoderReranker
-from rag_retriever.retriever import RetrievalConfig, Retriever
+from rag_retriever.models.encoder import Encoder, encoder_of_version
+from rag_retriever.models.profiles import ResolvedModel, resolve_model
+from rag_retriever.models.reranker import CrossEncoderReranker
+from rag_retriever.query.chunk_table import ChunkTable
+from rag_retriever.query.retriever import RetrievalConfig, Retriever
 from rag_retriever.settings import Settings
 from rag_retriever.store import Store, open_store
 from rag_retriever.store.catalog import apply_retention, point_alias
@@ -82,12 +82,6 @@ RERANKER_PASSES_PER_QUESTION = 50.0
 # A question-chunk pair costs about this many passes of one text (it is longer; measured on
 # SQuAD: 35,280 reranked pairs of the held-out part in ~13 min at ~11 ms a pass).
 PAIR_PASSES = 2.0
-# Below this many labelled questions a held-out part is too small to judge a step by, and too
-# costly to train without: each step is judged by k-fold cross-validation instead (issue 21:
-# on SciFact's 809 claims an embedder trained on 404 was dropped, one trained on all 809 helps).
-KFOLD_BELOW = 2000
-KFOLDS_DEFAULT = 5
-MAX_FOLDS = 10
 # Of the time left after the baseline, the part each step may use.
 BUDGET_SHARES = {"embedder": 0.5, "fusion": 0.1, "reranker": 0.4}
 
@@ -103,7 +97,7 @@ class ImproveOptions:
     progress: bool = True
     # How the steps are judged: k folds (k >= 2; each step fitted on k-1 folds and judged on the
     # one it never saw, then refitted on every question), or 1 for one held-out part. None:
-    # KFOLDS_DEFAULT folds below KFOLD_BELOW questions, else one held-out part.
+    # improver.KFOLDS_DEFAULT folds below improver.KFOLD_BELOW questions, else one held-out part.
     folds: int | None = None
 
 
@@ -613,34 +607,3 @@ def _describe(figures: dict[str, Any]) -> str:
         f"MRR@10 {figures['mrr@10']:.4f}, recall@1 {figures['recall@1']:.4f}, "
         f"recall@10 {figures['recall@10']:.4f} ({figures['mode']})"
     )
-
-
-def improver(
-    settings: Settings,
-    questions_path: Path,
-    *,
-    work_dir: Path,
-    options: ImproveOptions,
-    say: Callable[[str], None] = print,
-) -> Improve:
-    """The run `options` ask for: k-fold decisions (KFoldImprove) or one held-out part
-    (Improve); with `folds` unset, k folds for fewer than KFOLD_BELOW questions."""
-    folds = options.folds
-    if folds is None:
-        folds = KFOLDS_DEFAULT if len(load_questions(questions_path)[0]) < KFOLD_BELOW else 1
-    if not 1 <= folds <= MAX_FOLDS:
-        raise ConfigError(
-            f"--folds takes 1 (one held-out part) to {MAX_FOLDS} (k-fold decisions), got {folds}"
-        )
-    split = (options.held_out, options.fusion_part)
-    if folds > 1 and split != (ImproveOptions.held_out, ImproveOptions.fusion_part):
-        raise ConfigError(
-            f"--held-out and --fusion-part shape the three-part split of --folds 1; with {folds} "
-            "folds every question is judged out of fold (add --folds 1 to split instead)"
-        )
-    options = dataclasses.replace(options, folds=folds)
-    if folds == 1:
-        return Improve(settings, questions_path, work_dir=work_dir, options=options, say=say)
-    from rag_retriever.training.improve_kfold import KFoldImprove
-
-    return KFoldImprove(settings, questions_path, work_dir=work_dir, options=options, say=say)

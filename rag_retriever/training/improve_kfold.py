@@ -1,5 +1,5 @@
 """`improve` with k-fold decisions: every labelled question judges a step, and the kept steps are
-refitted on every question before the version is built (the default below KFOLD_BELOW
+refitted on every question before the version is built (the default below improver.KFOLD_BELOW
 questions).
 
 Example:
@@ -41,15 +41,15 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from rag_retriever.chunk_table import ChunkTable
 from rag_retriever.eval.evaluation import gold_items
 from rag_retriever.eval.metrics import mrr_at_k, recall_at_k
 from rag_retriever.eval.questions import Question, load_questions
-from rag_retriever.fusion import Fusion
-from rag_retriever.profiles import ResolvedModel
+from rag_retriever.models.profiles import ResolvedModel
+from rag_retriever.models.reranker import CrossEncoderReranker
+from rag_retriever.query.chunk_table import ChunkTable
+from rag_retriever.query.fusion import Fusion
+from rag_retriever.query.retriever import RetrievalConfig, Retriever, Trace
 from rag_retriever.records import StageScore
-from rag_retriever.reranker import CrossEncoderReranker
-from rag_retriever.retriever import RetrievalConfig, Retriever, Trace
 from rag_retriever.training.common import write_question_subset
 from rag_retriever.training.folds import folds_by_document
 from rag_retriever.training.fusion import (

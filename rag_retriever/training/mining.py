@@ -19,10 +19,10 @@ from dataclasses import dataclass
 
 from tqdm.auto import tqdm
 
-from rag_retriever.chunk_table import ChunkTable
 from rag_retriever.eval.evaluation import gold_items
 from rag_retriever.eval.questions import Question
-from rag_retriever.retriever import Retriever
+from rag_retriever.query.chunk_table import ChunkTable
+from rag_retriever.query.retriever import Retriever
 
 MINE_BATCH = 64
 

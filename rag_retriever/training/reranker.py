@@ -43,14 +43,14 @@ import numpy as np
 import torch
 import transformers
 
-from rag_retriever.device import Precision
-from rag_retriever.encoder import quiet_transformers
 from rag_retriever.errors import ConfigError
 from rag_retriever.eval.metrics import mrr_at_k, recall_at_k
-from rag_retriever.fusion import rrf
-from rag_retriever.profiles import resolve_model
-from rag_retriever.reranker import CrossEncoderReranker
-from rag_retriever.retriever import Retriever
+from rag_retriever.models.device import Precision
+from rag_retriever.models.encoder import quiet_transformers
+from rag_retriever.models.profiles import resolve_model
+from rag_retriever.models.reranker import CrossEncoderReranker
+from rag_retriever.query.fusion import rrf
+from rag_retriever.query.retriever import Retriever
 from rag_retriever.training.common import (
     OptimizerStep,
     Scale,

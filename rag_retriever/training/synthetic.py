@@ -27,9 +27,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from rag_retriever.bm25 import sparse_dot
-from rag_retriever.chunk_table import ChunkTable
-from rag_retriever.retriever import Retriever
+from rag_retriever.models.bm25 import sparse_dot
+from rag_retriever.query.chunk_table import ChunkTable
+from rag_retriever.query.retriever import Retriever
 
 # A sentence ends at . ! or ? followed by space and a capital, digit or opening quote.
 _SENTENCE = re.compile(r"[^.!?]+(?:[.!?]+[\"'”’)\]]*)(?=\s+[\"'“‘(\[]?[A-Z0-9]|\s*$)")

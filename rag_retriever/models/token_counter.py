@@ -94,7 +94,7 @@ def _split_pieces(text: str) -> list[str]:
 
 class TokenizerCounter:
     """Tokens of each text without special tokens, as `tokenizer(texts, add_special_tokens=False)`
-    counts them; picklable, so chunking worker processes can take it (ingest/parallel_chunking.py).
+    counts them; picklable, so chunking worker processes can take it (rag_retriever/ingest/parallel_chunking.py).
 
     With a fast tokenizer it calls its Rust backend directly (a copy without the truncation and
     padding that tokenizer.json may carry), skipping transformers' per-call settings and the

@@ -26,13 +26,18 @@ Steps: lock the alias -> remove orphans -> read the live record -> chunk -> BM25
 create or derive `<alias>__<model>-<dim>__v<N>` marked `building` -> encode (or reuse) and upsert
 in blocks -> seal -> check that the engine holds every chunk -> mark `complete` -> optional gate ->
 swap the alias in one atomic step -> retention. Chunking, encoding and upserting overlap
-(ingest/pipeline.py): a full build encodes the first block while the rest is chunked, and every
+(rag_retriever/ingest/pipeline.py): a full build encodes the first block while the rest is chunked, and every
 write upserts block n-1 while block n encodes; the first upsert waits for the last chunk, since
 the document side of BM25 needs the corpus's average length (a delta's chunks are all cut first:
 whether it re-bases depends on them). `timings_s` then holds each stage's own time (`chunk`,
 `encode`, `write`; they overlap) and `pipeline`, their wall time together. Any exception (or Ctrl-C) before the swap deletes
 the new version and leaves the alias as it was; a process killed outright leaves a `building`
 version that the next write of the alias removes.
+
+Why one module: it is one job (`_Job`), the steps above in order, each a method reading the
+state the previous ones left (the live record, the delta, the new version); the records it is
+given and returns are ingest/options.py, chunking, the pipeline, locking and compaction their
+own modules.
 """
 
 from __future__ import annotations
@@ -45,14 +50,11 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any, Literal, Protocol
+from typing import Any
 
 import numpy as np
 from tqdm.auto import tqdm
 
-from rag_retriever.bm25 import BM25Model, Tokenizer
-from rag_retriever.encoder import Encoded, Fingerprint
 from rag_retriever.errors import (
     DocumentError,
     GateRejected,
@@ -60,15 +62,21 @@ from rag_retriever.errors import (
     VersionIncompatible,
 )
 from rag_retriever.ingest.chunking import Chunker, ChunkingConfig
-from rag_retriever.ingest.compaction import Mode as CompactionMode
 from rag_retriever.ingest.compaction import compact_in_background
 from rag_retriever.ingest.loaders import LoadedCorpus, validate_documents
 from rag_retriever.ingest.lock import IngestLock, default_lock_dir
+from rag_retriever.ingest.options import (
+    IngestReport,
+    Kind,
+    PassageEncoder,
+    WriteOptions,
+)
 from rag_retriever.ingest.parallel_chunking import iter_chunk_documents
 from rag_retriever.ingest.pipeline import Pipeline, StageStopped
 from rag_retriever.ingest.versions import documents_of
+from rag_retriever.models.bm25 import BM25Model, Tokenizer
 from rag_retriever.records import Chunk, Document, SearchFilter, content_hash
-from rag_retriever.settings import Settings, default_of
+from rag_retriever.settings import default_of
 from rag_retriever.store import (
     STATUS_BUILDING,
     IndexKind,
@@ -92,122 +100,8 @@ UPSERT_BATCH = 256
 # Document ids per filtered read of the live version (a delta reads only what it touches).
 LOOKUP_BATCH = 256
 # Encoded blocks waiting for the write stage: one being written, one ready, while the next one
-# is encoded (ingest/pipeline.py); each is ENCODE_BLOCK x dim float32 (1.5 MB for MiniLM).
+# is encoded (rag_retriever/ingest/pipeline.py); each is ENCODE_BLOCK x dim float32 (1.5 MB for MiniLM).
 PIPELINE_DEPTH = 2
-
-Kind = Literal["full", "delta", "unchanged"]
-
-
-class PassageEncoder(Protocol):
-    """What the writer needs of an encoder (a real `Encoder`, or a wrapper in tests)."""
-
-    fingerprint: Fingerprint
-    max_seq_length: int
-
-    @property
-    def special_tokens(self) -> int: ...
-
-    def count_tokens(self, texts: Sequence[str]) -> list[int]: ...
-
-    def encode_passages(self, passages: Sequence[str], *, progress: bool = False) -> Encoded: ...
-
-
-@dataclass(frozen=True)
-class GateDecision:
-    promote: bool
-    summary: str  # printed whatever the decision
-    details: dict[str, Any] = field(default_factory=dict)
-
-
-# (new collection, live collection or None) -> decision
-Gate = Callable[[str, str | None], GateDecision]
-
-
-@dataclass(frozen=True)
-class IngestReport:
-    alias: str
-    collection: str
-    version: int
-    fingerprint: str
-    documents: int
-    skipped_empty: int
-    chunks: int
-    tokens: int
-    truncated: int
-    reused: int
-    encoded: int
-    removed: int
-    promoted: bool
-    previous: str | None
-    deleted_versions: tuple[str, ...]
-    orphans_removed: tuple[str, ...]
-    timings_s: dict[str, float]
-    gate: GateDecision | None = None
-    # Unchanged documents whose chunks were taken from the live version without re-chunking.
-    reused_documents: int = 0
-    # Files of an ingested folder that were skipped, by type.
-    skipped_files: dict[str, int] = field(default_factory=dict)
-    # full: every chunk written; delta: made from `base` plus the change; unchanged: no version.
-    kind: Kind = "full"
-    base: str | None = None
-    # Documents upserted (new or changed), deleted, unchanged, and ids to delete that were absent.
-    upserted: int = 0
-    deleted: int = 0
-    unchanged: int = 0
-    not_found: int = 0
-    # Why a full build was made where a delta was possible (a model change, BM25 re-base, ...).
-    full_reason: str | None = None
-    # The version's deltas outgrew its base, or left more delta shards than a version should
-    # read (store/edge.py): "started" (a background compaction), "running"
-    # (one was already), "due" (left to the caller: `rag-retriever compact`); None: not due.
-    compaction: str | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        out = {k: v for k, v in self.__dict__.items() if k != "gate"}
-        out["deleted_versions"] = list(self.deleted_versions)
-        out["orphans_removed"] = list(self.orphans_removed)
-        if self.gate is not None:
-            out["gate"] = {
-                "promote": self.gate.promote,
-                "summary": self.gate.summary,
-                **self.gate.details,
-            }
-        return out
-
-
-@dataclass(frozen=True)
-class WriteOptions:
-    """How a write is made and kept; every default is the settings' (one declaration)."""
-
-    chunk_tokens: int = default_of("chunk_tokens")
-    overlap_tokens: int = default_of("chunk_overlap_tokens")
-    keep_versions: int = default_of("keep_versions")
-    retention_grace_s: float = default_of("retention_grace_s")
-    rebase_drift: float = default_of("bm25_rebase_drift")
-    lock_wait_s: float = 0.0
-    promote: bool = True
-    gate: Gate | None = None
-    progress: bool = False
-    lock_dir: Path | None = None
-    # How a delta's merges too big to wait on are done (ingest/compaction.py). A library
-    # call merges inside the write unless asked ("background" leaves a child process running
-    # after the call). The CLI and the HTTP service follow RAG_COMPACTION (`from_settings`).
-    compaction: CompactionMode = "inline"
-
-    @classmethod
-    def from_settings(cls, settings: Settings, **overrides: Any) -> WriteOptions:
-        """The write settings (chunking, retention, re-base, lock wait, the data dir's locks)."""
-        values: dict[str, Any] = {
-            "chunk_tokens": settings.chunk_tokens,
-            "overlap_tokens": settings.chunk_overlap_tokens,
-            "keep_versions": settings.keep_versions,
-            "retention_grace_s": settings.retention_grace_s,
-            "rebase_drift": settings.bm25_rebase_drift,
-            "lock_wait_s": settings.lock_wait_s,
-            "lock_dir": settings.data_dir,
-            "compaction": settings.compaction,
-        }
-        return cls(**{**values, **overrides})
 
 
 def chunking_config_for(
@@ -560,7 +454,7 @@ class _Job:
         version = self.store.next_version(self.alias)
         name = collection_name(self.alias, self.encoder.fingerprint.slug, version)
         reusable = {c.content_hash: c.id for cs in live.chunks.values() for c in cs}
-        # Chunk -> encode -> write overlap (ingest/pipeline.py). The document side of BM25
+        # Chunk -> encode -> write overlap (rag_retriever/ingest/pipeline.py). The document side of BM25
         # needs the corpus's average length, so the first write waits for the last chunk:
         # chunking runs ahead (it is several times faster than encoding) and the encoder starts
         # on the first block at once.
@@ -619,7 +513,7 @@ class _Job:
         self, documents: Sequence[Document], stop: threading.Event | None = None
     ) -> Iterator[list[list[Chunk]]]:
         """Each document's chunks, slice by slice, in worker processes when there are many
-        (exact offsets and ids unchanged: ingest/parallel_chunking.py); an encoder without a
+        (exact offsets and ids unchanged: rag_retriever/ingest/parallel_chunking.py); an encoder without a
         picklable token counter (a test wrapper) chunks here."""
         counter = getattr(self.encoder, "token_counter", None)
         if counter is None:

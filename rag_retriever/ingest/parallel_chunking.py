@@ -17,7 +17,7 @@ the CLI's SIGTERM exception), and on Linux receive SIGTERM if the parent dies wi
 (SIGKILL), so none outlives the command.
 
 `iter_chunk_documents` yields the chunks slice by slice, so the ingest pipeline
-(ingest/pipeline.py) encodes the first ones while the workers cut the rest.
+(rag_retriever/ingest/pipeline.py) encodes the first ones while the workers cut the rest.
 """
 
 from __future__ import annotations

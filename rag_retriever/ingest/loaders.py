@@ -78,7 +78,7 @@ def load_documents(
 def _check_indexable(corpus: LoadedCorpus, path: Path) -> None:
     """At least one word BM25 can index (stops at the first document that has one): a corpus of
     stop words and punctuation alone has no term statistics to build."""
-    from rag_retriever.bm25 import Tokenizer  # the stemmer loads only for an ingest
+    from rag_retriever.models.bm25 import Tokenizer  # the stemmer loads only for an ingest
 
     tokenizer = Tokenizer()
     if any(tokenizer.tokenize(f"{d.title}\n{d.text}") for d in corpus.documents):

@@ -33,9 +33,9 @@ from typing import Any
 import numpy as np
 
 from rag_retriever.eval.questions import load_questions
-from rag_retriever.querylog import read_lines
+from rag_retriever.query.querylog import read_lines
+from rag_retriever.query.retriever import Retriever
 from rag_retriever.records import content_hash
-from rag_retriever.retriever import Retriever
 from rag_retriever.store import DENSE, StageQuery
 
 # Random pairs for the noise floor: p99 of 4,000 pairs is stable to ~0.01.

@@ -16,7 +16,7 @@ overlap) fit the budget; a side stops at the document's edge, at a chunk that is
 a gap, or (kind "section") where the heading path changes. The hit itself is always in its
 window. `merge` joins overlapping chunks without repeating the overlap:
 `document.text[context.start:context.end] == context.text`, because chunks tile their document
-(ingest/chunking.py).
+(rag_retriever/ingest/chunking.py).
 Not handled: context across documents, and budgets counted in anything but the chunks' tokens.
 """
 

@@ -52,12 +52,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-import rag_retriever
 from rag_retriever.errors import RagError
 from rag_retriever.ingest.lock import COMPACTION, IngestLock, default_lock_dir
 from rag_retriever.settings import Compaction as Mode
 from rag_retriever.settings import default_of
-from rag_retriever.store import EdgeStore, Store, collection_name, edge
+from rag_retriever.store import EdgeStore, Store, collection_name, shards
 from rag_retriever.store.catalog import apply_retention, point_alias
 from rag_retriever.store.record import STATUS_BUILDING, Lineage, stamp
 
@@ -127,7 +126,7 @@ def compact(
             alias,
             "not_due",
             message="nothing to compact: its deltas have not outgrown its base and it reads at "
-            f"most {edge.MAX_DELTA_SHARDS} delta shards (--force merges them anyway)"
+            f"most {shards.MAX_DELTA_SHARDS} delta shards (--force merges them anyway)"
             if not force
             else "nothing to compact: it reads one shard without tombstones",
         )
@@ -295,8 +294,9 @@ def compact_in_background(
         "--log-level",
         str(level),
     ]
-    # the child imports this package from where this process did
-    package_root = str(Path(rag_retriever.__file__).parent.parent)
+    # the child imports this package from where this process did: the folder holding
+    # rag_retriever/ (this file is rag_retriever/ingest/compaction.py)
+    package_root = str(Path(__file__).resolve().parents[2])
     path = os.pathsep.join(p for p in (package_root, os.environ.get("PYTHONPATH")) if p)
     with _children_lock:
         _children[:] = [c for c in _children if c.poll() is None]  # reaps finished ones

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
-from rag_retriever.attention import use_cpu_attention
+from rag_retriever.models.attention import use_cpu_attention
 from rag_retriever.errors import ConfigError
 from rag_retriever.settings import default_of
 

@@ -36,12 +36,12 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
-from rag_retriever.auth import authorised as _authorised
 from rag_retriever.errors import CollectionNotFound, InvalidRequest, RagError
 from rag_retriever.ingest.loaders import validate_documents
 from rag_retriever.ingest.writer import IngestReport, WriteOptions, update_documents
+from rag_retriever.query.retriever import Retriever
 from rag_retriever.records import Document, check_alias
-from rag_retriever.retriever import Retriever
+from rag_retriever.service.auth import authorised as _authorised
 from rag_retriever.settings import Settings
 
 log = logging.getLogger(__name__)

@@ -41,8 +41,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from rag_retriever.errors import RagError
+from rag_retriever.query.retriever import Retriever
 from rag_retriever.records import SearchResult
-from rag_retriever.retriever import Retriever
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 # Seconds: from a cached BM25 query (~1 ms) to a reranked batch on a CPU (seconds).

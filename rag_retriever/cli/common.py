@@ -1,0 +1,102 @@
+"""What every command shares: which settings each kind of command reads (their flags derive
+from settings.py), the settings a command runs with, `--where` filters and durations."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+from typing import Any
+
+from rag_retriever.errors import RagError
+from rag_retriever.settings import (
+    Settings,
+    choices_of,
+    env_name,
+    flag_of,
+    shown_default,
+)
+
+# The settings each kind of command reads. Their flags, types, choices, help and defaults derive
+# from the one declaration in settings.py; settings.ENV_ONLY have no flag.
+STORE = ("data_dir", "qdrant_url", "log_level")
+MODEL = ("embed_model", "device", "dtype", "embed_batch_size")
+QUERY = (
+    "fusion",
+    "dense_top_n",
+    "bm25_top_n",
+    "rrf_k",
+    "rrf_weights",
+    "rerank_model",
+    "rerank_candidates",
+    "rerank_fusion",
+    "rerank_batch_size",
+    "rerank_max_length",
+    "diversity_candidates",
+    "expand_tokens",
+)
+WRITE = (
+    "chunk_tokens",
+    "chunk_overlap_tokens",
+    "keep_versions",
+    "retention_grace_s",
+    "bm25_rebase_drift",
+    "compaction",
+    "max_document_chars",
+    "qdrant_shards",
+    "qdrant_replicas",
+    "qdrant_write_consistency",
+)
+LIMITS = ("default_k", "max_k", "max_query_chars", "max_batch_size", "max_body_bytes")
+
+
+def setting_flags(parser: argparse.ArgumentParser, *names: str) -> None:
+    """One flag per setting in `names`, overriding its RAG_* variable."""
+    group = parser.add_argument_group("settings (each flag overrides its RAG_* variable)")
+    parser.set_defaults(setting_flags=names)
+    for name in names:
+        group.add_argument(
+            flag_of(name),
+            dest=name,
+            choices=choices_of(name),
+            type=str.upper if name == "log_level" else str,
+            metavar=None if choices_of(name) else name.upper(),
+            help=f"{env_name(name)}: {Settings.model_fields[name].description} (default {shown_default(name)})",
+        )
+
+
+def command_settings(args: argparse.Namespace, **extra: Any) -> Settings:
+    """The environment's settings with the flags given on the command line (values are checked
+    by Settings, as environment values are)."""
+    overrides = {name: getattr(args, name) for name in getattr(args, "setting_flags", ())}
+    overrides.update(extra)
+    return Settings.from_env(**overrides)
+
+
+def parse_where(items: Sequence[str]) -> dict[str, str | int | bool]:
+    equals: dict[str, str | int | bool] = {}
+    for item in items:
+        key, sep, raw = item.partition("=")
+        if not sep or not key:
+            raise RagError(f"--where expects FIELD=VALUE, got {item!r}")
+        value: str | int | bool = raw
+        if raw in ("true", "false"):
+            value = raw == "true"
+        elif raw.lstrip("-").isdigit():
+            value = int(raw)
+        equals[key] = value
+    return equals
+
+
+def parse_duration(text: str) -> float:
+    """Seconds in "90s", "45m", "2h" or a bare number of seconds."""
+    units = {"s": 1, "m": 60, "h": 3600}
+    number, unit = (text[:-1], text[-1]) if text[-1:] in units else (text, "s")
+    try:
+        seconds = float(number) * units[unit]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected a duration like 45m, 2h or 90s: {text!r}"
+        ) from None
+    if seconds <= 0:
+        raise argparse.ArgumentTypeError(f"the budget must be positive: {text!r}")
+    return seconds

@@ -1,0 +1,156 @@
+"""Operating commands: `serve`, `doctor`, and `questions` (labelled questions from the query log)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+from rag_retriever.cli.common import LIMITS, MODEL, QUERY, STORE, command_settings, setting_flags
+
+
+def cmd_questions(args: argparse.Namespace) -> int:
+    from rag_retriever.query.querylog import questions_from_log
+
+    rows, report = questions_from_log(args.from_log)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    with args.out.open("w", encoding="utf-8") as fh:
+        for row in rows:
+            fh.write(json.dumps(row, ensure_ascii=False) + "\n")
+    if args.json:
+        print(json.dumps({**report.to_dict(), "out": str(args.out)}, indent=2))
+        return 0
+    print(
+        f"logged queries {report.queries}, with feedback {report.judged}\n"
+        f"questions      {report.questions} written to {args.out} "
+        f"({report.duplicates_merged} repeats merged into them)\n"
+        f"skipped        {report.negative_only} with only negative feedback, "
+        f"{report.without_text} logged without their text (RAG_QUERY_LOG_TEXT=false)"
+    )
+    if not rows:
+        print("no question could be made: send feedback with relevant=true (POST /v1/feedback)")
+    return 0
+
+
+def cmd_doctor(args: argparse.Namespace) -> int:
+    from rag_retriever.ops.doctor import Doctor, Thresholds
+    from rag_retriever.query.retriever import Retriever
+
+    settings = command_settings(args)
+    thresholds = Thresholds(
+        duplicate_similarity=args.duplicate_similarity,
+        max_duplicate_share=args.max_duplicate_share,
+        max_boilerplate_share=args.max_boilerplate_share,
+        max_truncated_share=args.max_truncated_share,
+        max_far_query_share=args.max_far_query_share,
+        max_empty_share=args.max_empty_share,
+    )
+    retriever = Retriever.from_settings(settings.replace(rerank_model=None))
+    doctor = Doctor(retriever, collection=settings.collection, thresholds=thresholds)
+    checks = doctor.run(log=args.log or (), questions=args.questions)
+    failed = [c.name for c in checks if not c.ok]
+    if args.json:
+        print(
+            json.dumps(
+                {
+                    "collection": doctor.name,
+                    "ok": not failed,
+                    "checks": [c.__dict__ for c in checks],
+                },
+                indent=2,
+            )
+        )
+    else:
+        print(f"doctor of {settings.collection} -> {doctor.name}")
+        for c in checks:
+            print(f"{'ok  ' if c.ok else 'FAIL'}  {c.name:<16} {c.summary}")
+            if c.meaning:
+                print(f"      {'':<16} ({c.meaning})")
+        if not args.log:
+            print("(no --log: drift and stage health need the query log, RAG_QUERY_LOG)")
+    return 1 if failed else 0
+
+
+def add_doctor(sub: Any) -> None:
+    """`doctor`: noise floor, duplicates, truncation, drift, stage health; exit 1 on a failure."""
+    from rag_retriever.ops.doctor import Thresholds
+
+    default = Thresholds()
+    p = sub.add_parser(
+        "doctor",
+        help="monitoring checks of a collection and its query log (exit 1 when one fails)",
+    )
+    p.add_argument("--log", type=Path, nargs="+", metavar="DIR", help="query log directories")
+    p.add_argument("--questions", type=Path, help="labelled questions: drift is measured from them")
+    for name, text in (
+        ("duplicate_similarity", "cosine at which two chunks count as near-duplicates"),
+        ("max_duplicate_share", "fail above this share of near-duplicate chunks"),
+        ("max_boilerplate_share", "fail above this share of chunks repeated across documents"),
+        ("max_truncated_share", "fail above this share of truncated chunks or queries"),
+        ("max_far_query_share", "fail above this share of recent queries far from every question"),
+        ("max_empty_share", "fail above this share of empty results"),
+    ):
+        value = getattr(default, name)
+        p.add_argument(
+            "--" + name.replace("_", "-"), type=float, default=value, help=f"{text} ({value:g})"
+        )
+    p.add_argument("--json", action="store_true", help="print the checks as JSON")
+    setting_flags(p, "collection", *MODEL, *STORE)
+    p.set_defaults(func=cmd_doctor)
+
+
+def add_questions(sub: Any) -> None:
+    """`questions --from-log DIR`: labelled questions from logged queries with feedback."""
+    p = sub.add_parser(
+        "questions",
+        help="turn logged queries with positive feedback into a labelled questions file",
+    )
+    p.add_argument(
+        "--from-log",
+        type=Path,
+        nargs="+",
+        required=True,
+        metavar="DIR",
+        help="query log directories (RAG_QUERY_LOG of each serving process)",
+    )
+    p.add_argument(
+        "--out", type=Path, required=True, help="the questions .jsonl to write (eval format)"
+    )
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    setting_flags(p, "log_level")
+    p.set_defaults(func=cmd_questions)
+
+
+def add_serve(sub: Any) -> None:
+    """`serve`: the HTTP service."""
+    p = sub.add_parser("serve", help="serve search over HTTP (FastAPI; OpenAPI docs at /docs)")
+    p.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="interface to bind (default 127.0.0.1, this machine only; 0.0.0.0 for all)",
+    )
+    p.add_argument("--port", type=int, default=8000, help="port (default 8000)")
+    setting_flags(
+        p,
+        "collection",
+        *QUERY,
+        *LIMITS,
+        *MODEL,
+        *STORE,
+        "write_window_ms",
+        "lock_wait_s",
+        "query_log",
+        "query_log_text",
+        "metrics_port",
+        "cache_size",
+        "cache_threshold",
+    )
+    p.set_defaults(func=cmd_serve)
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from rag_retriever.service import server  # FastAPI and the models load only for this command
+
+    server.serve(command_settings(args), host=args.host, port=args.port)
+    return 0

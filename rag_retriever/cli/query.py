@@ -1,0 +1,190 @@
+"""The read commands: `search`, and the versions of a collection (`collections`, `promote`,
+`rollback`)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import textwrap
+from typing import Any
+
+from rag_retriever.cli.common import (
+    MODEL,
+    QUERY,
+    STORE,
+    command_settings,
+    parse_where,
+    setting_flags,
+)
+from rag_retriever.cli.ingest import cmd_compact
+from rag_retriever.query.context import EXPAND_KINDS
+from rag_retriever.records import MODES, SearchFilter, SearchResult
+
+
+def cmd_search(args: argparse.Namespace) -> int:
+    from rag_retriever.query.retriever import Retriever
+
+    settings = command_settings(args)
+    retriever = Retriever.from_settings(settings, mode=args.mode)  # bm25: no model loads
+    flt = SearchFilter(
+        doc_ids=tuple(args.doc) if args.doc else None, equals=parse_where(args.where)
+    )
+    result = retriever.retrieve(
+        args.query,
+        k=args.k,
+        mode=args.mode,
+        filter=flt,
+        diversity=args.diversity,
+        expand=args.expand,
+    )
+    if args.json:
+        print(json.dumps(result.to_dict(), indent=2, ensure_ascii=False))
+    else:
+        print(format_result(result))
+    return 0
+
+
+def format_result(result: SearchResult, width: int = 100) -> str:
+    """A readable table: rank, title, per-stage ranks, a snippet."""
+
+    def rank(stage: Any) -> str:
+        return "-" if stage is None else str(stage.rank)
+
+    lines = [
+        f"{result.mode} search in {result.collection}: {len(result.hits)} hits "
+        f"({', '.join(f'{k} {v:.1f}ms' for k, v in result.timings_ms.items())})",
+        f"{'#':>3}  {'score':>8}  {'dense':>5} {'bm25':>5} {'fused':>5} {'rerank':>6}  "
+        "title / snippet",
+    ]
+    for h in result.hits:
+        lines.append(
+            f"{h.rank:>3}  {h.score:>8.4f}  {rank(h.dense):>5} {rank(h.bm25):>5} "
+            f"{rank(h.fused):>5} {rank(h.rerank):>6}  {h.title} [{h.doc_id} {h.start}:{h.end}]"
+        )
+        snippet = " ".join(h.text.split())
+        lines.append("     " + textwrap.shorten(snippet, width=width, placeholder=" ..."))
+        if h.context is not None:
+            c = h.context
+            lines.append(
+                f"{'':>5}context: chunks {c.first_chunk}-{c.last_chunk} [{c.start}:{c.end}] "
+                f"{textwrap.shorten(' '.join(c.text.split()), width=width - 40, placeholder=' ...')}"
+            )
+        if h.matched_terms:
+            lines.append(f"{'':>5}matched: {', '.join(h.matched_terms)}")
+    if result.fusion:
+        lines.append(f"fusion: {result.fusion}")
+    lines.extend(f"note: {n}" for n in result.notices)
+    return "\n".join(lines)
+
+
+def cmd_collections(args: argparse.Namespace) -> int:
+    from rag_retriever.query.fusion import Fusion
+    from rag_retriever.store import open_store
+    from rag_retriever.store.catalog import describe_collections
+
+    out = describe_collections(open_store(command_settings(args)))
+    if args.json:
+        print(json.dumps(out, indent=2))
+        return 0
+    if not out:
+        print("no collections yet; run `rag-retriever ingest PATH --collection NAME`")
+    for alias, info in out.items():
+        print(f"{alias} -> {info['serving'] or '(no alias)'}")
+        for v in info["versions"]:
+            mark = "*" if v["serving"] else " "
+            lineage = v.get("lineage") or {}
+            base = f"v{lineage['base'].rsplit('__v', 1)[-1]}" if lineage.get("base") else ""
+            if lineage.get("compacted"):
+                made = f"compaction of {base} ({lineage['deltas']} deltas since the full build)"
+            elif base:
+                made = f"delta {lineage['deltas']} on {base}"
+            else:
+                made = "full build"
+            print(
+                f"  {mark} v{v['version']:<3} {v['status']:<9} {v['points']:>7} points  "
+                f"{v['model']}@{v['fingerprint']}  {made:<14} {v['created_at']}  "
+                f"{v['collection']}"
+            )
+            if v.get("problem"):
+                print(f"         {v['problem']}")
+            if v.get("fusion"):
+                print(f"         fusion tuned: {Fusion.from_json(v['fusion']).describe()}")
+    return 0
+
+
+def cmd_rollback(args: argparse.Namespace) -> int:
+    from rag_retriever.store import open_store
+    from rag_retriever.store.catalog import rollback
+
+    store = open_store(command_settings(args))
+    name = rollback(store, args.name)
+    print(f"{args.name} -> {name}")
+    return 0
+
+
+def cmd_promote(args: argparse.Namespace) -> int:
+    from rag_retriever.store import open_store
+    from rag_retriever.store.catalog import promote_version
+
+    store = open_store(command_settings(args))
+    name = promote_version(store, args.name, args.version)
+    print(f"{args.name} -> {name}")
+    return 0
+
+
+def add_search(sub: Any) -> None:
+    """`search QUERY`."""
+    p = sub.add_parser("search", help="search a collection")
+    p.add_argument("query", help="the question")
+    p.add_argument("-k", type=int, default=None, help="number of hits (default RAG_DEFAULT_K)")
+    p.add_argument("--mode", choices=MODES, help="default: rerank with a reranker, else hybrid")
+    p.add_argument(
+        "--doc", action="append", default=[], help="only chunks of this doc id (repeatable)"
+    )
+    p.add_argument("--where", action="append", default=[], help="metadata FIELD=VALUE (repeatable)")
+    p.add_argument(
+        "--diversity",
+        type=float,
+        default=None,
+        help="0 (ranked order) to 1: reorder the top hits by maximal marginal relevance",
+    )
+    p.add_argument(
+        "--expand",
+        choices=EXPAND_KINDS,
+        default=None,
+        help="print each hit's context: the chunks around it, or its section (up to "
+        "RAG_EXPAND_TOKENS, --expand-tokens)",
+    )
+    p.add_argument("--json", action="store_true", help="print the result as JSON")
+    setting_flags(p, "collection", *QUERY, "default_k", "max_k", "max_query_chars", *MODEL, *STORE)
+    p.set_defaults(func=cmd_search)
+
+
+def add_versions(sub: Any) -> None:
+    """`collections`, `rollback`, `promote`: the versions behind an alias."""
+    p = sub.add_parser("collections", help="list aliases, versions, point counts, fingerprints")
+    p.add_argument("--json", action="store_true", help="print the listing as JSON")
+    setting_flags(p, *STORE)
+    p.set_defaults(func=cmd_collections)
+
+    p = sub.add_parser(
+        "compact",
+        help="merge the shards of an alias's served version into one base (embedded store)",
+    )
+    p.add_argument(
+        "--force", action="store_true", help="merge even when the deltas have not outgrown the base"
+    )
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    setting_flags(p, "collection", "lock_wait_s", "keep_versions", "retention_grace_s", *STORE)
+    p.set_defaults(func=cmd_compact)
+
+    p = sub.add_parser("rollback", help="point an alias at its previous complete version")
+    p.add_argument("name", help="the alias")
+    setting_flags(p, *STORE)
+    p.set_defaults(func=cmd_rollback)
+
+    p = sub.add_parser("promote", help="point an alias at a given complete version")
+    p.add_argument("name", help="the alias")
+    p.add_argument("--version", type=int, required=True, help="the version number to serve")
+    setting_flags(p, *STORE)
+    p.set_defaults(func=cmd_promote)

@@ -1,0 +1,161 @@
+"""What a search is asked and what it records: the query path's knobs (`RetrievalConfig`), the
+stages each mode runs (`MODE_STAGES`, the one table every mode-dependent step reads), a call's
+options, and the per-stage `Trace` that evaluation replays.
+
+Example:
+    >>> MODE_STAGES["hybrid"]
+    Stages(dense=True, bm25=True, fuse=True, rerank=False)
+    >>> RetrievalConfig(rrf_k=60).rrf_k
+    60
+
+Values only: nothing here searches (query/retriever.py does).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+from typing import TypedDict
+
+from rag_retriever.errors import CollectionNotFound, VersionIncompatible
+from rag_retriever.models.bm25 import BM25Model
+from rag_retriever.query.context import ExpandKind
+from rag_retriever.query.fusion import Fusion, FusionMethod
+from rag_retriever.records import Mode, SearchFilter, StageScore
+from rag_retriever.settings import RerankFusion, Settings
+from rag_retriever.store import Store, VersionRecord
+
+_SETTINGS = frozenset(Settings.model_fields)
+_DEFAULTS = Settings()
+
+
+@dataclass(frozen=True)
+class RetrievalConfig:
+    """The query path's knobs. Defaults, meaning and validation are those of the settings of the
+    same name (settings.py declares each once)."""
+
+    fusion: FusionMethod = _DEFAULTS.fusion
+    dense_top_n: int = _DEFAULTS.dense_top_n
+    bm25_top_n: int = _DEFAULTS.bm25_top_n
+    rrf_k: int = _DEFAULTS.rrf_k
+    # Weights of the dense and the BM25 list in the fusion.
+    rrf_weights: tuple[float, float] = _DEFAULTS.rrf_weights
+    rerank_candidates: int = _DEFAULTS.rerank_candidates
+    rerank_fusion: RerankFusion = _DEFAULTS.rerank_fusion
+    # Weights of the cross-encoder order and the hybrid order in the "rrf" rerank fusion.
+    rerank_fusion_weights: tuple[float, float] = (1.0, 1.0)
+    default_k: int = _DEFAULTS.default_k
+    max_k: int = _DEFAULTS.max_k
+    max_query_chars: int = _DEFAULTS.max_query_chars
+    diversity_candidates: int = _DEFAULTS.diversity_candidates
+    expand_tokens: int = _DEFAULTS.expand_tokens
+
+    def __post_init__(self) -> None:
+        # One set of rules: those of the settings these fields come from (and only these).
+        Settings.check(
+            **{f.name: getattr(self, f.name) for f in fields(self) if f.name in _SETTINGS}
+        )
+
+    @classmethod
+    def from_settings(cls, s: Settings) -> RetrievalConfig:
+        """The query-path fields of `s` (those that share a name with a setting)."""
+        return cls(**{f.name: getattr(s, f.name) for f in fields(cls) if f.name in _SETTINGS})
+
+
+@dataclass(frozen=True)
+class Stages:
+    """The stages a mode runs: embed the query and search the dense vectors, search BM25, fuse
+    the two lists, rerank the fused candidates. Its result is the last list it makes."""
+
+    dense: bool
+    bm25: bool
+    fuse: bool = False
+    rerank: bool = False
+
+
+# Each mode described once, as its stages; everything mode-dependent below reads this table.
+MODE_STAGES: dict[Mode, Stages] = {
+    "dense": Stages(dense=True, bm25=False),
+    "bm25": Stages(dense=False, bm25=True),
+    "hybrid": Stages(dense=True, bm25=True, fuse=True),
+    "rerank": Stages(dense=True, bm25=True, fuse=True, rerank=True),
+}
+
+
+class SearchOptions(TypedDict, total=False):
+    """The options of every search call (Retriever.retrieve_batch documents them)."""
+
+    k: int | None
+    mode: Mode | None
+    filter: SearchFilter | None
+    collection: str | None
+    diversity: float | None
+    expand: ExpandKind | None
+    expand_tokens: int | None
+
+
+@dataclass(frozen=True)
+class HitOptions:
+    """What a request asks of its hits besides the ranking: `diversity` (MMR's trade-off, 0 =
+    the ranked order) and `expand` (the hit's neighbouring chunks, or its section, merged into
+    `Hit.context`, up to `expand_tokens`)."""
+
+    diversity: float = 0.0
+    expand: ExpandKind | None = None
+    expand_tokens: int = _DEFAULTS.expand_tokens
+
+    @property
+    def key(self) -> str:
+        """What the cache tells apart (hits asked for differently are different answers)."""
+        return f"{self.diversity}|{self.expand}|{self.expand_tokens if self.expand else ''}"
+
+
+def serving_record(store: Store, alias_or_name: str) -> VersionRecord | None:
+    """The record of the version an alias serves; None when there is none yet (or it cannot be
+    read: opening it for a query then says why)."""
+    try:
+        return store.record(store.resolve(alias_or_name))
+    except (CollectionNotFound, VersionIncompatible):
+        return None
+
+
+@dataclass
+class Trace:
+    """What each stage returned for one query: (chunk id, StageScore), best first.
+
+    A stage that did not run is None.
+    """
+
+    query: str
+    dense: list[tuple[str, StageScore]] | None = None
+    bm25: list[tuple[str, StageScore]] | None = None
+    fused: list[tuple[str, StageScore]] | None = None
+    rerank: list[tuple[str, StageScore]] | None = None
+    # The reranked candidates' final order when `rerank_fusion` fuses it with the hybrid order.
+    rerank_fused: list[tuple[str, StageScore]] | None = None
+    query_truncated: bool = False
+    rerank_truncated: int = 0
+    timings_ms: dict[str, float] = field(default_factory=dict)
+    fusion: str | None = None  # the fusion in force for the traced version
+
+    def final(self, mode: Mode) -> list[tuple[str, StageScore]]:
+        """The ranked chunk ids a mode returns: the list of its last stage."""
+        stages = MODE_STAGES[mode]
+        if stages.rerank:
+            # The reranked candidates first, then the rest of the fused list in fused order.
+            head = self.rerank_fused if self.rerank_fused is not None else self.rerank or []
+            return head + (self.fused or [])[len(head) :]
+        if stages.fuse:
+            return self.fused or []
+        return (self.dense if stages.dense else self.bm25) or []
+
+
+@dataclass(frozen=True)
+class OpenCollection:
+    """A resolved collection version and what querying it needs."""
+
+    name: str
+    bm25: BM25Model
+    record: VersionRecord
+    # The version's own fusion when it was tuned (`tune-fusion`), else None (the settings').
+    tuned_fusion: Fusion | None = None
+    opened_at: float = 0.0
