@@ -26,12 +26,13 @@ from pydantic_settings.sources import EnvSettingsSource
 
 from rag_retriever.errors import ConfigError
 from rag_retriever.records import FusionMethod, check_collection
+from rag_retriever.tracing import TracingMode
 
 Device = Literal["auto", "cpu", "cuda"]
 LogLevel = Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"]
 Dtype = Literal["auto", "fp32", "bf16", "fp16"]
 Pooling = Literal["mean", "cls"]
-# How `rerank` mode orders the reranked candidates (see rag_retriever/retriever.py).
+# How `rerank` mode orders the reranked candidates (see rag_retriever/query/retriever.py).
 RerankFusion = Literal["none", "rrf"]
 Compaction = Literal["background", "deferred", "inline"]
 DEVICES: tuple[str, ...] = get_args(Device)
@@ -99,7 +100,7 @@ class Settings(BaseSettings):
     dtype: Dtype = _setting(
         "auto", "model precision; auto = fp16 on CUDA, bf16 on CPUs with native bf16, else fp32"
     )
-    # auto = 32 on the CPU (measured fastest on 2 cores), 256 on CUDA (rag_retriever/device.py,
+    # auto = 32 on the CPU (measured fastest on 2 cores), 256 on CUDA (rag_retriever/models/device.py,
     # AUTO_BATCH_SIZE); an out-of-memory on CUDA halves it.
     embed_batch_size: PositiveInt | Literal["auto"] = _setting(
         "auto", "texts per forward pass of the encoder; auto = 32 on the CPU, 256 on CUDA"
@@ -115,7 +116,7 @@ class Settings(BaseSettings):
     )
 
     # The fusion of the dense and BM25 lists a version serves until `tune-fusion` stores its own
-    # (rag_retriever/fusion.py, METHODS). "adaptive" (z-scores, each list weighted per query by
+    # (rag_retriever/query/fusion.py, METHODS). "adaptive" (z-scores, each list weighted per query by
     # how far its best score stands out; equal weights, no other parameter) was at least as good
     # as the better single list at recall@1/@5/@10 on SQuAD dev and train (chunk and document
     # level) and SciFact, and chosen again on each held-out half; RRF k=60 lost 5.1 points of
@@ -145,7 +146,7 @@ class Settings(BaseSettings):
         "rrf",
         "rrf = the RRF of the cross-encoder's and the hybrid order; none = the cross-encoder's alone",
     )
-    # auto = 32 on the CPU, 128 on CUDA (rag_retriever/device.py, AUTO_RERANK_BATCH_SIZE).
+    # auto = 32 on the CPU, 128 on CUDA (rag_retriever/models/device.py, AUTO_RERANK_BATCH_SIZE).
     rerank_batch_size: PositiveInt | Literal["auto"] = _setting(
         "auto", "pairs per forward pass of the cross-encoder; auto = 32 on the CPU, 128 on CUDA"
     )
@@ -212,14 +213,14 @@ class Settings(BaseSettings):
     max_batch_size: PositiveInt = _setting(64, "most questions in one batch request")
     max_body_bytes: PositiveInt = _setting(1_000_000, "largest accepted HTTP request body")
 
-    # Operating it: the query log, feedback and metrics (rag_retriever/querylog.py, metrics.py).
+    # Operating it: the query log, feedback and metrics (rag_retriever/query/querylog.py, metrics.py).
     query_log: Path | None = _setting(
         None, "a directory: log every query (and feedback) there as JSON lines; unset = no log"
     )
     query_log_text: bool = _setting(
         True, "log the query text (false: only its sha256; `questions --from-log` then has none)"
     )
-    # Opt-in: a repeated question is answered from memory (rag_retriever/cache.py). 0.99 from the
+    # Opt-in: a repeated question is answered from memory (rag_retriever/query/cache.py). 0.99 from the
     # measured near pairs of SQuAD dev (different questions reach 0.989 with all-MiniLM-L6-v2).
     cache_size: NonNegativeInt = _setting(0, "questions the semantic query cache keeps; 0 = off")
     cache_threshold: Annotated[float, Field(gt=0, le=1)] = _setting(
@@ -227,6 +228,20 @@ class Settings(BaseSettings):
     )
     metrics_port: NonNegativeInt = _setting(
         0, "serve /metrics on this port of its own (no key) for a scraper; 0 = on the app's port"
+    )
+
+    # OpenTelemetry spans of a search, an ingest, an update and a compaction
+    # (rag_retriever/tracing.py, docs/operating.md "Traces"). Off: no OpenTelemetry import, and a
+    # span costs one check of a global.
+    tracing: TracingMode = _setting(
+        "off",
+        "OpenTelemetry spans: off, on (the host application's OpenTelemetry setup), console "
+        "(stderr) or otlp (RAG_OTLP_ENDPOINT); console and otlp need rag-retriever[tracing]",
+    )
+    otlp_endpoint: str | None = _setting(
+        None,
+        "base URL of the OTLP/HTTP collector of RAG_TRACING=otlp (http://host:4318); "
+        "unset = OTEL_EXPORTER_OTLP_ENDPOINT, else http://localhost:4318",
     )
 
     log_level: LogLevel = _setting("INFO", "logging level")
@@ -287,7 +302,7 @@ class Settings(BaseSettings):
                 break
         return value
 
-    @field_validator("qdrant_url", mode="after")
+    @field_validator("qdrant_url", "otlp_endpoint", mode="after")
     @classmethod
     def _http_url(cls, value: str | None) -> str | None:
         if value is not None and not value.startswith(("http://", "https://")):

@@ -107,7 +107,9 @@ def test_long_modules_say_why_they_are_one_module() -> None:
     ],
 )
 def test_the_0_2_import_paths_still_work(old: str, new: str, name: str) -> None:
-    assert getattr(importlib.import_module(old), name) is getattr(importlib.import_module(new), name)
+    assert getattr(importlib.import_module(old), name) is getattr(
+        importlib.import_module(new), name
+    )
 
 
 def test_the_package_root_exports_what_it_lists() -> None:

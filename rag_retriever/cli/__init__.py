@@ -21,7 +21,7 @@ import sys
 import threading
 from collections.abc import Sequence
 
-from rag_retriever import __version__
+from rag_retriever import __version__, tracing
 from rag_retriever.cli.common import command_settings
 from rag_retriever.cli.ingest import add_ingest, add_update
 from rag_retriever.cli.operate import add_doctor, add_questions, add_serve
@@ -99,11 +99,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, _stop_on_sigterm)
     try:
-        level = command_settings(args).log_level
+        settings = command_settings(args)
         logging.basicConfig(
-            level=getattr(logging, level.upper(), logging.INFO),
+            level=getattr(logging, settings.log_level.upper(), logging.INFO),
             format="%(levelname)s %(name)s: %(message)s",
         )
+        tracing.configure_from(settings)
         return int(args.func(args))
     except RagError as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -18,7 +18,7 @@ from rag_retriever.settings import (
 
 # The settings each kind of command reads. Their flags, types, choices, help and defaults derive
 # from the one declaration in settings.py; settings.ENV_ONLY have no flag.
-STORE = ("data_dir", "qdrant_url", "log_level")
+STORE = ("data_dir", "qdrant_url", "log_level", "tracing", "otlp_endpoint")
 MODEL = ("embed_model", "device", "dtype", "embed_batch_size")
 QUERY = (
     "fusion",

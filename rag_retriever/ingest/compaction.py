@@ -52,6 +52,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from rag_retriever import tracing
 from rag_retriever.errors import RagError
 from rag_retriever.ingest.lock import COMPACTION, IngestLock, default_lock_dir
 from rag_retriever.settings import Compaction as Mode
@@ -109,6 +110,37 @@ def compact(
     """Merge shards of the version `alias` serves, as the next version (see the module
     docstring): all of them into a new base when the deltas have outgrown it (or `force`), else
     its newest delta shards into one when more than MAX_DELTA_SHARDS are read; else not due."""
+    with tracing.span("rag.compaction", alias=alias, force=force):
+        report = _compact(
+            store,
+            alias,
+            force=force,
+            lock_dir=lock_dir,
+            lock_wait_s=lock_wait_s,
+            keep_versions=keep_versions,
+            retention_grace_s=retention_grace_s,
+        )
+        tracing.set_attributes(
+            outcome=report.outcome,
+            kind=report.kind,
+            collection=report.collection,
+            source=report.source,
+            shards=report.shards_merged,
+            points=report.points,
+        )
+    return report
+
+
+def _compact(
+    store: Store,
+    alias: str,
+    *,
+    force: bool,
+    lock_dir: Path | None,
+    lock_wait_s: float,
+    keep_versions: int,
+    retention_grace_s: float,
+) -> CompactionReport:
     if not isinstance(store, EdgeStore):
         return CompactionReport(
             alias, "not_sharded", message="a Qdrant server version is one collection already"
@@ -336,6 +368,13 @@ def main(argv: list[str] | None = None) -> int:
         level=getattr(logging, str(args.log_level).upper(), logging.WARNING),
         format="%(levelname)s %(name)s: %(message)s",
     )
+    try:  # the parent's RAG_TRACING, passed on in the environment: a trace of its own
+        tracing.configure(
+            os.environ.get("RAG_TRACING", "off"),
+            endpoint=os.environ.get("RAG_OTLP_ENDPOINT") or None,
+        )
+    except RagError as exc:
+        log.warning("%s: background compaction runs without tracing: %s", args.alias, exc)
     store = EdgeStore(args.root)
     try:
         reports = compact_while_due(

@@ -55,6 +55,7 @@ from typing import Any
 import numpy as np
 from tqdm.auto import tqdm
 
+from rag_retriever import tracing
 from rag_retriever.errors import (
     DocumentError,
     GateRejected,
@@ -134,10 +135,12 @@ def ingest_documents(
     if not corpus.documents:
         raise DocumentError(f"{corpus.source}: no document with text to ingest")
     opts = dataclasses.replace(options or WriteOptions(), **option_values)
-    with IngestLock(opts.lock_dir or default_lock_dir(store), alias, wait_s=opts.lock_wait_s):
-        job = _Job(alias=alias, encoder=encoder, store=store, options=opts)
-        report = job.ingest(corpus, full=full)
-    return _compaction(report, store, opts)
+    with tracing.span("rag.ingest", alias=alias, documents=len(corpus.documents), full=full):
+        with IngestLock(opts.lock_dir or default_lock_dir(store), alias, wait_s=opts.lock_wait_s):
+            job = _Job(alias=alias, encoder=encoder, store=store, options=opts)
+            report = job.ingest(corpus, full=full)
+        _traced(report)
+        return _compaction(report, store, opts)
 
 
 def update_documents(
@@ -165,10 +168,25 @@ def update_documents(
     # an update waits for another write of the alias (and then sees its documents)
     waiting = WriteOptions(lock_wait_s=default_of("lock_wait_s"))
     opts = dataclasses.replace(options or waiting, **option_values)
-    with IngestLock(opts.lock_dir or default_lock_dir(store), alias, wait_s=opts.lock_wait_s):
-        job = _Job(alias=alias, encoder=encoder, store=store, options=opts)
-        report = job.update(list(upsert), sorted(set(delete)), source=source)
-    return _compaction(report, store, opts)
+    with tracing.span("rag.update", alias=alias, upserts=len(upsert), deletes=len(delete)):
+        with IngestLock(opts.lock_dir or default_lock_dir(store), alias, wait_s=opts.lock_wait_s):
+            job = _Job(alias=alias, encoder=encoder, store=store, options=opts)
+            report = job.update(list(upsert), sorted(set(delete)), source=source)
+        _traced(report)
+        return _compaction(report, store, opts)
+
+
+def _traced(report: IngestReport) -> None:
+    """What the write did, on its span (each step is a child span: `_Job.lap`)."""
+    tracing.set_attributes(
+        collection=report.collection,
+        version=report.version,
+        kind=report.kind,
+        chunks=report.chunks,
+        encoded=report.encoded,
+        reused=report.reused,
+        promoted=report.promoted,
+    )
 
 
 def _compaction(report: IngestReport, store: Store, opts: WriteOptions) -> IngestReport:
@@ -286,9 +304,11 @@ class _Job:
                 self.live_problem = exc
         self.lap("load_live")
 
-    def lap(self, stage: str) -> None:
+    def lap(self, stage: str, **attributes: float) -> None:
+        """The step `stage` ended: its time into the report and, tracing, a span of its own."""
         now = time.perf_counter()
         self.timings[stage] = round(self.timings.get(stage, 0.0) + now - self._clock, 3)
+        tracing.finished_span(f"rag.ingest.{stage}", now - self._clock, **attributes)
         self._clock = now
 
     def _delta_refusal(self) -> str | None:
@@ -683,9 +703,10 @@ class _Job:
         finally:
             for bar in bars:
                 bar.close()
-        self.lap("pipeline")
         self.timings["encode"] = round(busy["encode"], 3)
         self.timings["write"] = round(busy["write"], 3)
+        # the stages overlap: their busy seconds are attributes of the pipeline's one span
+        self.lap("pipeline", encode_busy_s=self.timings["encode"], write_busy_s=busy["write"])
         return counts["reused"], counts["encoded"], counts["truncated"]
 
     def _vectors(

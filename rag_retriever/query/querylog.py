@@ -46,6 +46,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from rag_retriever import tracing
 from rag_retriever.errors import CollectionNotFound, InvalidRequest
 from rag_retriever.records import SearchFilter, SearchResult
 
@@ -135,6 +136,9 @@ class QueryLog:
             "query_truncated": result.query_truncated,
             "query_sha256": hashlib.sha256(result.query.encode("utf-8")).hexdigest(),
         }
+        trace_id = tracing.current_trace_id()  # this search's trace, when tracing is on
+        if trace_id is not None:
+            entry["trace_id"] = trace_id
         if self.keep_text:
             entry["query"] = result.query
         if result.query_id is not None:

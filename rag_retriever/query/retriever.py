@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Unpack
 
 import numpy as np
 
+from rag_retriever import tracing
 from rag_retriever.errors import (
     CollectionNotFound,
     FingerprintMismatch,
@@ -221,15 +222,34 @@ class Retriever:
         k = self._check_k(k)
         chosen_mode = self._check_mode(mode)
         shape = self._check_options(diversity, expand, expand_tokens)
-        if self.cache is not None and queries:
-            results = self._cached(queries, k, chosen_mode, mode is None, filter, collection, shape)
-        else:
-            results = self._search(queries, k, chosen_mode, mode is None, filter, collection, shape)
-        if self.query_log is not None:
-            for result in results:
-                self.query_log.record(
-                    result, alias=collection or self.default_collection, k=k, flt=filter
+        alias = collection or self.default_collection
+        with tracing.span(
+            "rag.search",
+            alias=alias,
+            mode=chosen_mode,
+            k=k,
+            queries=len(queries),
+            filtered=filter is not None,
+            diversity=shape.diversity or None,
+            expand=shape.expand,
+        ):
+            if self.cache is not None and queries:
+                results = self._cached(
+                    queries, k, chosen_mode, mode is None, filter, collection, shape
                 )
+            else:
+                results = self._search(
+                    queries, k, chosen_mode, mode is None, filter, collection, shape
+                )
+            tracing.set_attributes(
+                collection=results[0].collection if results else None,
+                query_id=results[0].query_id if len(results) == 1 else None,
+                query_ids=[r.query_id or "" for r in results] if len(results) > 1 else None,
+                hits=sum(len(r.hits) for r in results),
+            )
+            if self.query_log is not None:  # inside the span: its line carries the trace id
+                for result in results:
+                    self.query_log.record(result, alias=alias, k=k, flt=filter)
         return results
 
     def _search(
@@ -289,6 +309,20 @@ class Retriever:
         """Exact hits first, then (for modes that embed the query) near-identical questions;
         the rest searched and cached. A cached answer says so in its notices."""
         assert self.cache is not None
+        with tracing.span("rag.search.cache", queries=len(queries)):
+            return self._cached_traced(queries, k, mode, default_mode, flt, collection, shape)
+
+    def _cached_traced(
+        self,
+        queries: Sequence[str],
+        k: int,
+        mode: Mode,
+        default_mode: bool,
+        flt: SearchFilter | None,
+        collection: str | None,
+        shape: HitOptions,
+    ) -> list[SearchResult]:
+        assert self.cache is not None
         t0 = time.perf_counter()
         for q in queries:
             self._check_query(q)
@@ -308,6 +342,7 @@ class Retriever:
                 out[i] = self.cache.get_similar(key, queries[i], vectors[i])
         lookup_ms = (time.perf_counter() - t0) * 1000 / len(queries)
         misses = [i for i, r in enumerate(out) if r is None]
+        tracing.set_attributes(answered=len(queries) - len(misses), misses=len(misses))
         # a miss is searched with the vector the lookup already made (not encoded twice)
         self._encoded_here.vectors = known
         try:
@@ -475,7 +510,9 @@ class Retriever:
         vectors = None
         if stages.dense:
             t0 = time.perf_counter()
-            vectors, truncated = self._encode_queries(queries)
+            with tracing.span("rag.search.encode", queries=len(queries)):
+                vectors, truncated = self._encode_queries(queries)
+                tracing.set_attributes(truncated=sum(truncated))
             encode_ms = (time.perf_counter() - t0) * 1000 / len(queries)
             for trace, cut in zip(traces, truncated, strict=True):
                 trace.query_truncated = cut
@@ -528,7 +565,13 @@ class Retriever:
                     requests.append(StageQuery(SPARSE, sparse, cfg.bm25_top_n, flt))
                     slots.append((trace, False))
         t0 = time.perf_counter()
-        results = self.store.search(opened.name, requests)
+        with tracing.span(
+            "rag.search.retrieve",
+            collection=opened.name,
+            dense=sum(slot[1] for slot in slots),
+            bm25=sum(not slot[1] for slot in slots),
+        ):
+            results = self.store.search(opened.name, requests)
         per_query_ms = (time.perf_counter() - t0) * 1000 / len(traces)
         for (trace, is_dense), found in zip(slots, results, strict=True):
             ranked = [(pid, StageScore(rank, s)) for rank, (pid, s) in enumerate(found, start=1)]
@@ -558,9 +601,11 @@ class Retriever:
     def _fuse(self, trace: Trace, fusion: Fusion) -> None:
         t0 = time.perf_counter()
         assert trace.dense is not None and trace.bm25 is not None
-        fused = fusion.fuse(
-            [(cid, s.score) for cid, s in trace.dense], [(cid, s.score) for cid, s in trace.bm25]
-        )
+        with tracing.span("rag.search.fuse", fusion=fusion.describe()):
+            fused = fusion.fuse(
+                [(cid, s.score) for cid, s in trace.dense],
+                [(cid, s.score) for cid, s in trace.bm25],
+            )
         trace.fused = [
             (cid, StageScore(rank, score)) for rank, (cid, score) in enumerate(fused, start=1)
         ]
@@ -571,8 +616,10 @@ class Retriever:
         assert self.reranker is not None and trace.fused is not None
         t0 = time.perf_counter()
         candidates = [cid for cid, _ in trace.fused[: cfg.rerank_candidates]]
-        chunks = self.chunks(name, candidates)
-        scored = self.reranker.score(trace.query, [chunks[c].embed_text for c in candidates])
+        with tracing.span("rag.search.rerank", candidates=len(candidates)):
+            chunks = self.chunks(name, candidates)
+            scored = self.reranker.score(trace.query, [chunks[c].embed_text for c in candidates])
+            tracing.set_attributes(truncated=scored.truncated)
         # Stable: equal scores keep the fused order.
         order = np.argsort(-scored.scores, kind="stable")
         trace.rerank = [
@@ -599,12 +646,14 @@ class Retriever:
         picked: dict[str, StageScore] = {}
         if shape.diversity > 0 and final:
             t0 = time.perf_counter()
-            final, picked = self._diversify(name, trace, mode, final, k, shape.diversity)
+            with tracing.span("rag.search.diversity", diversity=shape.diversity):
+                final, picked = self._diversify(name, trace, mode, final, k, shape.diversity)
             trace.timings_ms["diversity"] = (time.perf_counter() - t0) * 1000
         hits = self._hits(name, trace, final[:k], picked)
         if shape.expand is not None and hits:
             t0 = time.perf_counter()
-            hits = self._expand(name, hits, shape.expand, shape.expand_tokens)
+            with tracing.span("rag.search.expand", expand=shape.expand, hits=len(hits)):
+                hits = self._expand(name, hits, shape.expand, shape.expand_tokens)
             trace.timings_ms["expand"] = (time.perf_counter() - t0) * 1000
         trace.timings_ms["total"] = sum(ms for s, ms in trace.timings_ms.items() if s != "total")
         return hits
