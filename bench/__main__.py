@@ -3,14 +3,16 @@ the ratio. Results go to `<out>/bench.json` and `<out>/bench.txt`.
 
 Usage:
     python -m bench [--out bench-out] [--only bm25 engine ingest update query load operate training
-        fusion context few_labels stop gpu improve] [--reranker DIR] [--context-questions N]
+        fusion context few_labels stop tracing gpu improve] [--reranker DIR] [--context-questions N]
 
 Needs ../shared/data (SQuAD and SciFact). Takes about an hour on 2 CPU cores: the engine at 100k
 chunks (with qdrant-client's local mode as its peer), the update deltas at 100k, and the fusion
 and context benchmarks' first runs (each encodes SQuAD and SciFact once and caches them under
 --out) take most of it; `few_labels` (bench/bench_few_labels.py: three other ways to use
 SciFact's labelled claims, judged on folds by document) about 7 minutes; `stop`
-(bench/bench_stop.py: how fast an ingest stops on SIGTERM and Ctrl-C) about 2 minutes. `gpu`
+(bench/bench_stop.py: how fast an ingest stops on SIGTERM and Ctrl-C) about 2 minutes; `tracing`
+(bench/bench_tracing.py: a search's latency with tracing off, on, and without the calls) about
+3 minutes. `gpu`
 (bench/bench_gpu.py) says "skipped" in one line without a CUDA device.
 `improve` (bench/bench_improve.py: `improve` cross-validated on SciFact and on 800 SQuAD train
 questions, each fold's run against the stock version) runs only when named: it takes hours.
@@ -39,6 +41,7 @@ BENCHES = (
     "context",
     "few_labels",
     "stop",
+    "tracing",
     "gpu",
 )
 # Hours on 2 cores (it trains the embedder a dozen times): only when asked for (--only improve).
@@ -111,7 +114,7 @@ class _Report:
 
 def _run_standalone(args: argparse.Namespace, report: _Report) -> dict[str, Any]:
     """The benchmarks that bring their own data: BM25, the engine, ingest, update, fusion,
-    context, few_labels, stop, improve, GPU (in that order).
+    context, few_labels, stop, tracing, improve, GPU (in that order).
     Each module is imported only when its benchmark runs."""
     results: dict[str, Any] = {}
     if "bm25" in args.only:
@@ -180,6 +183,12 @@ def _run_standalone(args: argparse.Namespace, report: _Report) -> dict[str, Any]
 
         results["stop"] = bench_stop.run()
         report.emit(bench_stop.report(results["stop"]))
+
+    if "tracing" in args.only:
+        from bench import bench_tracing
+
+        results["tracing"] = bench_tracing.run()
+        report.emit(bench_tracing.report(results["tracing"]))
 
     if "improve" in args.only:
         from bench import bench_improve

@@ -29,11 +29,17 @@ from typing import Any
 
 from bench.bench_common import percentile, read_jsonl, shared_path
 
-# The ingest, with the store's upsert wrapped: it announces each call on stderr and, when told
-# to (`wait` = 1), waits after the first one for the signal.
-_INGEST = """
+# Run as a subprocess, by this benchmark and by the kill tests (tests/test_reingest.py):
+# `rag-retriever ingest` with one Store method wrapped so it announces each call on stderr and,
+# after its `nth` call (0: never), waits there for the signal:
+# the signal lands right after that step however fast or busy the machine is (a pause of a
+# fixed length let a slow test process signal a later step, and a timer after the progress bar
+# was not deterministic either).
+KILLABLE_INGEST = """
 import signal, sys, threading
 from rag_retriever import cli, store
+# Every handler installed (the CLI's for SIGTERM, Python's for SIGINT) first notes the signal,
+# so the step waiting in the writer's thread returns as the command's own handler runs.
 signalled = threading.Event()
 install = signal.signal
 def noting(signum, handler):
@@ -43,16 +49,19 @@ def noting(signum, handler):
     return install(signum, handle if callable(handler) else handler)
 signal.signal = noting
 signal.signal(signal.SIGINT, signal.default_int_handler)
-original = store.EdgeStore.upsert
-def upsert(self, *args, **kwargs):
-    out = original(self, *args, **kwargs)
-    print("kill-point upsert", file=sys.stderr, flush=True)
-    if sys.argv[1] == "1":
-        sys.argv[1] = "0"
-        signalled.wait(3600)  # until the signal
-    return out
-store.EdgeStore.upsert = upsert
-sys.exit(cli.main(sys.argv[2:]))
+def announce(name, nth):
+    original = getattr(store.EdgeStore, name)
+    calls = []
+    def wrapped(self, *args, **kwargs):
+        out = original(self, *args, **kwargs)
+        calls.append(name)
+        print("kill-point " + name, file=sys.stderr, flush=True)
+        if len(calls) == nth:
+            signalled.wait(3600)  # until the signal
+        return out
+    setattr(store.EdgeStore, name, wrapped)
+announce(sys.argv[1], int(sys.argv[2]))
+sys.exit(cli.main(sys.argv[3:]))
 """
 
 
@@ -62,7 +71,7 @@ def _one(corpus: Path, data: Path, sig: signal.Signals | None) -> tuple[float, i
     env = {**os.environ, "RAG_DATA_DIR": str(data), "RAG_LOG_LEVEL": "WARNING"}
     args = ["ingest", str(corpus), "--collection", "kb", "--no-progress", "--full"]
     proc = subprocess.Popen(
-        [sys.executable, "-c", _INGEST, "1" if sig else "0", *args],
+        [sys.executable, "-c", KILLABLE_INGEST, "upsert", "1" if sig else "0", *args],
         env=env,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,

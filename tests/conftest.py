@@ -15,9 +15,13 @@ from pathlib import Path
 import pytest
 import torch
 from hypothesis import settings
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from qdrant_client import QdrantClient
 from transformers import BertConfig, BertForSequenceClassification, BertModel, BertTokenizer
 
+from rag_retriever import tracing
 from rag_retriever.ingest.loaders import LoadedCorpus
 from rag_retriever.ingest.writer import ingest_documents
 from rag_retriever.models.encoder import Encoder
@@ -241,3 +245,15 @@ class GradientsOnly:
     def run(self, backward: Callable[[Callable[[torch.Tensor], torch.Tensor]], None]) -> None:
         self.model.zero_grad()
         backward(lambda loss: loss)
+
+
+@pytest.fixture
+def spans() -> Iterator[InMemorySpanExporter]:
+    """Tracing "on" with a provider of the test's own (the global one can be set only once)."""
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider(shutdown_on_exit=False)
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    tracing.configure("on", provider=provider)
+    yield exporter
+    tracing.shutdown()
+    provider.shutdown()

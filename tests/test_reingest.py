@@ -12,6 +12,9 @@ from pathlib import Path
 
 import pytest
 
+# The ingest the tests kill, waiting at a named store call until the signal (one definition,
+# shared with the stop benchmark).
+from bench.bench_stop import KILLABLE_INGEST
 from rag_retriever.errors import GateRejected
 from rag_retriever.eval.gate import make_gate
 from rag_retriever.ingest.loaders import LoadedCorpus
@@ -128,41 +131,6 @@ def test_queries_keep_answering_while_a_new_version_is_swapped_in(
         t.join()
     assert not errors, errors[:3]
     assert answered > 0
-
-
-# Run by the killed subprocess: `rag-retriever ingest` with one Store method wrapped so it
-# announces each call on stderr and, after its `nth` call, waits there for the test's signal:
-# the signal lands right after that step however fast or busy the machine is (a pause of a
-# fixed length let a slow test process signal a later step, and a timer after the progress bar
-# was not deterministic either).
-KILLABLE_INGEST = """
-import signal, sys, threading
-from rag_retriever import cli, store
-# Every handler installed (the CLI's for SIGTERM, Python's for SIGINT) first notes the signal,
-# so the step waiting in the writer's thread returns as the command's own handler runs.
-signalled = threading.Event()
-install = signal.signal
-def noting(signum, handler):
-    def handle(sig, frame):
-        signalled.set()
-        return handler(sig, frame)
-    return install(signum, handle if callable(handler) else handler)
-signal.signal = noting
-signal.signal(signal.SIGINT, signal.default_int_handler)
-def announce(name, nth):
-    original = getattr(store.EdgeStore, name)
-    calls = []
-    def wrapped(self, *args, **kwargs):
-        out = original(self, *args, **kwargs)
-        calls.append(name)
-        print("kill-point " + name, file=sys.stderr, flush=True)
-        if len(calls) == nth:
-            signalled.wait(3600)  # until the signal
-        return out
-    setattr(store.EdgeStore, name, wrapped)
-announce(sys.argv[1], int(sys.argv[2]))
-sys.exit(cli.main(sys.argv[3:]))
-"""
 
 
 def kill_after(method: str, nth: int, args: list[str], env: dict[str, str]) -> None:

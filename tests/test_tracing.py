@@ -13,7 +13,6 @@ from contextlib import nullcontext
 
 import pytest
 from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import StatusCode
 
@@ -27,18 +26,6 @@ from rag_retriever.tracing import current_trace_id, set_attributes, span
 def _off_afterwards() -> Iterator[None]:
     yield
     tracing.shutdown()
-
-
-@pytest.fixture
-def spans() -> Iterator[InMemorySpanExporter]:
-    """Tracing "on" with a provider of the test's own (the global one can be set only once)."""
-    exporter = InMemorySpanExporter()
-    provider = TracerProvider(shutdown_on_exit=False)
-    provider.add_span_processor(SimpleSpanProcessor(exporter))
-    tracing.configure("on", provider=provider)
-    yield exporter
-    tracing.shutdown()
-    provider.shutdown()
 
 
 def _closed_port() -> int:

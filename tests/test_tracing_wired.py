@@ -6,12 +6,10 @@ with tracing off, none and no trace id."""
 from __future__ import annotations
 
 import random
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from rag_retriever import tracing
@@ -24,17 +22,6 @@ from rag_retriever.records import Document
 from rag_retriever.store import EdgeStore, Store
 from tests.conftest import collection_retriever
 from tests.test_retriever import DOCS
-
-
-@pytest.fixture
-def spans() -> Iterator[InMemorySpanExporter]:
-    exporter = InMemorySpanExporter()
-    provider = TracerProvider(shutdown_on_exit=False)
-    provider.add_span_processor(SimpleSpanProcessor(exporter))
-    tracing.configure("on", provider=provider)
-    yield exporter
-    tracing.shutdown()
-    provider.shutdown()
 
 
 def _named(exporter: InMemorySpanExporter, name: str) -> list[ReadableSpan]:

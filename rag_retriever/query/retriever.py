@@ -234,9 +234,10 @@ class Retriever:
             expand=shape.expand,
         ):
             if self.cache is not None and queries:
-                results = self._cached(
-                    queries, k, chosen_mode, mode is None, filter, collection, shape
-                )
+                with tracing.span("rag.search.cache", queries=len(queries)):
+                    results = self._cached(
+                        queries, k, chosen_mode, mode is None, filter, collection, shape
+                    )
             else:
                 results = self._search(
                     queries, k, chosen_mode, mode is None, filter, collection, shape
@@ -308,20 +309,6 @@ class Retriever:
     ) -> list[SearchResult]:
         """Exact hits first, then (for modes that embed the query) near-identical questions;
         the rest searched and cached. A cached answer says so in its notices."""
-        assert self.cache is not None
-        with tracing.span("rag.search.cache", queries=len(queries)):
-            return self._cached_traced(queries, k, mode, default_mode, flt, collection, shape)
-
-    def _cached_traced(
-        self,
-        queries: Sequence[str],
-        k: int,
-        mode: Mode,
-        default_mode: bool,
-        flt: SearchFilter | None,
-        collection: str | None,
-        shape: HitOptions,
-    ) -> list[SearchResult]:
         assert self.cache is not None
         t0 = time.perf_counter()
         for q in queries:
