@@ -22,8 +22,8 @@ from dataclasses import dataclass
 
 import torch
 
-from rag_retriever.models.attention import use_cpu_attention
 from rag_retriever.errors import ConfigError
+from rag_retriever.models.attention import use_cpu_attention
 from rag_retriever.settings import default_of
 
 

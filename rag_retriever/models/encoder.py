@@ -28,6 +28,7 @@ import torch
 import transformers
 from tqdm.auto import tqdm
 
+from rag_retriever.errors import ModelLoadError
 from rag_retriever.models.device import (
     Precision,
     batch_size_for,
@@ -35,7 +36,6 @@ from rag_retriever.models.device import (
     for_inference,
     inference,
 )
-from rag_retriever.errors import ModelLoadError
 from rag_retriever.models.profiles import (
     Fingerprint,
     ModelProfile,
@@ -43,8 +43,8 @@ from rag_retriever.models.profiles import (
     resolve_model,
 )
 from rag_retriever.models.quiet import quiet_transformers
-from rag_retriever.settings import Settings
 from rag_retriever.models.token_counter import TokenizerCounter
+from rag_retriever.settings import Settings
 
 if TYPE_CHECKING:  # the record is the store's; only its type is needed here
     from rag_retriever.store.record import VersionRecord

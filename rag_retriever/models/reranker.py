@@ -28,6 +28,7 @@ import numpy as np
 import torch
 import transformers
 
+from rag_retriever.errors import ModelLoadError
 from rag_retriever.models.device import (
     AUTO_RERANK_BATCH_SIZE,
     Precision,
@@ -37,7 +38,6 @@ from rag_retriever.models.device import (
     inference,
 )
 from rag_retriever.models.encoder import Tokens, tokenize_once
-from rag_retriever.errors import ModelLoadError
 from rag_retriever.models.quiet import quiet_transformers
 from rag_retriever.settings import Settings
 
