@@ -57,7 +57,9 @@ def check_documents(
         assert (meta["chunk_index"], meta["rank"]) == (hit.chunk_index, hit.rank)
         assert meta["score"] == pytest.approx(hit.score, rel=1e-5)
         assert meta["collection"] == expected.collection
-        assert meta["metadata"] == dict(hit.metadata)
+        assert {k: meta[k] for k in hit.metadata} == dict(hit.metadata)  # flat
+        assert "metadata" not in meta
+        assert meta["source"] == hit.metadata.get("path", hit.doc_id)
         assert meta["matched_terms"] == list(hit.matched_terms)
         for stage in ("dense", "bm25", "fused", "rerank"):
             s = getattr(hit, stage)
@@ -88,6 +90,8 @@ def test_hit_to_document_maps_every_field() -> None:
     doc = hit_to_document(hit, collection="kb__m__v1", query_id="q1")
     assert doc.page_content == "body text" and doc.id == "c"
     assert doc.metadata == {
+        "lang": "en",
+        "source": "d",
         "chunk_id": "c",
         "doc_id": "d",
         "title": "T",
@@ -109,10 +113,32 @@ def test_hit_to_document_maps_every_field() -> None:
         "matched_terms": ["body"],
         "collection": "kb__m__v1",
         "query_id": "q1",
-        "metadata": {"lang": "en"},
         "section": "",
         "context": None,
     }
+
+
+@pytest.mark.parametrize(
+    ("own", "source"),
+    [
+        ({}, "d"),  # a jsonl document: its id
+        ({"path": "kb/returns.md"}, "kb/returns.md"),  # folder ingest: its path
+        ({"path": "kb/returns.md", "source": "https://x/returns"}, "https://x/returns"),
+    ],
+)
+def test_source_is_the_document_s_own_source_else_its_path_else_its_id(
+    own: dict[str, str], source: str
+) -> None:
+    hit = Hit("c", "d", "T", "body", 0, 4, 0, rank=1, score=0.5, metadata=own)
+    meta = hit_to_document(hit).metadata
+    assert meta["source"] == source
+    assert {k: meta[k] for k in own} == own
+
+
+def test_a_document_field_named_like_a_retrieval_key_is_kept_under_a_prefix() -> None:
+    hit = Hit("c", "d", "T", "body", 0, 4, 0, rank=1, score=0.5, metadata={"rank": "gold"})
+    meta = hit_to_document(hit).metadata
+    assert meta["rank"] == 1 and meta["metadata.rank"] == "gold"
 
 
 def test_an_expanded_hit_s_document_is_its_context() -> None:
@@ -133,8 +159,28 @@ def test_invoke_in_process(local: Retriever) -> None:
     filtered = RagRetrieverLangChain(backend=local, k=3, mode="bm25", filter=flt).invoke(
         "wine king"
     )
-    assert filtered and all(d.metadata["metadata"]["lang"] == "fr" for d in filtered)
+    assert filtered and all(d.metadata["lang"] == "fr" for d in filtered)
     check_documents(filtered, local, "wine king", k=3, mode="bm25", filter=flt)
+
+
+def test_invoke_options_apply_to_that_call_only(local: Retriever, url: str) -> None:
+    lc = RagRetrieverLangChain(backend=local, k=4, mode="hybrid")
+    check_documents(lc.invoke("the king", k=1), local, "the king", k=1, mode="hybrid")
+    check_documents(lc.invoke("the king", mode="bm25"), local, "the king", k=4, mode="bm25")
+    check_documents(lc.invoke("the king"), local, "the king", k=4, mode="hybrid")  # unchanged
+    docs = asyncio.run(lc.ainvoke("the king", k=2))
+    check_documents(docs, local, "the king", k=2, mode="hybrid")
+    with pytest.raises(TypeError, match="a call may set k, mode, filter"):
+        lc.invoke("the king", top_k=1)
+    with RetrieverClient(url) as client:
+        remote = RagRetrieverLangChain(backend=client, k=5, mode="hybrid")
+        check_documents(remote.invoke("river", k=2), local, "river", k=2, mode="hybrid")
+
+    async def run() -> list[Document]:
+        async with AsyncRetrieverClient(url) as aclient:
+            return await RagRetrieverLangChain(backend=aclient, k=5).ainvoke("city", k=1)
+
+    check_documents(asyncio.run(run()), local, "city", k=1)
 
 
 def test_ainvoke_in_process_runs_off_the_event_loop(local: Retriever) -> None:

@@ -176,7 +176,7 @@ def test_not_ready_when_the_default_collection_is_missing(
     assert response.status_code == 503
     body = response.json()
     assert body["status"] == "not_ready" and body["error"] == "collection_not_found"
-    assert "'nope' does not exist; existing: kb" in body["detail"]
+    assert "'nope' does not exist in " in body["detail"] and "existing: kb" in body["detail"]
 
 
 # -- limits -------------------------------------------------------------------------------------

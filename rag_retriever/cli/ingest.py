@@ -262,7 +262,11 @@ def add_ingest(sub: Any) -> None:
         "when its model and chunking are unchanged)",
     )
     p.add_argument("--json", action="store_true", help="print the report as JSON")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument(
+        "--no-progress",
+        action="store_true",
+        help="no progress (a bar on a terminal, plain lines otherwise)",
+    )
     # The gate evaluates in the query path's primary mode, so the query settings apply.
     setting_flags(p, "collection", *WRITE, *MODEL, *QUERY, *STORE)
     p.set_defaults(func=cmd_ingest)
@@ -293,6 +297,10 @@ def add_update(sub: Any) -> None:
         "--no-promote", action="store_true", help="build the version, do not move the alias"
     )
     p.add_argument("--json", action="store_true", help="print the report as JSON")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument(
+        "--no-progress",
+        action="store_true",
+        help="no progress (a bar on a terminal, plain lines otherwise)",
+    )
     setting_flags(p, "collection", *WRITE, "lock_wait_s", *MODEL, *STORE)
     p.set_defaults(func=cmd_update)

@@ -82,12 +82,15 @@ def cmd_collections(args: argparse.Namespace) -> int:
     from rag_retriever.store import open_store
     from rag_retriever.store.catalog import describe_collections
 
-    out = describe_collections(open_store(command_settings(args)))
+    store = open_store(command_settings(args))
+    out = describe_collections(store)
     if args.json:
         print(json.dumps(out, indent=2))
         return 0
     if not out:
-        print("no collections yet; run `rag-retriever ingest PATH --collection NAME`")
+        print(
+            f"no collections yet in {store.where}; run `rag-retriever ingest PATH --collection NAME`"
+        )
     for alias, info in out.items():
         print(f"{alias} -> {info['serving'] or '(no alias)'}")
         for v in info["versions"]:

@@ -249,7 +249,11 @@ def _training_args(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help=f"exit 0 even when the model validates worse than what it replaces ({EXIT_WORSE})",
     )
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument(
+        "--no-progress",
+        action="store_true",
+        help="no progress (a bar on a terminal, plain lines otherwise)",
+    )
 
 
 def add_train_embedder(sub: Any) -> None:
@@ -340,7 +344,11 @@ def add_tune_fusion(sub: Any) -> None:
     p.add_argument("--seed", type=int, default=0, help="seed of the split (0)")
     p.add_argument("--dry-run", action="store_true", help="report only; store nothing")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument(
+        "--no-progress",
+        action="store_true",
+        help="no progress (a bar on a terminal, plain lines otherwise)",
+    )
     setting_flags(p, *MODEL, *STORE)
     p.set_defaults(func=cmd_tune_fusion)
 
@@ -399,7 +407,11 @@ def add_improve(sub: Any) -> None:
         "(default RAG_DATA_DIR/improve/ALIAS)",
     )
     p.add_argument("--json", action="store_true", help="print the final state as JSON")
-    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    p.add_argument(
+        "--no-progress",
+        action="store_true",
+        help="no progress (bars on a terminal, plain lines otherwise)",
+    )
     # The models are the versions' own; these settings shape the run.
     setting_flags(
         p,

@@ -20,8 +20,6 @@ from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from tqdm.auto import tqdm
-
 from rag_retriever.errors import InvalidRequest
 from rag_retriever.eval.metrics import (
     FAILURE_CLASSES,
@@ -32,6 +30,7 @@ from rag_retriever.eval.metrics import (
     recall_from_ranks,
 )
 from rag_retriever.eval.questions import Question
+from rag_retriever.progress import progress as progress_of
 from rag_retriever.query.chunk_table import ChunkTable
 from rag_retriever.query.retriever import Retriever, Trace
 from rag_retriever.records import Mode
@@ -243,7 +242,7 @@ def _score_runnable(
 ) -> list[QuestionResult]:
     """One traced search per question, BATCH questions at a time, each scored in every mode."""
     results: list[QuestionResult] = []
-    bar = tqdm(total=len(runnable), desc=f"evaluating {name}", unit="q", disable=not progress)
+    bar = progress_of(total=len(runnable), desc=f"evaluating {name}", unit="q", enabled=progress)
     for start in range(0, len(runnable), BATCH):
         batch = runnable[start : start + BATCH]
         _, traces = retriever.trace(

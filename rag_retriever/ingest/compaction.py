@@ -222,7 +222,8 @@ def _compact(
     finally:
         store.end_compaction(job)
     seconds = round(time.perf_counter() - started, 3)
-    log.info(
+    # the report says it to the caller (`compact` prints it, the background child logs it)
+    log.debug(
         "%s: compacted %d shards of %s into %s (%d points) in %.1f s; serving %s",
         alias,
         len(job.segments),
@@ -396,6 +397,17 @@ def main(argv: list[str] | None = None) -> int:
     for report in reports:
         if report.outcome == "dropped":
             log.warning("%s: background compaction dropped: %s", args.alias, report.message)
+        elif report.outcome == "compacted":
+            log.info(
+                "%s: compacted %d shards of %s into %s (%d points) in %.1f s; serving %s",
+                args.alias,
+                report.shards_merged,
+                report.source,
+                MERGED_INTO[str(report.kind)],
+                report.points,
+                report.seconds,
+                report.collection,
+            )
     return 0
 
 

@@ -53,7 +53,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-from tqdm.auto import tqdm
 
 from rag_retriever import tracing
 from rag_retriever.errors import (
@@ -76,6 +75,7 @@ from rag_retriever.ingest.parallel_chunking import iter_chunk_documents
 from rag_retriever.ingest.pipeline import Pipeline, StageStopped
 from rag_retriever.ingest.versions import documents_of
 from rag_retriever.models.bm25 import BM25Model, Tokenizer
+from rag_retriever.progress import progress as progress_of
 from rag_retriever.records import Chunk, Document, SearchFilter, content_hash
 from rag_retriever.settings import default_of
 from rag_retriever.store import (
@@ -403,7 +403,7 @@ class _Job:
                 f"the average chunk length drifted {bm25.stats.drift:.1%} from the lineage's "
                 f"(RAG_BM25_REBASE_DRIFT={self.opts.rebase_drift:g}): BM25 is re-based"
             )
-            log.info("%s: %s", self.alias, reason)
+            log.debug("%s: %s", self.alias, reason)  # the report's full_reason says it
             whole = _apply(self._live_documents(), delta)
             rebuilt = LoadedCorpus(tuple(whole), corpus.skipped_empty, corpus.source)
             return self._full(rebuilt, reason=reason, delta=delta)
@@ -553,12 +553,8 @@ class _Job:
         todo = [d for d, k in zip(documents, kept, strict=True) if k is None]
         slices = self._iter_chunk(todo, stop)
         fresh = (chunks for part in slices for chunks in part)
-        bar = tqdm(
-            total=len(documents),
-            desc="chunking",
-            unit="doc",
-            position=0,
-            disable=not self.opts.progress,
+        bar = progress_of(
+            total=len(documents), desc="chunking", unit="doc", enabled=self.opts.progress
         )
         at = 0  # out.chunks[at:] are not yet in a block
         try:
@@ -643,12 +639,12 @@ class _Job:
         hashes = {doc.id: document_hash(doc) for doc in documents}
         models: list[BM25Model] = []
         bars = [
-            tqdm(
+            progress_of(
                 total=total,
                 desc=f"{stage} {name}",
                 unit="chunk",
                 position=position,
-                disable=not self.opts.progress,
+                enabled=self.opts.progress,
             )
             for position, stage in ((1, "embedding"), (2, "writing"))
         ]

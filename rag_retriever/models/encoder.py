@@ -26,7 +26,6 @@ from typing import TYPE_CHECKING, Any, Literal
 import numpy as np
 import torch
 import transformers
-from tqdm.auto import tqdm
 
 from rag_retriever.errors import ModelLoadError
 from rag_retriever.models.device import (
@@ -44,6 +43,7 @@ from rag_retriever.models.profiles import (
 )
 from rag_retriever.models.quiet import quiet_transformers
 from rag_retriever.models.token_counter import TokenizerCounter
+from rag_retriever.progress import progress as progress_of
 from rag_retriever.settings import Settings
 
 if TYPE_CHECKING:  # the record is the store's; only its type is needed here
@@ -217,7 +217,7 @@ class Encoder:
         results = DeviceResults(out, self.precision.device)
         counts = TokenCounts()
         prefetch = Prefetch(self._batches(texts, counts), depth=PREFETCH_BATCHES)
-        bar = tqdm(total=len(texts), desc="embedding", unit="text", disable=not progress)
+        bar = progress_of(total=len(texts), desc="embedding", unit="text", enabled=progress)
         try:
             with inference(self.precision, self.model):
                 for batch in prefetch:
@@ -228,8 +228,8 @@ class Encoder:
             prefetch.close()
             bar.close()
         truncated, n_tokens = counts.truncated, counts.n_tokens
-        if truncated:
-            log.info(
+        if truncated:  # in the result, which callers report: a debug line here, not a second report
+            log.debug(
                 "%d of %d inputs exceeded %d tokens", truncated, len(texts), self.max_seq_length
             )
         return Encoded(out, truncated, n_tokens)

@@ -145,6 +145,12 @@ class Store(ABC):
 
     embedded: bool
 
+    @property
+    def where(self) -> str:
+        """Where this store keeps its collections, as errors name it ("the data dir ...",
+        "the Qdrant server at ...")."""
+        return f"this {type(self).__name__}"
+
     # -- primitives ---------------------------------------------------------------------------
 
     @abstractmethod
@@ -267,9 +273,10 @@ class Store(ABC):
             return alias_or_name
         known = sorted(aliases) or self.collection_names()
         raise CollectionNotFound(
-            f"collection {alias_or_name!r} does not exist; existing: "
+            f"collection {alias_or_name!r} does not exist in {self.where}; existing: "
             f"{', '.join(known) if known else 'none'} (ingest one with "
-            f"`rag-retriever ingest PATH --collection {alias_or_name}`)"
+            f"`rag-retriever ingest PATH --collection {alias_or_name}`, or point RAG_DATA_DIR "
+            f"or RAG_QDRANT_URL where it was ingested)"
         )
 
     def info(self, name: str) -> CollectionInfo:

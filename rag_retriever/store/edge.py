@@ -143,29 +143,45 @@ class EdgeStore(Store):
 
     embedded = True
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, *, where: str | None = None) -> None:
+        """Opening creates nothing: the folders under `root` are made by the first write, so a
+        read (search, collections, eval) of a data dir that does not exist leaves none behind.
+        `where` names the place in errors (open_store: the data dir and RAG_DATA_DIR)."""
         import qdrant_edge
 
         self._edge = qdrant_edge
         self.root = root
+        self._where = where or f"the Qdrant Edge store at {root.resolve()}"
         self._collections = root / "collections"
         self._segments = root / "segments"
         self._aliases = root / "aliases"
         self._compactions = root / "compactions"
-        for folder in (self._collections, self._segments, self._aliases, self._compactions):
-            folder.mkdir(parents=True, exist_ok=True)
-            # Everything the store writes stays under its root: a link that leads out is refused.
-            if not folder.resolve().is_relative_to(root.resolve()):
-                raise ConfigError(
-                    f"{folder} leads outside the data dir (to {folder.resolve()}); the store "
-                    f"writes only under {root}: remove the link"
-                )
+        self._check_folders(create=False)
         self._shards: dict[str, Any] = {}
         self._manifests: dict[str, Manifest] = {}
         # (version, shard) -> its tombstone condition, built once: a query reuses it
         self._excluded: dict[tuple[str, str], Any] = {}
         self._dims: dict[str, int] = {}
         self._lock = threading.Lock()
+
+    @property
+    def where(self) -> str:
+        if self.root.is_dir():
+            return self._where
+        return (
+            f"{self._where}; nothing was ingested there yet ({self.root.resolve()} does not exist)"
+        )
+
+    def _check_folders(self, *, create: bool) -> None:
+        for folder in (self._collections, self._segments, self._aliases, self._compactions):
+            if create:
+                folder.mkdir(parents=True, exist_ok=True)
+            # Everything the store writes stays under its root: a link that leads out is refused.
+            if folder.exists() and not folder.resolve().is_relative_to(self.root.resolve()):
+                raise ConfigError(
+                    f"{folder} leads outside the data dir (to {folder.resolve()}); the store "
+                    f"writes only under {self.root}: remove the link"
+                )
 
     # -- names, records, manifests ------------------------------------------------------------
 
@@ -183,6 +199,8 @@ class EdgeStore(Store):
             raise InvalidRequest(str(exc)) from None
 
     def collection_names(self) -> list[str]:
+        if not self._collections.is_dir():  # nothing was written here yet
+            return []
         return sorted(
             p.name
             for p in self._collections.iterdir()
@@ -269,6 +287,7 @@ class EdgeStore(Store):
         after creating it is invisible to `next_version`, so it is cleared and reused rather
         than blocking every later write of that name."""
         directory = self._dir(name)
+        self._check_folders(create=True)  # the store's first write makes its folders
         if directory.is_dir() and not (directory / "meta.json").exists():
             log.warning("removing %s, left without a record by an interrupted write", directory)
             shutil.rmtree(directory)

@@ -30,11 +30,13 @@ def open_store(settings: Settings) -> Store:
             shard_number=settings.qdrant_shards,
             replication_factor=settings.qdrant_replicas,
             write_consistency_factor=settings.qdrant_write_consistency,
+            where=f"the Qdrant server at {settings.qdrant_url} (RAG_QDRANT_URL)",
         )
     from rag_retriever.store.edge import EdgeStore
 
     check_data_dir(settings.data_dir)
-    return EdgeStore(settings.edge_dir)
+    where = f"the data dir {settings.data_dir.resolve()} (RAG_DATA_DIR)"
+    return EdgeStore(settings.edge_dir, where=where)
 
 
 def check_data_dir(data_dir: Path) -> None:

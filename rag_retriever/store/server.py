@@ -57,11 +57,16 @@ class ServerStore(Store):
         shard_number: int | None = None,
         replication_factor: int | None = None,
         write_consistency_factor: int | None = None,
+        where: str | None = None,
     ) -> None:
         from qdrant_client.local.qdrant_local import QdrantLocal
 
         self.client = client
         self.embedded = isinstance(client._client, QdrantLocal)
+        # how errors name it (open_store: the URL and RAG_QDRANT_URL)
+        self._where = where or (
+            "qdrant-client's in-process store" if self.embedded else "the Qdrant server"
+        )
         self.shard_number = shard_number
         self.replication_factor = replication_factor
         self.write_consistency_factor = write_consistency_factor
@@ -69,6 +74,10 @@ class ServerStore(Store):
         self._lock: contextlib.AbstractContextManager[Any] = (
             threading.RLock() if self.embedded else contextlib.nullcontext()
         )
+
+    @property
+    def where(self) -> str:
+        return self._where
 
     @contextlib.contextmanager
     def _call(self, name: str | None = None) -> Iterator[None]:

@@ -17,13 +17,13 @@ from typing import Any, TypeVar
 
 import numpy as np
 import torch
-from tqdm.auto import tqdm
 
 from rag_retriever.errors import ConfigError
 from rag_retriever.eval.metrics import paired_bootstrap_ci
 from rag_retriever.eval.questions import Question, file_sha256, load_questions
 from rag_retriever.models.device import Precision, choose_precision
 from rag_retriever.models.encoder import quiet_transformers
+from rag_retriever.progress import progress as progress_of
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)
@@ -198,7 +198,7 @@ def run_steps(
     every LOSS_SHOWN_EVERY steps. Returns each step's loss, read from the device once."""
     model.train()
     losses: list[torch.Tensor] = []
-    bar = tqdm(total=total, desc=desc, unit="step", disable=not progress)
+    bar = progress_of(total=total, desc=desc, unit="step", enabled=progress)
     for batches in epochs:
         for batch in batches:
             losses.append(step(batch))

@@ -26,13 +26,12 @@ from collections.abc import Hashable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from tqdm.auto import tqdm
-
 from rag_retriever.errors import InvalidRequest
 from rag_retriever.eval.evaluation import gold_items
 from rag_retriever.eval.judge import judge
 from rag_retriever.eval.metrics import mrr_at_k, recall_at_k
 from rag_retriever.eval.questions import Question
+from rag_retriever.progress import progress as progress_of
 from rag_retriever.query.chunk_table import ChunkTable
 from rag_retriever.query.fusion import K_DEFAULT, METHODS, Fusion
 from rag_retriever.query.retriever import Retriever
@@ -243,10 +242,13 @@ def _best_fusion(
     `default`, and its figures; `default` unless one beats it (ties keep the earlier)."""
     best, best_figures = default, score(default, train)
     default_figures = best_figures
-    for fusion in tqdm(grid, desc="fusions", unit="fusion", disable=not progress):
+    bar = progress_of(total=len(grid), desc="fusions", unit="fusion", enabled=progress)
+    for fusion in grid:
         figures = score(fusion, train)
         if figures.beats(best_figures) and figures.keeps_depth_of(default_figures):
             best, best_figures = fusion, figures
+        bar.update(1)
+    bar.close()
     return best, best_figures
 
 
@@ -265,7 +267,7 @@ def _first_stage_lists(
     progress: bool,
 ) -> dict[str, Lists]:
     out: dict[str, Lists] = {}
-    bar = tqdm(total=len(questions), desc="first-stage lists", unit="q", disable=not progress)
+    bar = progress_of(total=len(questions), desc="first-stage lists", unit="q", enabled=progress)
     for start in range(0, len(questions), BATCH):
         batch = questions[start : start + BATCH]
         _, traces = retriever.trace([q.question for q in batch], mode="hybrid", collection=name)

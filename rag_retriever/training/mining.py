@@ -17,10 +17,9 @@ from collections import Counter
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
-from tqdm.auto import tqdm
-
 from rag_retriever.eval.evaluation import gold_items
 from rag_retriever.eval.questions import Question
+from rag_retriever.progress import progress as progress_of
 from rag_retriever.query.chunk_table import ChunkTable
 from rag_retriever.query.retriever import Retriever
 
@@ -72,7 +71,7 @@ def mine_examples(
             continue
         usable.append((q, gold))
     examples: list[Example] = []
-    bar = tqdm(total=len(usable), desc="mining negatives", unit="q", disable=not progress)
+    bar = progress_of(total=len(usable), desc="mining negatives", unit="q", enabled=progress)
     for start in range(0, len(usable), MINE_BATCH):
         batch = usable[start : start + MINE_BATCH]
         _, traces = retriever.trace([q.question for q, _ in batch], mode="hybrid", collection=name)
