@@ -171,7 +171,7 @@ def test_dockerfile_cmd_is_a_real_serve_command(name: str) -> None:
     assert argv[0] == "rag-retriever"
     args = parser().parse_args(argv[1:])
     assert args.command == "serve" and (args.host, args.port) == ("0.0.0.0", 8000)
-    assert args.func.__name__ == "_cmd_serve"
+    assert args.func.__name__ == "cmd_serve"
     assert ("EXPOSE", "8000") in steps
 
 
