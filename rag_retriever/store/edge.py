@@ -138,6 +138,13 @@ _MARKER_RETRY_S = 0.01
 _INDEX_KINDS: dict[str, IndexKind] = {"Keyword": "keyword", "Integer": "integer", "Bool": "bool"}
 
 
+def _match(value: Any) -> Any:
+    """A filter value as the engine's binding reads it. qdrant-edge-py 0.9 turns a Python bool
+    into the integer 1 or 0 (bool is an int), which matches no boolean payload, so a filter on a
+    boolean field found nothing; numpy's bool is not an int and reaches the engine as a bool."""
+    return np.bool_(value) if isinstance(value, bool) else value
+
+
 class EdgeStore(Store):
     """Versions as manifests of Qdrant Edge shards under `root` (see the module docstring)."""
 
@@ -1008,7 +1015,9 @@ class EdgeStore(Store):
                 )
             for key, value in flt.equals.items():
                 must.append(
-                    edge.FieldCondition(key=metadata_path(key), match=edge.MatchValue(value))
+                    edge.FieldCondition(
+                        key=metadata_path(key), match=edge.MatchValue(_match(value))
+                    )
                 )
         must_not = [excluded] if excluded is not None else None
         if not must and not must_not:
