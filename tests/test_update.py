@@ -31,7 +31,7 @@ from rag_retriever.models.profiles import ModelProfile, write_profile_file
 from rag_retriever.query.retriever import Retriever
 from rag_retriever.records import Document, embed_text
 from rag_retriever.store import DENSE, SPARSE, EdgeStore, ServerStore, StageQuery, Store
-from rag_retriever.store import edge as edge_module
+from rag_retriever.store import shards as shards_module
 from rag_retriever.store import terms as terms_module
 
 WORDS = [
@@ -212,7 +212,7 @@ def test_a_search_across_shards_and_tombstones_equals_a_brute_force_one(
     merge back to the engine with the tombstones as a filter, and the answer stays the same."""
     if not over_fetch:
         monkeypatch.setattr(EdgeStore, "_fetch_limit", staticmethod(lambda seg, q: q.limit))
-    monkeypatch.setattr(edge_module, "BASE_MERGE_FRACTION", 10.0)  # keep the tombstones
+    monkeypatch.setattr(shards_module, "BASE_MERGE_FRACTION", 10.0)  # keep the tombstones
     store = EdgeStore(tmp_path / "edge")
     rng = random.Random(11)
     corpus = {f"d{i}": doc(i, rng, rng.randint(2, 9)) for i in range(40)}
@@ -290,8 +290,8 @@ def test_a_delta_never_writes_into_the_base_version_s_shards(
 def test_delta_shards_are_merged_and_unnamed_shards_collected(
     tiny_encoder: Encoder, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(edge_module, "MAX_DELTA_SHARDS", 2)
-    monkeypatch.setattr(edge_module, "BASE_MERGE_FRACTION", 10.0)
+    monkeypatch.setattr(shards_module, "MAX_DELTA_SHARDS", 2)
+    monkeypatch.setattr(shards_module, "BASE_MERGE_FRACTION", 10.0)
     store = EdgeStore(tmp_path / "edge")
     rng = random.Random(3)
     docs = {f"d{i}": doc(i, rng) for i in range(30)}
@@ -314,7 +314,7 @@ def test_delta_shards_are_merged_and_unnamed_shards_collected(
 def test_the_deltas_outgrowing_the_base_are_merged_into_a_new_base(
     tiny_encoder: Encoder, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(edge_module, "BASE_MERGE_FRACTION", 0.1)
+    monkeypatch.setattr(shards_module, "BASE_MERGE_FRACTION", 0.1)
     store = EdgeStore(tmp_path / "edge")
     rng = random.Random(4)
     docs = [doc(i, rng) for i in range(20)]
