@@ -38,6 +38,7 @@ _EXPORTS = {
     "Retriever": "retriever",
     "Scorer": "reranker",
     "SearchFilter": "records",
+    "SearchHits": "query.hits",
     "SearchResult": "records",
     "Settings": "settings",
     "StageScore": "records",
@@ -90,6 +91,9 @@ if TYPE_CHECKING:
     )
     from rag_retriever.models.reranker import (
         Scorer as Scorer,
+    )
+    from rag_retriever.query.hits import (
+        SearchHits as SearchHits,
     )
     from rag_retriever.query.retriever import (
         RetrievalConfig as RetrievalConfig,

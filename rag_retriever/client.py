@@ -6,6 +6,10 @@ Example:
     >>> hits[0].title, hits[0].dense, hits[0].bm25                                    # doctest: +SKIP
     ('Normans', StageScore(rank=1, score=0.71), StageScore(rank=2, score=14.2))
 
+`search` returns a list of hits with the search's `query_id` (a `SearchHits`, as in-process), the
+id `feedback(hits.query_id, chunk_id=..., relevant=True)` names; `retrieve` the whole
+`SearchResult`.
+
 `RetrieverClient` (sync) and `AsyncRetrieverClient` (asyncio) have the same methods. Searches
 are read-only, so every request (POST /v1/search included) is retried after a transport error
 (connection refused or reset, timeout) and after 502/503/504, with exponential backoff; a 4xx
@@ -37,7 +41,8 @@ from urllib.parse import quote
 import httpx
 
 from rag_retriever.errors import RagError
-from rag_retriever.records import Document, Hit, Mode, SearchFilter, SearchResult
+from rag_retriever.query.hits import SearchHits
+from rag_retriever.records import Document, Mode, SearchFilter, SearchResult
 
 T = TypeVar("T")
 # Statuses that mean "a proxy or the server could not answer just now"; a retry may succeed.
@@ -200,14 +205,16 @@ def _retrieve_batch(queries: Sequence[str], options: SearchOptions) -> _Call[lis
     return _Call("POST", "/v1/search/batch", _results, body)
 
 
-def _search(query: str, options: SearchOptions) -> _Call[list[Hit]]:
+def _search(query: str, options: SearchOptions) -> _Call[SearchHits]:
     call = _retrieve(query, options)
-    return _Call(call.method, call.path, lambda r: list(call.read(r).hits), call.json)
+    return _Call(call.method, call.path, lambda r: SearchHits.of(call.read(r)), call.json)
 
 
-def _search_batch(queries: Sequence[str], options: SearchOptions) -> _Call[list[list[Hit]]]:
+def _search_batch(queries: Sequence[str], options: SearchOptions) -> _Call[list[SearchHits]]:
     call = _retrieve_batch(queries, options)
-    return _Call(call.method, call.path, lambda r: [list(x.hits) for x in call.read(r)], call.json)
+    return _Call(
+        call.method, call.path, lambda r: [SearchHits.of(x) for x in call.read(r)], call.json
+    )
 
 
 def _collections() -> _Call[dict[str, Any]]:
@@ -381,8 +388,8 @@ class RetrieverClient(_Client):
             base_url=base_url, headers=_headers(api_key), timeout=timeout, transport=transport
         )
 
-    def search(self, query: str, **options: Unpack[SearchOptions]) -> list[Hit]:
-        """The hits of `query` (POST /v1/search)."""
+    def search(self, query: str, **options: Unpack[SearchOptions]) -> SearchHits:
+        """The hits of `query` (POST /v1/search): a list with the search's `query_id`."""
         return self._send(_search(query, options))
 
     def retrieve(self, query: str, **options: Unpack[SearchOptions]) -> SearchResult:
@@ -391,8 +398,9 @@ class RetrieverClient(_Client):
 
     def search_batch(
         self, queries: Sequence[str], **options: Unpack[SearchOptions]
-    ) -> list[list[Hit]]:
-        """The hits of each query, in one request (POST /v1/search/batch)."""
+    ) -> list[SearchHits]:
+        """The hits of each query, each with its `query_id`, in one request
+        (POST /v1/search/batch)."""
         return self._send(_search_batch(queries, options))
 
     def retrieve_batch(
@@ -497,7 +505,7 @@ class AsyncRetrieverClient(_Client):
             base_url=base_url, headers=_headers(api_key), timeout=timeout, transport=transport
         )
 
-    async def search(self, query: str, **options: Unpack[SearchOptions]) -> list[Hit]:
+    async def search(self, query: str, **options: Unpack[SearchOptions]) -> SearchHits:
         return await self._send(_search(query, options))
 
     async def retrieve(self, query: str, **options: Unpack[SearchOptions]) -> SearchResult:
@@ -505,7 +513,7 @@ class AsyncRetrieverClient(_Client):
 
     async def search_batch(
         self, queries: Sequence[str], **options: Unpack[SearchOptions]
-    ) -> list[list[Hit]]:
+    ) -> list[SearchHits]:
         return await self._send(_search_batch(queries, options))
 
     async def retrieve_batch(

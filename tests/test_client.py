@@ -133,6 +133,38 @@ def test_batch_and_collections_parse_the_server_shapes() -> None:
     assert "authorization" not in recorder.requests[0].headers
 
 
+def test_both_clients_search_returns_the_query_id_with_the_hits() -> None:
+    """Every search result carries its query id, as in-process: `search` and each list of
+    `search_batch`; an answer without one (a server older than query ids) gives None."""
+    from rag_retriever.query.hits import SearchHits
+
+    def answers() -> Recorder:
+        batch = [{**result_json("b"), "query_id": "id-b"}, {**result_json("c"), "query_id": "id-c"}]
+        return Recorder(
+            httpx.Response(200, json={**result_json("a"), "query_id": "id-a"}),
+            httpx.Response(200, json={"results": batch}),
+            httpx.Response(200, json=result_json("old")),  # no query_id field at all
+        )
+
+    with client_for(answers()) as client:
+        hits, batches, old = client.search("a"), client.search_batch(["b", "c"]), client.search("x")
+
+    async def run() -> tuple[SearchHits, list[SearchHits], SearchHits]:
+        async with async_client_for(answers()) as client:
+            return (
+                await client.search("a"),
+                await client.search_batch(["b", "c"]),
+                await client.search("x"),
+            )
+
+    for got in ((hits, batches, old), asyncio.run(run())):
+        one, many, older = got
+        assert isinstance(one, SearchHits) and one.query_id == "id-a"
+        assert [h.chunk_id for h in one] == ["c1"]
+        assert [(type(b), b.query_id) for b in many] == [(SearchHits, "id-b"), (SearchHits, "id-c")]
+        assert older.query_id is None and len(older) == 1
+
+
 # -- errors -------------------------------------------------------------------------------------
 
 
@@ -316,7 +348,12 @@ def test_sync_client_against_a_real_server(remote: tuple[Retriever, str]) -> Non
         flt = SearchFilter(equals={"lang": "fr"})
         hits = client.search("king queen", k=4, filter=flt)
         assert hits and all(h.metadata["lang"] == "fr" for h in hits)
+        # the same shape as in-process: a list of hits with the search's query id
+        local = retriever.search("king queen", k=4, filter=flt)
+        assert type(hits) is type(local) and hits.query_id and local.query_id
+        assert hits.query_id != local.query_id  # each search has its own
         batches = client.search_batch(["apples", "river"], k=3, mode="bm25")
+        assert len({b.query_id for b in batches if b.query_id}) == 2
         assert [[h.chunk_id for h in b] for b in batches] == [
             [h.chunk_id for h in retriever.search(q, k=3, mode="bm25")] for q in ("apples", "river")
         ]

@@ -237,22 +237,37 @@ def test_both_clients_return_the_query_id_and_send_feedback(
                 client.feedback("unknown", doc_id="a", relevant=False)
             with pytest.raises(NotFound):
                 client.feedback("unknown", doc_id="a", relevant=False)
+            # search() too: its hits carry the query id feedback names
+            hits = client.search("the king", k=2)
+            assert hits.query_id and hits.query_id != result.query_id
+            sent = client.feedback(hits.query_id, chunk_id=hits[1].chunk_id, relevant=True)
+            assert sent["query_id"] == hits.query_id
+            [batch] = client.search_batch(["apples"], k=1)
+            assert batch.query_id and client.feedback(
+                batch.query_id, doc_id=batch[0].doc_id, relevant=False
+            )
 
-        async def run() -> str:
+        async def run() -> list[str]:
             async with AsyncRetrieverClient(url) as client:
                 found = await client.retrieve("wine", k=1)
                 assert found.query_id
                 done = await client.feedback(
                     found.query_id, doc_id=found.hits[0].doc_id, relevant=True
                 )
-                return str(done["status"])
+                hits = await client.search("peace", k=1)
+                assert hits.query_id
+                also = await client.feedback(hits.query_id, doc_id=hits[0].doc_id, relevant=True)
+                return [str(done["status"]), str(also["status"])]
 
-        assert asyncio.run(run()) == "recorded"
+        assert asyncio.run(run()) == ["recorded", "recorded"]
+    assert logged.query_log is not None
+    logged.query_log.flush()
+    judged = {fb["query_id"] for fb in read_lines([tmp_path / "log"], "feedback")}
+    assert hits.query_id in judged and batch.query_id in judged
 
 
-def test_doctor_finds_duplicates_and_boilerplate_and_exits_1(
-    env: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
+def ingest_duplicates(tmp_path: Path) -> None:
+    """Collection "kb": six documents sharing a footer (boilerplate) and two twins."""
     from tests.conftest import write_jsonl
 
     footer = "Copyright the example company. All rights reserved. Terms apply to every page."
@@ -266,6 +281,12 @@ def test_doctor_finds_duplicates_and_boilerplate_and_exits_1(
     ]
     corpus = write_jsonl(tmp_path / "c.jsonl", rows)
     assert main(["ingest", str(corpus), "--collection", "kb", "--no-progress"]) == 0
+
+
+def test_doctor_finds_duplicates_and_boilerplate_and_exits_1(
+    env: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    ingest_duplicates(tmp_path)
     capsys.readouterr()
     code = main(["doctor", "--collection", "kb", "--json"])
     report = json.loads(capsys.readouterr().out)
@@ -307,3 +328,189 @@ def test_doctor_reads_the_query_log_for_drift_and_stage_health(
     health = checks["stage health"].figures
     assert health["queries"] == 8 and health["empty_share"] == 0
     assert health["top_hit_dense_first"] + health["top_hit_bm25_first"] > 0
+
+
+# -- the feedback loop per collection -----------------------------------------------------------
+
+
+@pytest.fixture
+def two_aliases(logged: Retriever, store: Store, tiny_encoder: Encoder) -> Retriever:
+    """`logged` serving "kb", with a second alias "other" in the same store and query log."""
+    from rag_retriever.ingest.loaders import LoadedCorpus
+    from rag_retriever.ingest.writer import ingest_documents
+
+    ingest_documents(
+        LoadedCorpus(tuple(DOCS[:3]), 0, "test"), alias="other", encoder=tiny_encoder, store=store
+    )
+    return logged
+
+
+def judge_first_hit(retriever: Retriever, query: str, collection: str) -> str:
+    """Search `query` on `collection`, judge its first hit relevant; the hit's doc id."""
+    assert retriever.query_log is not None
+    hits = retriever.search(query, k=2, collection=collection)
+    retriever.query_log.feedback(hits.query_id or "", chunk_id=hits[0].chunk_id, relevant=True)
+    return hits[0].doc_id
+
+
+def test_search_returns_its_query_id_with_the_hits(logged: Retriever, tmp_path: Path) -> None:
+    import copy
+    import pickle
+
+    from rag_retriever import SearchHits
+
+    hits = logged.search("the king and the queen", k=3)
+    batch = logged.search_batch(["apples", "river"], k=2)
+    assert isinstance(hits, SearchHits) and hits.query_id and len(hits.query_id) == 32
+    assert all(isinstance(b, SearchHits) and b.query_id for b in batch)
+    assert len({hits.query_id, *(b.query_id for b in batch)}) == 3  # one id per search
+    assert logged.query_log is not None
+    logged.query_log.flush()
+    lines = {line["query"]: line for line in read_lines([tmp_path / "log"], "queries")}
+    assert lines["the king and the queen"]["query_id"] == hits.query_id  # the id feedback names
+    assert [lines[q]["query_id"] for q in ("apples", "river")] == [b.query_id for b in batch]
+    # a list like any other: equal to the same hits, and it survives a copy and a pickle
+    assert hits == list(hits) and hits[:1] == [hits[0]] and not isinstance(hits[:1], SearchHits)
+    for twin in (copy.copy(hits), pickle.loads(pickle.dumps(hits))):
+        assert twin == hits and isinstance(twin, SearchHits) and twin.query_id == hits.query_id
+    assert "query_id=" in repr(hits)
+
+
+def test_questions_read_only_the_alias_asked_for(
+    two_aliases: Retriever, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    kb_doc = judge_first_hit(two_aliases, "the king and the queen", "kb")
+    judge_first_hit(two_aliases, "apples and pears", "other")
+    assert two_aliases.query_log is not None
+    two_aliases.query_log.flush()
+    log, out = tmp_path / "log", tmp_path / "questions.jsonl"
+    argv = ["questions", "--from-log", str(log), "--out", str(out)]
+    assert main([*argv, "--collection", "kb", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert (report["alias"], report["queries"], report["questions"]) == ("kb", 1, 1)
+    [row] = [json.loads(line) for line in out.read_text().splitlines()]
+    assert row["question"] == "the king and the queen" and row["gold_doc_ids"] == [kb_doc]
+    # the file is what the evaluation of that alias accepts
+    questions, problems = load_questions(out)
+    assert problems == [] and [q.question for q in questions] == ["the king and the queen"]
+    assert main([*argv, "--collection", "other"]) == 0
+    assert "logged queries 1 of alias other" in capsys.readouterr().out
+
+
+def test_questions_refuse_an_alias_the_log_does_not_hold_naming_those_it_does(
+    two_aliases: Retriever, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    judge_first_hit(two_aliases, "the king", "kb")
+    judge_first_hit(two_aliases, "apples", "other")
+    assert two_aliases.query_log is not None
+    two_aliases.query_log.flush()
+    out = tmp_path / "questions.jsonl"
+    argv = ["questions", "--from-log", str(tmp_path / "log"), "--out", str(out)]
+    assert main([*argv, "--collection", "kbb"]) == 2
+    err = capsys.readouterr().err
+    assert "no query of alias 'kbb'" in err and "aliases in it: kb, other" in err
+    assert "--collection" in err and not out.exists()
+    # without --collection a log of several aliases is refused: eval scores one collection
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "2 aliases (kb, other)" in err and "pass --collection ALIAS" in err
+    assert not out.exists()
+
+
+def test_questions_of_a_log_of_one_alias_say_which_on_stderr(
+    logged: Retriever, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    judge_first_hit(logged, "the king", "kb")
+    assert logged.query_log is not None
+    logged.query_log.flush()
+    out = tmp_path / "questions.jsonl"
+    assert main(["questions", "--from-log", str(tmp_path / "log"), "--out", str(out)]) == 0
+    printed = capsys.readouterr()
+    assert "reading every alias of the query log: kb" in printed.err
+    assert "--collection ALIAS" in printed.err
+    assert "questions      1 written" in printed.out
+
+
+@pytest.mark.parametrize("collection", [[], ["--collection", "kb"]])
+def test_questions_of_an_empty_log_say_so_and_write_nothing(
+    collection: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "log").mkdir()
+    out = tmp_path / "questions.jsonl"
+    argv = ["questions", "--from-log", str(tmp_path / "log"), "--out", str(out), *collection]
+    assert main(argv) == 0  # as for a log without positive feedback: nothing to make yet
+    printed = capsys.readouterr().out
+    assert "logged queries 0" in printed and "holds no logged query yet" in printed
+    assert "RAG_QUERY_LOG" in printed and out.read_text() == ""
+
+
+def test_doctor_judges_drift_and_stage_health_on_its_alias_only(
+    two_aliases: Retriever, tmp_path: Path
+) -> None:
+    from rag_retriever.ops.doctor import Doctor, Thresholds
+
+    for q in ["the king", "wine", "apples", "river mountain"]:
+        two_aliases.retrieve(q, k=3)
+    for q in ["peace", "queen", "city", "war", "pears", "sea"]:
+        two_aliases.retrieve(q, k=3, collection="other")
+    assert two_aliases.query_log is not None
+    two_aliases.query_log.flush()
+    log = [tmp_path / "log"]
+    for alias, count in (("kb", 4), ("other", 6)):
+        doctor = Doctor(two_aliases, collection=alias, thresholds=Thresholds())
+        checks = {c.name: c for c in doctor.run(log=log)}
+        assert checks["drift"].figures["queries"] == count
+        assert checks["stage health"].figures["queries"] == count
+        assert checks["truncation"].figures["queries"] == count
+        scope = checks["query log"]
+        assert scope.figures == {"alias": alias, "queries": count, "judged": count,
+                                 "aliases": ("kb", "other")}  # fmt: skip
+        assert f"{count} logged queries of alias {alias}" in scope.summary
+
+
+def test_doctor_with_a_log_without_its_alias_says_so_and_skips_the_log_checks(
+    two_aliases: Retriever, store: Store, tiny_encoder: Encoder, tmp_path: Path
+) -> None:
+    from rag_retriever.ops.doctor import Doctor, Thresholds
+
+    two_aliases.retrieve("the king", k=3)
+    assert two_aliases.query_log is not None
+    two_aliases.query_log.flush()
+    doctor = Doctor(two_aliases, collection="other", thresholds=Thresholds())
+    checks = {c.name: c for c in doctor.run(log=[tmp_path / "log"])}
+    assert "drift" not in checks and "stage health" not in checks
+    scope = checks["query log"]
+    assert scope.ok and "no logged query of alias other; aliases in the log: kb" in scope.summary
+    assert checks["truncation"].figures["queries"] == 0
+
+
+def test_doctor_lines_show_the_limit_they_were_judged_against(
+    env: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import re
+
+    ingest_duplicates(tmp_path)
+    capsys.readouterr()
+    assert main(["doctor", "--collection", "kb", "--max-boilerplate-share", "0.25"]) == 1
+    printed = capsys.readouterr().out
+    fail = re.search(
+        r"^FAIL  near-duplicates  (\d\.\d{3}) > limit 0\.050 \(--max-duplicate-share\): ",
+        printed,
+        re.MULTILINE,
+    )
+    assert fail and float(fail[1]) > 0.05, printed
+    boilerplate = re.search(
+        r"^FAIL  boilerplate      (\d\.\d{3}) > limit 0\.250 \(--max-boilerplate-share\): ",
+        printed,
+        re.MULTILINE,
+    )
+    assert boilerplate and float(boilerplate[1]) > 0.25, printed
+    assert "ok    truncation       0.000 <= limit 0.010 (--max-truncated-share): " in printed
+    assert "ok    noise floor      random chunk pairs" in printed  # reported, not judged
+    assert main(["doctor", "--collection", "kb", "--json"]) == 1
+    checks = {c["name"]: c for c in json.loads(capsys.readouterr().out)["checks"]}
+    dup = checks["near-duplicates"]
+    assert (dup["limit"], dup["threshold"]) == (0.05, "max_duplicate_share")
+    assert dup["value"] == pytest.approx(dup["figures"]["share"], abs=1e-4)
+    assert dup["value"] > 0.05 and not dup["ok"]
+    assert checks["noise floor"]["value"] is None and checks["noise floor"]["limit"] is None

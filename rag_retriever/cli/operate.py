@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +14,14 @@ from rag_retriever.cli.common import LIMITS, MODEL, QUERY, STORE, command_settin
 def cmd_questions(args: argparse.Namespace) -> int:
     from rag_retriever.query.querylog import questions_from_log
 
-    rows, report = questions_from_log(args.from_log)
+    rows, report = questions_from_log(args.from_log, alias=args.collection)
+    where = ", ".join(str(d) for d in args.from_log)
+    if args.collection is None and report.alias is not None:
+        print(
+            f"reading every alias of the query log: {report.alias} (the only one; "
+            f"--collection ALIAS reads one)",
+            file=sys.stderr,
+        )
     args.out.parent.mkdir(parents=True, exist_ok=True)
     with args.out.open("w", encoding="utf-8") as fh:
         for row in rows:
@@ -21,14 +29,20 @@ def cmd_questions(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({**report.to_dict(), "out": str(args.out)}, indent=2))
         return 0
+    of_alias = f" of alias {report.alias}" if report.alias is not None else ""
     print(
-        f"logged queries {report.queries}, with feedback {report.judged}\n"
+        f"logged queries {report.queries}{of_alias}, with feedback {report.judged}\n"
         f"questions      {report.questions} written to {args.out} "
         f"({report.duplicates_merged} repeats merged into them)\n"
         f"skipped        {report.negative_only} with only negative feedback, "
         f"{report.without_text} logged without their text (RAG_QUERY_LOG_TEXT=false)"
     )
-    if not rows:
+    if not report.queries:
+        print(
+            f"no question could be made: {where} holds no logged query yet; is it the "
+            f"RAG_QUERY_LOG directory of the serving process, and has that answered a search?"
+        )
+    elif not rows:
         print("no question could be made: send feedback with relevant=true (POST /v1/feedback)")
     return 0
 
@@ -64,7 +78,8 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     else:
         print(f"doctor of {settings.collection} -> {doctor.name}")
         for c in checks:
-            print(f"{'ok  ' if c.ok else 'FAIL'}  {c.name:<16} {c.summary}")
+            verdict = f"{c.verdict()}: " if c.verdict() else ""
+            print(f"{'ok  ' if c.ok else 'FAIL'}  {c.name:<16} {verdict}{c.summary}")
             if c.meaning:
                 print(f"      {'':<16} ({c.meaning})")
         if not args.log:
@@ -73,7 +88,8 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 
 
 def add_doctor(sub: Any) -> None:
-    """`doctor`: noise floor, duplicates, truncation, drift, stage health; exit 1 on a failure."""
+    """`doctor`: noise floor, duplicates, truncation, drift, stage health; exit 1 on a failure.
+    Drift and stage health read the logged queries of `--collection`'s alias only."""
     from rag_retriever.ops.doctor import Thresholds
 
     default = Thresholds()
@@ -81,7 +97,13 @@ def add_doctor(sub: Any) -> None:
         "doctor",
         help="monitoring checks of a collection and its query log (exit 1 when one fails)",
     )
-    p.add_argument("--log", type=Path, nargs="+", metavar="DIR", help="query log directories")
+    p.add_argument(
+        "--log",
+        type=Path,
+        nargs="+",
+        metavar="DIR",
+        help="query log directories (only the queries asked of --collection's alias are read)",
+    )
     p.add_argument("--questions", type=Path, help="labelled questions: drift is measured from them")
     for name, text in (
         ("duplicate_similarity", "cosine at which two chunks count as near-duplicates"),
@@ -101,7 +123,8 @@ def add_doctor(sub: Any) -> None:
 
 
 def add_questions(sub: Any) -> None:
-    """`questions --from-log DIR`: labelled questions from logged queries with feedback."""
+    """`questions --from-log DIR --collection ALIAS`: labelled questions from one alias's logged
+    queries with feedback."""
     p = sub.add_parser(
         "questions",
         help="turn logged queries with positive feedback into a labelled questions file",
@@ -116,6 +139,12 @@ def add_questions(sub: Any) -> None:
     )
     p.add_argument(
         "--out", type=Path, required=True, help="the questions .jsonl to write (eval format)"
+    )
+    p.add_argument(
+        "--collection",
+        metavar="ALIAS",
+        help="read only the queries asked of this alias (eval scores one collection); without "
+        "it the log must hold one alias (RAG_COLLECTION is not read here)",
     )
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     setting_flags(p, "log_level")

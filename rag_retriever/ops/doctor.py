@@ -18,6 +18,11 @@ Checks (each on a seeded sample, so a run takes seconds on 2 cores):
 - stage health (with a query log): which stage ranked each top hit first, empty results,
   latency percentiles.
 
+Drift and stage health read only the logged queries of the collection's alias (the name the
+searches were asked with); a log that holds none of them says so and skips both. A judged
+check carries its value and the limit it was judged against (`verdict()`: "0.310 > limit 0.050
+(--max-duplicate-share)").
+
 Does not do: plots (the JSON carries the distributions' percentiles), or fixing anything.
 """
 
@@ -33,7 +38,7 @@ from typing import Any
 import numpy as np
 
 from rag_retriever.eval.questions import load_questions
-from rag_retriever.query.querylog import read_lines
+from rag_retriever.query.querylog import read_queries
 from rag_retriever.query.retriever import Retriever
 from rag_retriever.records import content_hash
 from rag_retriever.store import DENSE, StageQuery
@@ -65,6 +70,18 @@ class Check:
     summary: str
     meaning: str
     figures: dict[str, Any] = field(default_factory=dict)
+    # What was judged: the value, the limit it may not exceed, and the Thresholds field (and
+    # flag) that set it; None for a check that only reports.
+    value: float | None = None
+    limit: float | None = None
+    threshold: str | None = None
+
+    def verdict(self) -> str:
+        """The judgement in one phrase, e.g. "0.310 > limit 0.050 (--max-duplicate-share)"."""
+        if self.value is None or self.limit is None:
+            return ""
+        flag = f" (--{self.threshold.replace('_', '-')})" if self.threshold else ""
+        return f"{self.value:.3f} {'<=' if self.ok else '>'} limit {self.limit:.3f}{flag}"
 
 
 def _percentiles(values: Sequence[float]) -> dict[str, float]:
@@ -86,6 +103,7 @@ class Doctor:
     ) -> None:
         self.retriever = retriever
         self.store = retriever.store
+        self.alias = collection
         self.name = self.store.resolve(collection)
         self.record = self.store.record(self.name)
         self.thresholds = thresholds
@@ -97,7 +115,11 @@ class Doctor:
         vectors = self._vectors(sample)
         floor = self._noise_floor(vectors)
         checks = [floor, self._duplicates(sample, vectors, floor), self._boilerplate(payloads)]
-        entries = list(read_lines(log, "queries"))[-LOG_QUERIES:] if log else []
+        entries: Sequence[dict[str, Any]] = []
+        if log:
+            logged = read_queries(log, alias=self.alias)
+            entries = logged.lines[-LOG_QUERIES:]
+            checks.append(self._log_scope(logged.aliases, len(logged.lines), len(entries)))
         checks.append(self._truncation(payloads, entries))
         if entries:
             checks.append(self._drift(entries, questions, floor))
@@ -118,7 +140,46 @@ class Doctor:
                     found[r.id] = r.dense
         return np.stack([found[i] for i in ids]) if ids else np.empty((0, 1), np.float32)
 
+    def _judged(
+        self,
+        name: str,
+        value: float,
+        threshold: str,
+        *,
+        summary: str,
+        meaning: str,
+        figures: dict[str, Any],
+    ) -> Check:
+        """A check that fails when `value` is above the Thresholds field `threshold`."""
+        limit = float(getattr(self.thresholds, threshold))
+        return Check(
+            name, value <= limit, summary, meaning, figures, value, limit, threshold=threshold
+        )
+
     # -- checks -------------------------------------------------------------------------------
+
+    def _log_scope(self, aliases: Sequence[str], of_alias: int, judged: int) -> Check:
+        """Which logged queries drift and stage health read: this alias's newest LOG_QUERIES."""
+        figures = {"alias": self.alias, "queries": of_alias, "judged": judged, "aliases": aliases}
+        if not of_alias:
+            present = ", ".join(aliases) or "none (no query is logged there yet)"
+            return Check(
+                "query log",
+                True,
+                f"no logged query of alias {self.alias}; aliases in the log: {present}; drift and "
+                f"stage health are skipped (--collection names the alias the searches asked for; "
+                f"--log the RAG_QUERY_LOG of the process that serves it)",
+                "",
+                figures,
+            )
+        return Check(
+            "query log",
+            True,
+            f"{of_alias} logged queries of alias {self.alias} (aliases in the log: "
+            f"{', '.join(aliases)}); drift and stage health read the newest {judged}",
+            "",
+            figures,
+        )
 
     def _noise_floor(self, vectors: np.ndarray) -> Check:
         n = len(vectors)
@@ -152,13 +213,14 @@ class Doctor:
                     near.append((pid, other[0], other[1]))
         share = len(near) / len(ids) if ids else 0.0
         examples = [{"chunk": a, "nearest": b, "similarity": round(s, 4)} for a, b, s in near[:5]]
-        return Check(
+        return self._judged(
             "near-duplicates",
-            share <= t.max_duplicate_share,
-            f"{len(near)} of {len(ids)} sampled chunks ({share:.1%}) have a neighbour at cosine >= "
-            f"{limit:.3f} (limit {t.max_duplicate_share:.0%})",
-            "near-identical chunks crowd the top k with one answer repeated",
-            {
+            share,
+            "max_duplicate_share",
+            summary=f"{len(near)} of {len(ids)} sampled chunks ({share:.1%}) have a neighbour at "
+            f"cosine >= {limit:.3f}",
+            meaning="near-identical chunks crowd the top k with one answer repeated",
+            figures={
                 "sampled": len(ids),
                 "count": len(near),
                 "share": round(share, 4),
@@ -180,12 +242,14 @@ class Doctor:
             if content_hash(" ".join(str(p.get("text", "")).split()).lower()) in shared
         )
         share = count / len(payloads) if payloads else 0.0
-        return Check(
+        return self._judged(
             "boilerplate",
-            share <= self.thresholds.max_boilerplate_share,
-            f"{count} chunks ({share:.1%}) repeat a text that 3 or more documents share word for word",
-            "navigation, footers, licences: they match many questions and answer none",
-            {"chunks": count, "share": round(share, 4), "texts": len(shared)},
+            share,
+            "max_boilerplate_share",
+            summary=f"{count} chunks ({share:.1%}) repeat a text that 3 or more documents share "
+            f"word for word",
+            meaning="navigation, footers, licences: they match many questions and answer none",
+            figures={"chunks": count, "share": round(share, 4), "texts": len(shared)},
         )
 
     def _truncation(
@@ -197,14 +261,14 @@ class Doctor:
         chunk_share = cut / len(payloads) if payloads else 0.0
         queries_cut = sum(1 for e in entries if e.get("query_truncated"))
         query_share = queries_cut / len(entries) if entries else 0.0
-        worst = max(chunk_share, query_share)
-        return Check(
+        return self._judged(
             "truncation",
-            worst <= self.thresholds.max_truncated_share,
-            f"chunks over their {budget}-token budget {chunk_share:.2%}; logged queries over the "
-            f"{window}-token window {query_share:.2%} ({queries_cut} of {len(entries)})",
-            "text past the model's window is not embedded: it cannot be found by meaning",
-            {
+            max(chunk_share, query_share),
+            "max_truncated_share",
+            summary=f"chunks over their {budget}-token budget {chunk_share:.2%}; logged queries "
+            f"over the {window}-token window {query_share:.2%} ({queries_cut} of {len(entries)})",
+            meaning="text past the model's window is not embedded: it cannot be found by meaning",
+            figures={
                 "chunk_share": round(chunk_share, 4),
                 "query_share": round(query_share, 4),
                 "queries": len(entries),
@@ -233,30 +297,28 @@ class Doctor:
             f"best-chunk similarity p50 {figures['best_chunk_oldest'].get('p50', 0):.3f} (oldest "
             f"half) -> {figures['best_chunk_newest'].get('p50', 0):.3f} (newest half)"
         )
-        ok = True
-        if questions is not None:
-            labelled, _ = load_questions(questions)
-            q_vectors = encoder.encode_queries([q.question for q in labelled]).vectors
-            nearest = (vectors @ q_vectors.T).max(axis=1) if len(labelled) else np.zeros(len(texts))
-            far_line = float(floor.figures.get("p95", 0.0))
-            far = float(np.mean(nearest[half:] < far_line))
-            figures.update(
-                nearest_question_oldest=_percentiles(nearest[:half].tolist()),
-                nearest_question_newest=_percentiles(nearest[half:].tolist()),
-                far_share_newest=round(far, 4),
-                far_below=far_line,
-            )
-            ok = far <= self.thresholds.max_far_query_share
-            summary += (
-                f"; {far:.1%} of the newest queries have no labelled question above the noise "
-                f"floor's p95 ({far_line:.3f}; limit {self.thresholds.max_far_query_share:.0%})"
-            )
-        return Check(
+        meaning = "queries moving away from the corpus or from what the evaluation covers"
+        if questions is None:  # nothing to judge against: reported, never failed
+            return Check("drift", True, summary, meaning, figures)
+        labelled, _ = load_questions(questions)
+        q_vectors = encoder.encode_queries([q.question for q in labelled]).vectors
+        nearest = (vectors @ q_vectors.T).max(axis=1) if len(labelled) else np.zeros(len(texts))
+        far_line = float(floor.figures.get("p95", 0.0))
+        far = float(np.mean(nearest[half:] < far_line))
+        figures.update(
+            nearest_question_oldest=_percentiles(nearest[:half].tolist()),
+            nearest_question_newest=_percentiles(nearest[half:].tolist()),
+            far_share_newest=round(far, 4),
+            far_below=far_line,
+        )
+        return self._judged(
             "drift",
-            ok,
-            summary,
-            "queries moving away from the corpus or from what the evaluation covers",
-            figures,
+            far,
+            "max_far_query_share",
+            summary=f"{summary}; {far:.1%} of the newest queries have no labelled question above "
+            f"the noise floor's p95 ({far_line:.3f})",
+            meaning=meaning,
+            figures=figures,
         )
 
     def _stage_health(self, entries: Sequence[dict[str, Any]]) -> Check:
@@ -273,13 +335,15 @@ class Doctor:
                     top_by[stage] += 1
         n = len(entries)
         empty_share = empty / n if n else 0.0
-        return Check(
+        return self._judged(
             "stage health",
-            empty_share <= self.thresholds.max_empty_share,
-            f"top hit ranked first by dense {top_by['dense'] / n:.0%}, by BM25 {top_by['bm25'] / n:.0%}; "
-            f"empty results {empty_share:.1%}; latency p50 {_percentiles(latencies).get('p50', 0):.1f} ms",
-            "a stage that never contributes, or many empty answers, says a list is broken",
-            {
+            empty_share,
+            "max_empty_share",
+            summary=f"top hit ranked first by dense {top_by['dense'] / n:.0%}, by BM25 "
+            f"{top_by['bm25'] / n:.0%}; empty results {empty_share:.1%}; latency p50 "
+            f"{_percentiles(latencies).get('p50', 0):.1f} ms",
+            meaning="a stage that never contributes, or many empty answers, says a list is broken",
+            figures={
                 "queries": n,
                 "top_hit_dense_first": round(top_by["dense"] / n, 4) if n else 0,
                 "top_hit_bm25_first": round(top_by["bm25"] / n, 4) if n else 0,

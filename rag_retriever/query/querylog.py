@@ -4,7 +4,7 @@ Example:
     >>> log = QueryLog(Path("rag-data/query-log"))                            # doctest: +SKIP
     >>> retriever = Retriever(..., query_log=log)                             # doctest: +SKIP
     >>> log.feedback(result.query_id, chunk_id=result.hits[0].chunk_id, relevant=True)  # doctest: +SKIP
-    >>> rows, report = questions_from_log([Path("rag-data/query-log")])       # doctest: +SKIP
+    >>> rows, report = questions_from_log([Path("rag-data/query-log")], alias="docs")  # doctest: +SKIP
 
 Opt-in (`RAG_QUERY_LOG` = a directory). One JSON line per query: its id (returned with every
 result), time, alias and served version, mode, k, filter, each returned chunk with its doc id,
@@ -21,7 +21,9 @@ for its log line.
 
 `questions_from_log` turns logged queries with positive feedback into labelled questions in the
 evaluation's format (a chunk judged relevant becomes a gold span: its document and offsets),
-deduplicated by query text, for `eval/recall_at_k.py`, `tune-fusion` and `improve`.
+deduplicated by query text, for `eval/recall_at_k.py`, `tune-fusion` and `improve`. Questions
+are evaluated against one collection, so it reads one alias's queries (`read_queries`, which
+`doctor` reads too): a log of several aliases needs the alias named.
 
 Does not do: sampling, PII scrubbing of query texts (use RAG_QUERY_LOG_TEXT=false), shipping
 logs anywhere.
@@ -300,6 +302,30 @@ def read_lines(directories: Iterable[Path], kind: str) -> Iterator[dict[str, Any
 
 
 @dataclass(frozen=True)
+class LoggedQueries:
+    """The query lines of a log, oldest file first: every line, or one alias's when `alias` is
+    set; `aliases` names every alias the log holds (for messages that list what is there)."""
+
+    lines: tuple[dict[str, Any], ...]
+    aliases: tuple[str, ...]
+    alias: str | None = None
+
+    def aliases_text(self) -> str:
+        return ", ".join(self.aliases) or "none (no query is logged there yet)"
+
+
+def read_queries(directories: Iterable[Path], *, alias: str | None = None) -> LoggedQueries:
+    """The logged queries of `directories`, only those asked of `alias` when it is given (the
+    `alias` field of each line: the name the search was asked with). A log without any line of
+    `alias` gives no lines; the caller decides whether that is an error (`aliases` says what the
+    log holds instead)."""
+    every = list(read_lines(directories, "queries"))
+    aliases = tuple(sorted({str(e.get("alias")) for e in every}))
+    lines = every if alias is None else [e for e in every if e.get("alias") == alias]
+    return LoggedQueries(tuple(lines), aliases, alias)
+
+
+@dataclass(frozen=True)
 class ExportReport:
     queries: int
     judged: int
@@ -307,18 +333,47 @@ class ExportReport:
     duplicates_merged: int
     without_text: int
     negative_only: int
+    # the alias whose queries were read (None: the log held no query at all)
+    alias: str | None = None
 
-    def to_dict(self) -> dict[str, int]:
+    def to_dict(self) -> dict[str, int | str | None]:
         return dict(self.__dict__)
 
 
-def questions_from_log(directories: Iterable[Path]) -> tuple[list[dict[str, Any]], ExportReport]:
+def _one_alias(logged: LoggedQueries, where: str) -> str | None:
+    """The alias questions are made for: the one asked for, which the log must hold, or the
+    log's only one. InvalidRequest otherwise, listing the aliases the log holds."""
+    if logged.alias is not None:
+        if logged.aliases and logged.alias not in logged.aliases:
+            raise InvalidRequest(
+                f"the query log {where} holds no query of alias {logged.alias!r}; aliases in it: "
+                f"{logged.aliases_text()}; pass one of them to --collection"
+            )
+        return logged.alias
+    if len(logged.aliases) > 1:
+        raise InvalidRequest(
+            f"the query log {where} holds queries of {len(logged.aliases)} aliases "
+            f"({logged.aliases_text()}), and labelled questions are evaluated against one "
+            f"collection (eval refuses gold documents it does not hold); pass --collection ALIAS"
+        )
+    return logged.aliases[0] if logged.aliases else None
+
+
+def questions_from_log(
+    directories: Iterable[Path], *, alias: str | None = None
+) -> tuple[list[dict[str, Any]], ExportReport]:
     """Labelled questions from logged queries with positive feedback (the last judgement of each
     chunk or document wins). A relevant chunk becomes a gold span (its document and offsets); a
     relevant document a gold document. Queries of the same text (case and spaces ignored) are
-    merged into one question."""
+    merged into one question.
+
+    Only the queries of `alias` are read. Without it, the log must hold one alias (or none);
+    InvalidRequest when it holds several, or none of the lines are of `alias`, naming the aliases
+    it holds. A log without any query gives no question."""
     dirs = list(directories)
-    queries = {q["query_id"]: q for q in read_lines(dirs, "queries")}
+    logged = read_queries(dirs, alias=alias)
+    chosen = _one_alias(logged, ", ".join(str(d) for d in dirs))
+    queries = {q["query_id"]: q for q in logged.lines}
     verdicts: dict[str, dict[tuple[str, str], bool]] = {}
     for fb in read_lines(dirs, "feedback"):
         target = ("chunk", fb["chunk_id"]) if fb.get("chunk_id") else ("doc", fb["doc_id"])
@@ -368,5 +423,6 @@ def questions_from_log(directories: Iterable[Path]) -> tuple[list[dict[str, Any]
         duplicates_merged=judged_count - negative_only - without_text - len(rows),
         without_text=without_text,
         negative_only=negative_only,
+        alias=chosen,
     )
     return rows, report

@@ -44,6 +44,7 @@ from rag_retriever.query.chunk_table import BoundedReads, ChunkCache, VectorCach
 from rag_retriever.query.context import ExpandKind, check_expand, merge, neighbour_ids, window
 from rag_retriever.query.diversity import check_diversity, mmr
 from rag_retriever.query.fusion import Fusion, rrf
+from rag_retriever.query.hits import SearchHits
 from rag_retriever.query.options import (
     MODE_STAGES,
     HitOptions,
@@ -190,13 +191,15 @@ class Retriever:
 
     # -- public API -------------------------------------------------------------------------
 
-    def search(self, query: str, **options: Unpack[SearchOptions]) -> list[Hit]:
-        return list(self.retrieve(query, **options).hits)
+    def search(self, query: str, **options: Unpack[SearchOptions]) -> SearchHits:
+        """The hits of `query`, a list with the search's `query_id` (for feedback)."""
+        return SearchHits.of(self.retrieve(query, **options))
 
     def search_batch(
         self, queries: Sequence[str], **options: Unpack[SearchOptions]
-    ) -> list[list[Hit]]:
-        return [list(r.hits) for r in self.retrieve_batch(queries, **options)]
+    ) -> list[SearchHits]:
+        """The hits of each query, each list with its own `query_id`."""
+        return [SearchHits.of(r) for r in self.retrieve_batch(queries, **options)]
 
     def retrieve(self, query: str, **options: Unpack[SearchOptions]) -> SearchResult:
         return self.retrieve_batch([query], **options)[0]
