@@ -3,7 +3,8 @@ the ratio. Results go to `<out>/bench.json` and `<out>/bench.txt`.
 
 Usage:
     python -m bench [--out bench-out] [--only bm25 engine ingest update query load operate training
-        fusion context few_labels stop tracing gpu improve] [--reranker DIR] [--context-questions N]
+        fusion context few_labels stop tracing fuzz gpu improve] [--reranker DIR]
+        [--context-questions N] [--fuzz-examples N]
 
 Needs ../shared/data (SQuAD and SciFact). Takes about an hour on 2 CPU cores: the engine at 100k
 chunks (with qdrant-client's local mode as its peer), the update deltas at 100k, and the fusion
@@ -12,7 +13,8 @@ and context benchmarks' first runs (each encodes SQuAD and SciFact once and cach
 SciFact's labelled claims, judged on folds by document) about 7 minutes; `stop`
 (bench/bench_stop.py: how fast an ingest stops on SIGTERM and Ctrl-C) about 2 minutes; `tracing`
 (bench/bench_tracing.py: a search's latency with tracing off, on, and without the calls) about
-3 minutes. `gpu`
+3 minutes; `fuzz` (bench/bench_fuzz.py: schemathesis over every HTTP route, the write key sent
+and missing, counting requests and 5xx) about 10 minutes at the default 150 examples. `gpu`
 (bench/bench_gpu.py) says "skipped" in one line without a CUDA device.
 `improve` (bench/bench_improve.py: `improve` cross-validated on SciFact and on 800 SQuAD train
 questions, each fold's run against the stock version) runs only when named: it takes hours.
@@ -42,6 +44,7 @@ BENCHES = (
     "few_labels",
     "stop",
     "tracing",
+    "fuzz",
     "gpu",
 )
 # Hours on 2 cores (it trains the embedder a dozen times): only when asked for (--only improve).
@@ -95,6 +98,12 @@ def _parser() -> argparse.ArgumentParser:
         help="questions per set for the diversity/expand benchmark (default 2000)",
     )
     parser.add_argument("--update-deltas", type=int, default=100, help="successive 1%% deltas")
+    parser.add_argument(
+        "--fuzz-examples",
+        type=int,
+        default=150,
+        help="schemathesis examples per route, mode and path choice (default 150)",
+    )
     parser.add_argument("--load-seconds", type=float, default=20.0)
     parser.add_argument("--load-clients", type=int, default=8)
     return parser
@@ -114,7 +123,7 @@ class _Report:
 
 def _run_standalone(args: argparse.Namespace, report: _Report) -> dict[str, Any]:
     """The benchmarks that bring their own data: BM25, the engine, ingest, update, fusion,
-    context, few_labels, stop, tracing, improve, GPU (in that order).
+    context, few_labels, stop, tracing, fuzz, improve, GPU (in that order).
     Each module is imported only when its benchmark runs."""
     results: dict[str, Any] = {}
     if "bm25" in args.only:
@@ -189,6 +198,12 @@ def _run_standalone(args: argparse.Namespace, report: _Report) -> dict[str, Any]
 
         results["tracing"] = bench_tracing.run()
         report.emit(bench_tracing.report(results["tracing"]))
+
+    if "fuzz" in args.only:
+        from bench import bench_fuzz
+
+        results["fuzz"] = bench_fuzz.run(args.fuzz_examples)
+        report.emit(bench_fuzz.report(results["fuzz"]))
 
     if "improve" in args.only:
         from bench import bench_improve

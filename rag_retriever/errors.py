@@ -40,6 +40,14 @@ class CollectionNotFound(RagError, LookupError):
     code = "collection_not_found"
 
 
+class QueryNotLogged(RagError, LookupError):
+    """Feedback names a query this process did not log, or a chunk or document that query did
+    not return, or the query log is off."""
+
+    http_status = 404
+    code = "query_not_logged"
+
+
 class FingerprintMismatch(RagError):
     """The collection was embedded with another model than the loaded encoder."""
 

@@ -34,6 +34,8 @@ MODES: tuple[Mode, ...] = ("dense", "bm25", "hybrid", "rerank")
 # a letter or digit, then letters, digits, '.', '_' or '-', at most 64 characters, and no '__'
 # (which separates a version's parts: `<alias>__<model>__v<N>`).
 ALIAS_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+# The same names as JSON Schema (ECMA regex, no look-around) can say them, with maxLength 64.
+ALIAS_SCHEMA_PATTERN = "^[A-Za-z0-9](?:[A-Za-z0-9.-]|_[A-Za-z0-9.-])*_?$"
 
 
 # White space as JSON Schema's (ECMAScript's) `\s` knows it; a query made only of these is empty,

@@ -4,6 +4,7 @@ encoder, qdrant-client's in-process server implementation); a few hundred cases 
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -41,3 +42,32 @@ def test_the_api_keeps_the_word_of_its_schema(api_schema: Any) -> None:
             case.call_and_validate()
 
         check()
+
+
+def test_every_route_with_and_without_the_write_key_keeps_the_word_of_its_schema(
+    tiny_encoder: Encoder, tmp_path: Path
+) -> None:
+    """The whole schema (search, writes, changes, feedback, collections) on Qdrant Edge, fuzzed
+    as bench/bench_fuzz.py does at a large count: the write key sent, missing, and a server
+    without write routes; positive and negative bodies. No 5xx, no broken check."""
+    from bench.bench_fuzz import WRITE_KEY, Tally, build_app, fuzz
+
+    tally = Tally()
+    keyed = build_app(tiny_encoder, tmp_path / "keyed", write_key=WRITE_KEY)
+    sent = {"Authorization": f"Bearer {WRITE_KEY}"}
+    fuzz(keyed, tally, setup="key sent", examples=12, headers=sent)
+    fuzz(keyed, tally, setup="key missing", examples=12, only_writes=True)
+    fuzz(
+        build_app(tiny_encoder, tmp_path / "plain", write_key=None),
+        tally,
+        setup="plain",
+        examples=8,
+    )
+    assert tally.failures == [] and tally.failed == 0
+    assert sum(tally.server_errors.values()) == 0
+    groups = {group for _, group in tally.requests}
+    assert {"search", "writes", "changes", "feedback", "collections"} <= groups
+    # the fuzz reached the writer: some writes were committed, some refused
+    assert tally.statuses["key sent", "writes", 200] > 0
+    assert tally.statuses["key sent", "writes", 422] > 0
+    assert tally.statuses["key missing", "writes", 401] > 0

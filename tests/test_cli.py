@@ -293,3 +293,34 @@ def test_an_ingest_prints_its_final_progress_line_once(
     assert "\x1b[" not in err and "\r" not in err, repr(err)
     stages = [line.split(":")[0].split()[0] for line in err.splitlines()]
     assert sorted(stages) == ["chunking", "embedding", "writing"], err
+
+
+def test_metadata_the_engine_cannot_store_is_exit_2_and_writes_nothing(
+    env: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The inputs of issue 39, from a file and from argv: refused as the HTTP writes refuse them
+    (tests/test_write_api.py), before anything is written."""
+    good = write_jsonl(tmp_path / "good.jsonl", [{"id": "a", "text": "alpha apple"}])
+    assert main(["ingest", str(good), "--collection", "kb", "--no-progress"]) == 0
+    before = collections(env)
+    capsys.readouterr()
+    bad = tmp_path / "bad.jsonl"
+    deep = "[" * 200 + "]" * 200
+    bad.write_text(
+        f'{{"id": "b", "text": "bravo", "score": NaN}}\n{{"id": "c", "text": "c", "k": {deep}}}\n'
+        '{"id": "d", "text": "delta", "tag": "\\ud800"}\n',
+        encoding="utf-8",
+    )
+    for argv, expected in (
+        (
+            ["ingest", str(bad), "--collection", "other", "--no-progress"],
+            "metadata['score'] is nan",
+        ),
+        (["update", "--upsert", str(bad), "--collection", "kb"], "nests deeper than 16 levels"),
+        (["update", "--delete", "a\udcff", "--collection", "kb"], "id 'a\\udcff' is not valid"),
+    ):
+        assert main(argv) == 2, argv
+        err = capsys.readouterr().err
+        assert err.startswith("error: ") and "Traceback" not in err, err
+        assert "nothing was" in err and expected in err, err
+    assert collections(env) == before

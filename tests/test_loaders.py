@@ -253,3 +253,107 @@ def test_a_folder_whose_only_file_holds_a_stop_word_is_refused(tmp_path: Path) -
         load_documents(tmp_path)
     (tmp_path / "t.md").write_text("# Tea\n\nGreen tea.", encoding="utf-8")
     assert len(load_documents(tmp_path).documents) == 2  # one indexable document is enough
+
+
+# -- the rules every path shares (rag_retriever/ingest/validation.py, issue 39) -----------------
+
+
+def _nested(levels: int, inner: object = 1) -> object:
+    for _ in range(levels):
+        inner = [inner]
+    return inner
+
+
+@pytest.mark.parametrize(
+    ("metadata", "expected"),
+    [
+        ({"k": float("nan")}, "metadata['k'] is nan; metadata numbers must be finite"),
+        ({"k": [1, float("-inf")]}, "metadata['k'][1] is -inf"),
+        ({"k": "\ud800"}, "metadata['k'] is not valid Unicode (lone surrogate at 0)"),
+        ({"k": {"\udc80x": 1}}, "metadata['k'] has the key '\\udc80x'"),
+        ({"k": {1: "a"}}, "metadata['k'] has the key 1"),
+        ({"\ud800": 1}, "metadata field name '\\ud800' cannot be filtered on"),
+        ({"": 1}, "metadata field name '' cannot be filtered on"),
+        ({'a"b': 1}, "cannot be filtered on"),
+        ({"k": _nested(200)}, "nests deeper than 16 levels (MAX_METADATA_DEPTH"),
+        ({"k": _nested(16)}, "nests deeper than 16 levels"),  # 17 with the metadata object
+        ({"k": 2**53}, "outside ±9007199254740991"),
+        ({"k": -(2**53)}, "outside ±9007199254740991"),
+        ({"k": {1, 2}}, "metadata['k'] is a set; metadata values must be a string, finite number"),
+        ({"k": b"raw"}, "is a bytes"),
+        ({"k": object()}, "is a object"),
+        ({"k": "x" * 70_000}, "over the limit of 65,536 (MAX_METADATA_BYTES"),
+        ([("k", 1)], "metadata must be an object of field: value, got list"),
+    ],
+)
+def test_metadata_the_engine_cannot_store_or_filter_is_named(
+    metadata: object, expected: str
+) -> None:
+    from rag_retriever.ingest.validation import metadata_problems
+
+    problems = metadata_problems(metadata)
+    assert any(expected in p for p in problems), problems
+
+
+@pytest.mark.parametrize(
+    "metadata",
+    [
+        {},
+        {"k": None, "b": True, "i": 2**53 - 1, "j": -(2**53 - 1), "f": 1e308, "z": -0.0},
+        {"k": _nested(13, {"leaf": ["a", 1.5, None]})},  # exactly 16 levels
+        {"path": "a.md", "pages": 2, "page_starts": [0, 120]},  # a PDF's
+        {"k": ("a", "b")},  # a tuple is written as a JSON array
+        {"k": "x" * (64 * 1024 - 8)},  # exactly MAX_METADATA_BYTES as compact JSON
+        {"é 名": {'nested key with " and \\': "fine below the top level"}},
+    ],
+)
+def test_metadata_within_the_rules_passes(metadata: dict) -> None:
+    from rag_retriever.ingest.validation import metadata_problems
+
+    assert metadata_problems(metadata) == []
+
+
+def test_a_jsonl_file_is_refused_by_the_same_rules_as_the_http_writes(tmp_path: Path) -> None:
+    path = tmp_path / "d.jsonl"
+    lines = [
+        '{"id": "ok", "text": "alpha"}',
+        '{"id": "nan", "text": "alpha", "score": NaN}',
+        '{"id": "inf", "text": "alpha", "score": [Infinity]}',
+        '{"id": "sur", "text": "alpha", "tag": "\\ud800"}',
+        '{"id": "deep", "text": "alpha", "k": ' + "[" * 200 + "]" * 200 + "}",
+    ]
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    with pytest.raises(DocumentError) as caught:
+        load_documents(path)
+    message = str(caught.value)
+    assert message.startswith("4 problem(s) in") and "nothing was ingested" in message
+    for expected in (
+        "d.jsonl:2: metadata['score'] is nan",
+        "d.jsonl:3: metadata['score'][0] is inf",
+        "d.jsonl:4: metadata['tag'] is not valid Unicode",
+        "d.jsonl:5: metadata['k']",
+    ):
+        assert expected in message, message
+
+
+def test_documents_and_ids_from_python_get_the_same_checks() -> None:
+    from rag_retriever.ingest.validation import validate_delete_ids, validate_documents
+    from rag_retriever.records import Document
+
+    docs = [
+        Document("a", "A", "alpha", {"k": float("nan")}),
+        Document("b", "B", 42, {}),  # type: ignore[arg-type]
+        Document("c", "C", "   "),
+    ]
+    with pytest.raises(DocumentError) as caught:
+        validate_documents(docs, source="docs")
+    message = str(caught.value)
+    assert "docs[0] (id 'a'): metadata['k'] is nan" in message
+    assert "docs[1] (id 'b'): field 'text' must be a string, got int" in message
+    assert "docs[2] (id 'c'): the document has no text" in message
+    validate_documents(docs[2:], source="corpus", allow_empty_text=True)  # a corpus may hold one
+    with pytest.raises(DocumentError, match=r"ids\[1\]: id '\\ud800' is not valid Unicode"):
+        validate_delete_ids(["a", "\ud800", "b"], source="ids")
+    with pytest.raises(DocumentError, match=r"ids\[0\]: '' is not a document id"):
+        validate_delete_ids([""], source="ids")
+    validate_delete_ids(["a", "é"], source="ids")

@@ -14,7 +14,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from rag_retriever.cli import main
-from rag_retriever.errors import CollectionNotFound, InvalidRequest
+from rag_retriever.errors import InvalidRequest, QueryNotLogged
 from rag_retriever.eval.questions import load_questions
 from rag_retriever.models.encoder import Encoder
 from rag_retriever.query.querylog import QueryLog, read_lines
@@ -97,9 +97,9 @@ def test_files_rotate_by_size_and_the_total_is_bounded(logged: Retriever, tmp_pa
 def test_feedback_checks_what_the_query_returned(logged: Retriever, tmp_path: Path) -> None:
     assert logged.query_log is not None
     result = logged.retrieve("apples", k=2)
-    with pytest.raises(CollectionNotFound, match="no logged query"):
+    with pytest.raises(QueryNotLogged, match="no logged query"):
         logged.query_log.feedback("nope", chunk_id=result.hits[0].chunk_id, relevant=True)
-    with pytest.raises(CollectionNotFound, match="did not return chunk"):
+    with pytest.raises(QueryNotLogged, match="did not return chunk"):
         logged.query_log.feedback(result.query_id or "", chunk_id="other", relevant=True)
     with pytest.raises(InvalidRequest, match="exactly one"):
         logged.query_log.feedback(result.query_id or "", relevant=True)
@@ -154,6 +154,7 @@ def test_the_loop_serve_query_feedback_export_evaluate(
             "/v1/feedback", json={"query_id": "x", "chunk_id": "y", "relevant": True}
         )
         assert unknown.status_code == 404 and "no logged query" in unknown.json()["detail"]
+        assert unknown.json()["error"] == "query_not_logged"  # not a missing collection
         bad = http.post("/v1/feedback", json={"query_id": "x", "relevant": "yes"})
         assert bad.status_code == 422
     assert logged.query_log is not None
@@ -180,6 +181,7 @@ def test_feedback_without_a_query_log_is_404_with_the_fix(
     with TestClient(create_app(retriever, Settings(data_dir=tmp_path))) as http:
         r = http.post("/v1/feedback", json={"query_id": "a", "chunk_id": "b", "relevant": True})
     assert r.status_code == 404 and "RAG_QUERY_LOG" in r.json()["detail"]
+    assert r.json()["error"] == "query_not_logged"
 
 
 def test_metrics_in_the_prometheus_format_behind_the_read_key(
@@ -233,7 +235,7 @@ def test_both_clients_return_the_query_id_and_send_feedback(
             assert result_to_documents(result)[0].metadata["query_id"] == result.query_id
             sent = client.feedback(result.query_id, chunk_id=result.hits[0].chunk_id, relevant=True)
             assert sent["status"] == "recorded"
-            with pytest.raises(CollectionNotFound):  # a NotFound too: one except for both APIs
+            with pytest.raises(QueryNotLogged):  # a NotFound too: one except for both APIs
                 client.feedback("unknown", doc_id="a", relevant=False)
             with pytest.raises(NotFound):
                 client.feedback("unknown", doc_id="a", relevant=False)

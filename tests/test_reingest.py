@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -126,6 +127,10 @@ def test_queries_keep_answering_while_a_new_version_is_swapped_in(
         t.start()
     for _ in range(3):
         ingest(store, tiny_encoder, tmp_path, GOOD, keep_versions=2)
+    # at least one answer, however slowly a busy machine runs the threads (a hang guard only)
+    deadline = time.monotonic() + 300
+    while answered == 0 and not errors and time.monotonic() < deadline:
+        time.sleep(0.05)
     stop.set()
     for t in threads:
         t.join()

@@ -734,3 +734,19 @@ def test_serve_on_a_busy_port_fails_before_loading_any_model(tmp_path: Path) -> 
 def test_a_missing_reranker_directory_is_named() -> None:
     with pytest.raises(ModelLoadError, match="no such directory"):
         CrossEncoderReranker.load("./models/not-there")
+
+
+def test_an_error_quoting_a_lone_surrogate_is_still_answered(served: Served) -> None:
+    """A message that quotes the client's text as it is can hold a lone surrogate, which UTF-8
+    cannot carry: the boundary escapes it, so the answer is the error's own 4xx, not a 500."""
+    from rag_retriever.errors import InvalidRequest
+
+    app = create_app(served.retriever, served.settings)
+
+    def refuse() -> None:
+        raise InvalidRequest("the field 'a\ud800' is unknown")
+
+    app.add_api_route("/refuse", refuse, methods=["GET"])
+    with TestClient(app) as http:
+        r = http.get("/refuse")
+    assert r.status_code == 422 and r.json()["detail"] == "the field 'a\\ud800' is unknown"

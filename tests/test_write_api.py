@@ -7,6 +7,7 @@ client test) with the tiny encoder; answers are checked against what the store t
 from __future__ import annotations
 
 import asyncio
+import json
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -316,3 +317,191 @@ def test_client_errors_are_the_in_process_errors_of_their_code() -> None:
     assert isinstance(answer(409, "update_refused"), UpdateRefused)
     assert not isinstance(answer(404, "not_found"), CollectionNotFound)  # a wrong URL
     assert type(answer(404, "collection_not_found")) is type(missing)  # one class per pair
+
+
+# -- issue 39: bad input is a 422 at the edge, never an engine failure at seal -----------------
+
+
+def nested(levels: int, inner: object = "x", *, array: bool = False) -> object:
+    """`inner` inside `levels` objects (or arrays)."""
+    for _ in range(levels):
+        inner = [inner] if array else {"a": inner}
+    return inner
+
+
+def data_dir_state(store: EdgeStore, root: Path) -> tuple[object, ...]:
+    """What a failed write must leave as it was: the alias, every version, every file."""
+    files = sorted((p.relative_to(root).as_posix(), p.stat().st_size) for p in root.rglob("*"))
+    return store.aliases(), store.versions("kb"), files
+
+
+def send(http: TestClient, path: str, body: dict[str, Any]) -> Any:
+    """`body` as Python's json writes it: NaN and Infinity as such, a lone surrogate as its
+    \\ud800 escape (what a hostile client can send; httpx's json= refuses both)."""
+    raw = json.dumps(body).encode()
+    headers = {**auth(WRITE), "content-type": "application/json"}
+    if path.endswith(":delete"):
+        return http.post(path, content=raw, headers=headers)
+    return http.put(path, content=raw, headers=headers)
+
+
+UPSERT = "/v1/collections/kb/documents"
+FINDINGS = [
+    # (what, path, body, what the 422 names)
+    (
+        "200 levels of objects",
+        UPSERT,
+        {"documents": [{"id": "n", "text": "apple", "metadata": {"k": nested(200)}}]},
+        "metadata['k']['a']",
+    ),
+    (
+        "200 levels of arrays",
+        UPSERT,
+        {"documents": [{"id": "n", "text": "apple", "metadata": {"k": nested(200, array=True)}}]},
+        "metadata['k'][0]",
+    ),
+    (
+        "a lone surrogate in a metadata value",
+        UPSERT,
+        {"documents": [{"id": "n", "text": "apple", "metadata": {"k": "\ud800"}}]},
+        "metadata['k'] is not valid Unicode",
+    ),
+    (
+        "a lone surrogate in a nested metadata key",
+        UPSERT,
+        {"documents": [{"id": "n", "text": "apple", "metadata": {"k": [{"\udfff": 1}]}}]},
+        "metadata['k'][0] has the key '\\udfff'",
+    ),
+    (
+        "a lone surrogate in an id to delete",
+        "/v1/collections/kb/documents:delete",
+        {"ids": ["d1", "\ud800"]},
+        "ids.1",
+    ),
+    (
+        "NaN",
+        UPSERT,
+        {"documents": [{"id": "n", "text": "apple", "metadata": {"k": float("nan")}}]},
+        "metadata['k'] is nan",
+    ),
+    (
+        "Infinity, nested",
+        UPSERT,
+        {"documents": [{"id": "n", "text": "apple", "metadata": {"k": {"x": [float("inf")]}}}]},
+        "metadata['k']['x'][0] is inf",
+    ),
+    (
+        "an integer no client keeps exact",
+        UPSERT,
+        {"documents": [{"id": "n", "text": "apple", "metadata": {"k": 10**20}}]},
+        "metadata['k'] is 100000000000000000000",
+    ),
+]
+
+
+@pytest.mark.parametrize(("what", "path", "body", "named"), FINDINGS, ids=[f[0] for f in FINDINGS])
+def test_each_finding_is_a_422_naming_the_field_and_writes_nothing(
+    tmp_path: Path, tiny_encoder: Encoder, what: str, path: str, body: dict, named: str
+) -> None:
+    """Each input once reached the engine: a 503 at seal (nesting), a 500 (the others)."""
+    app, store = edge_app(tmp_path, tiny_encoder, compaction="inline")
+    before = data_dir_state(store, tmp_path / "edge")
+    with TestClient(app) as http:
+        r = send(http, path, body)
+        assert r.status_code == 422, r.text
+        detail = r.json()["detail"]
+        assert named in detail, detail
+        if path == UPSERT:  # the document, by position and id
+            assert "documents[0] (id 'n')" in detail and r.json()["error"] == "invalid_documents"
+        assert data_dir_state(store, tmp_path / "edge") == before
+        # the same body, made valid, is written: the refusal was about that field alone
+        fine = send(http, UPSERT, {"documents": [{"id": "n", "text": "apple", "metadata": {}}]})
+        assert fine.status_code == 200, fine.text
+    store.close()
+
+
+def test_the_metadata_bounds_are_inclusive_and_named(tmp_path: Path, tiny_encoder: Encoder) -> None:
+    from rag_retriever.ingest.validation import MAX_METADATA_BYTES, MAX_METADATA_DEPTH
+
+    app, store = edge_app(tmp_path, tiny_encoder, compaction="inline")
+    deepest = {"k": nested(MAX_METADATA_DEPTH - 2, {"leaf": 1})}  # the object itself is level 1
+    # {"k":"<pad>"} is 8 bytes of compact JSON around the pad
+    largest = {"k": "x" * (MAX_METADATA_BYTES - 8)}
+    with TestClient(app) as http:
+        for metadata in (deepest, largest):
+            doc = {"id": "edge", "text": "apple", "metadata": metadata}
+            r = send(http, UPSERT, {"documents": [doc]})
+            assert r.status_code == 200, r.text[:300]
+        served = {
+            str(p.payload["doc_id"]): p.payload["metadata"]
+            for p in store.scroll(store.aliases()["kb"])
+        }
+        assert served["edge"] == largest
+        too_deep = {"k": nested(MAX_METADATA_DEPTH - 1, {"leaf": 1})}
+        too_big = {"k": "x" * (MAX_METADATA_BYTES - 7)}
+        for metadata, named in ((too_deep, "MAX_METADATA_DEPTH"), (too_big, "MAX_METADATA_BYTES")):
+            r = send(http, UPSERT, {"documents": [{"id": "e", "text": "a", "metadata": metadata}]})
+            assert r.status_code == 422 and named in r.json()["detail"], r.text[:300]
+    assert len(store.versions("kb")) == 3
+    store.close()
+
+
+def test_a_body_nested_past_the_json_parser_is_a_400(app: tuple[TestClient, Store]) -> None:
+    http, store = app
+    raw = '{"documents": [{"id": "n", "text": "a", "metadata": {"k": ' + "[" * 100_000
+    raw += "]" * 100_000 + "}}]}"
+    r = http.put(
+        UPSERT,
+        content=raw.encode(),
+        headers={**auth(WRITE), "content-type": "application/json"},
+    )
+    assert r.status_code == 400 and "nests too deeply" in r.json()["detail"]
+    assert len(store.versions("kb")) == 1
+
+
+def test_the_schema_states_the_write_rules(app: tuple[TestClient, Store]) -> None:
+    from rag_retriever.ingest.validation import MAX_METADATA_BYTES, MAX_METADATA_DEPTH
+
+    http, _ = app
+    schema = http.get("/openapi.json", headers=auth(READ)).json()
+    document = schema["components"]["schemas"]["DocumentIn"]["properties"]
+    described = document["metadata"]["description"]
+    assert f"{MAX_METADATA_DEPTH} levels" in described
+    assert str(MAX_METADATA_BYTES) in described and "finite" in described
+    assert "pattern" in document["text"] and "pattern" in document["id"]
+    put = schema["paths"]["/v1/collections/{alias}/documents"]["put"]
+    alias = next(p for p in put["parameters"] if p["name"] == "alias")
+    assert alias["schema"]["maxLength"] == 64
+    assert {"400", "415", "500"} <= set(put["responses"])
+
+
+def test_the_python_writes_refuse_the_same_inputs(tmp_path: Path, tiny_encoder: Encoder) -> None:
+    from rag_retriever.errors import DocumentError
+    from rag_retriever.ingest.writer import update_documents
+
+    store = EdgeStore(tmp_path / "edge")
+    ingest_documents(
+        LoadedCorpus(DOCS, 0, "t"), alias="kb", encoder=tiny_encoder, store=store, lock_dir=tmp_path
+    )
+    before = data_dir_state(store, tmp_path / "edge")
+    bad = Document("x", "x", "apple", {"k": nested(200, array=True)})
+    with pytest.raises(DocumentError, match=r"t\[6\] \(id 'x'\): metadata\['k'\]"):
+        ingest_documents(
+            LoadedCorpus((*DOCS, bad), 0, "t"),
+            alias="kb",
+            encoder=tiny_encoder,
+            store=store,
+            lock_dir=tmp_path,
+        )
+    common: dict[str, Any] = {
+        "alias": "kb",
+        "encoder": tiny_encoder,
+        "store": store,
+        "lock_dir": tmp_path,
+    }
+    with pytest.raises(DocumentError, match="metadata numbers must be finite"):
+        update_documents([Document("y", "y", "pear", {"k": float("inf")})], **common)
+    with pytest.raises(DocumentError, match=r"update\[0\]: id '\\ud800' is not valid Unicode"):
+        update_documents([], ["\ud800"], **common)
+    assert data_dir_state(store, tmp_path / "edge") == before
+    store.close()

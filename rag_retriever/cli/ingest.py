@@ -110,6 +110,7 @@ def _start_compaction(settings: Settings, report: Any) -> Any:
 
 def cmd_update(args: argparse.Namespace) -> int:
     from rag_retriever.ingest.loaders import read_delete_ids, read_upserts
+    from rag_retriever.ingest.validation import validate_delete_ids
     from rag_retriever.ingest.writer import update_documents
     from rag_retriever.models.encoder import load_encoder
     from rag_retriever.query.retriever import serving_record
@@ -127,6 +128,7 @@ def cmd_update(args: argparse.Namespace) -> int:
     # every input is read and validated before anything is loaded or written
     upserts = read_upserts(args.upsert, max_chars=settings.max_document_chars)
     deletes = [*args.delete, *(read_delete_ids(args.delete_ids) if args.delete_ids else [])]
+    validate_delete_ids(deletes, source="--delete")  # argv may hold undecodable bytes
     store = open_store(settings)
     live = serving_record(store, settings.collection)
     encoder = load_encoder(settings, live)

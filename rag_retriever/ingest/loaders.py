@@ -7,9 +7,10 @@ Example:
     ('architecture.md', 0)
 
 Every problem in the input is collected and reported together, each with its file and line, and
-nothing is returned when there is any: a half-loaded corpus must never reach Qdrant. Text must be
-valid Unicode (no lone surrogates), metadata field names must be filterable (no double quote or
-backslash), and a document may hold at most `max_chars` characters.
+nothing is returned when there is any: a half-loaded corpus must never reach Qdrant. Each
+document is checked by the rules of `validation.py` (the same ones the HTTP write routes and
+`update_documents` apply): valid Unicode, metadata the engine stores and filters (finite numbers,
+bounded nesting and size, filterable names), at most `max_chars` characters.
 
 jsonl lines are `{"id", "title", "text", ...}`; extra fields become document metadata. In a
 directory, the id is the path relative to the directory; the title is the first markdown heading
@@ -33,12 +34,14 @@ from pathlib import Path
 from typing import Any
 
 from rag_retriever.errors import DocumentError
+from rag_retriever.ingest.validation import (
+    MAX_DOCUMENT_CHARS,
+    document_problems,
+    duplicate_problems,
+    raise_if_problems,
+)
 from rag_retriever.records import Document, Heading
-from rag_retriever.settings import default_of
 
-MAX_REPORTED_PROBLEMS = 20
-# RAG_MAX_DOCUMENT_CHARS's default (settings.py says why).
-MAX_DOCUMENT_CHARS: int = default_of("max_document_chars")
 _HEADING = re.compile(r"^\s{0,3}#{1,6}\s+(.+?)\s*#*\s*$", re.MULTILINE)
 
 
@@ -90,81 +93,6 @@ def _check_indexable(corpus: LoadedCorpus, path: Path) -> None:
     )
 
 
-def invalid_unicode(text: str) -> int | None:
-    """The position of the first lone surrogate (text that cannot be written as UTF-8), or None."""
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError as exc:
-        return exc.start
-    return None
-
-
-def validate_documents(
-    documents: Sequence[Document], *, source: str, max_chars: int = MAX_DOCUMENT_CHARS
-) -> None:
-    """The checks a loaded file gets, for documents given in code or over HTTP: raise
-    DocumentError listing every problem (with the document's position), nothing else done."""
-    problems: list[str] = []
-    ids: list[tuple[str, str]] = []
-    for i, doc in enumerate(documents):
-        where = f"{source}[{i}]"
-        if not doc.id.strip():
-            problems.append(f"{where}: field 'id' is empty")
-            continue
-        if not doc.text.strip():
-            problems.append(f"{where}: document {doc.id!r} has no text (to remove it, delete it)")
-        problems.extend(_text_problems(doc, where, max_chars))
-        ids.append((doc.id, where))
-    problems.extend(_duplicate_problems(ids))
-    _raise_if_problems(problems, source)
-
-
-def _text_problems(doc: Document, where: str, max_chars: int) -> list[str]:
-    problems = []
-    for name, value in (("id", doc.id), ("title", doc.title), ("text", doc.text)):
-        at = invalid_unicode(value)
-        if at is not None:
-            problems.append(
-                f"{where}: field {name!r} is not valid Unicode (lone surrogate at {at})"
-            )
-    if len(doc.text) > max_chars:
-        problems.append(
-            f"{where}: the text has {len(doc.text):,} characters, over the limit of "
-            f"{max_chars:,} (RAG_MAX_DOCUMENT_CHARS); split the document"
-        )
-    for key in doc.metadata:
-        if '"' in key or "\\" in key or invalid_unicode(key) is not None or not key:
-            problems.append(
-                f"{where}: metadata field name {key!r} cannot be filtered on; rename it "
-                f"(no double quote, backslash or invalid Unicode, not empty)"
-            )
-    return problems
-
-
-def _raise_if_problems(problems: list[str], source: Path | str) -> None:
-    if not problems:
-        return
-    shown = problems[:MAX_REPORTED_PROBLEMS]
-    more = len(problems) - len(shown)
-    tail = f"\n  ... and {more} more" if more else ""
-    raise DocumentError(
-        f"{len(problems)} problem(s) in {source}; nothing was ingested:\n  "
-        + "\n  ".join(shown)
-        + tail
-    )
-
-
-def _duplicate_problems(ids: list[tuple[str, str]]) -> list[str]:
-    """`ids` are (id, where) pairs; report each duplicated id once with every place it occurs."""
-    counts = Counter(doc_id for doc_id, _ in ids)
-    problems = []
-    for doc_id, n in counts.items():
-        if n > 1:
-            places = ", ".join(where for d, where in ids if d == doc_id)
-            problems.append(f"duplicate id {doc_id!r} ({n} times: {places})")
-    return problems
-
-
 def jsonl_records(raw: bytes, source: Path, problems: list[str]) -> Iterator[tuple[int, str, Any]]:
     """(line number, "file:line", parsed value) of each non-blank line of a .jsonl file's bytes; a line that
     is not UTF-8 or not JSON becomes a problem in `problems` instead (documents and labelled
@@ -199,7 +127,7 @@ def _load_jsonl(path: Path, *, max_chars: int) -> LoadedCorpus:
             problems.append(problem)
             continue
         assert doc is not None
-        text_problems = _text_problems(doc, where, max_chars)
+        text_problems = document_problems(doc, where, max_chars)
         if text_problems:
             problems.extend(text_problems)
             continue
@@ -208,8 +136,8 @@ def _load_jsonl(path: Path, *, max_chars: int) -> LoadedCorpus:
             documents.append(doc)
         else:
             skipped += 1
-    problems.extend(_duplicate_problems(ids))
-    _raise_if_problems(problems, path)
+    problems.extend(duplicate_problems(ids))
+    raise_if_problems(problems, path)
     return LoadedCorpus(tuple(documents), skipped, str(path))
 
 
@@ -467,14 +395,14 @@ def _load_directory(root: Path, *, max_chars: int, follow_symlinks: bool) -> Loa
             problems.append(problem)
             continue
         assert doc is not None
-        text_problems = _text_problems(doc, str(path), max_chars)
+        text_problems = document_problems(doc, str(path), max_chars)
         if text_problems:
             problems.extend(text_problems)
         elif not doc.text.strip():
             skipped += 1
         else:
             documents.append(doc)
-    _raise_if_problems(problems, root)
+    raise_if_problems(problems, root)
     return LoadedCorpus(tuple(documents), skipped, str(root), dict(skipped_files))
 
 
@@ -497,7 +425,7 @@ def read_upserts(paths: Sequence[Path], *, max_chars: int = MAX_DOCUMENT_CHARS) 
             continue
         documents.extend(corpus.documents)
         where.extend((d.id, str(path)) for d in corpus.documents)
-    problems.extend(_duplicate_problems(where))
+    problems.extend(duplicate_problems(where))
     if problems:
         raise DocumentError("nothing was written:\n" + "\n".join(problems))
     return documents

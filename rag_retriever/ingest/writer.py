@@ -63,7 +63,7 @@ from rag_retriever.errors import (
 )
 from rag_retriever.ingest.chunking import Chunker, ChunkingConfig
 from rag_retriever.ingest.compaction import compact_in_background
-from rag_retriever.ingest.loaders import LoadedCorpus, validate_documents
+from rag_retriever.ingest.loaders import LoadedCorpus
 from rag_retriever.ingest.lock import IngestLock, default_lock_dir
 from rag_retriever.ingest.options import (
     IngestReport,
@@ -73,6 +73,7 @@ from rag_retriever.ingest.options import (
 )
 from rag_retriever.ingest.parallel_chunking import iter_chunk_documents
 from rag_retriever.ingest.pipeline import Pipeline, StageStopped
+from rag_retriever.ingest.validation import validate_delete_ids, validate_documents
 from rag_retriever.ingest.versions import documents_of
 from rag_retriever.models.bm25 import BM25Model, Tokenizer
 from rag_retriever.progress import progress as progress_of
@@ -134,6 +135,9 @@ def ingest_documents(
     full build. Options: `WriteOptions` fields, as keywords or as `options`."""
     if not corpus.documents:
         raise DocumentError(f"{corpus.source}: no document with text to ingest")
+    # a corpus built in code gets the checks a loaded file got (nothing reaches the engine that
+    # it cannot store: issue 39)
+    validate_documents(corpus.documents, source=corpus.source, allow_empty_text=True)
     opts = dataclasses.replace(options or WriteOptions(), **option_values)
     with tracing.span("rag.ingest", alias=alias, documents=len(corpus.documents), full=full):
         with IngestLock(opts.lock_dir or default_lock_dir(store), alias, wait_s=opts.lock_wait_s):
@@ -159,6 +163,7 @@ def update_documents(
     encoder or chunking differ from the live version's (run `ingest` then). Invalid documents
     are reported all at once (DocumentError) and nothing is written."""
     validate_documents(upsert, source=source)
+    validate_delete_ids(delete, source=source)
     both = sorted({d.id for d in upsert} & set(delete))
     if both:
         raise DocumentError(

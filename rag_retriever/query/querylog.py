@@ -49,7 +49,7 @@ from pathlib import Path
 from typing import Any
 
 from rag_retriever import tracing
-from rag_retriever.errors import CollectionNotFound, InvalidRequest
+from rag_retriever.errors import InvalidRequest, QueryNotLogged
 from rag_retriever.records import SearchFilter, SearchResult
 
 log = logging.getLogger(__name__)
@@ -162,21 +162,21 @@ class QueryLog:
         doc_id: str | None = None,
     ) -> dict[str, Any]:
         """Record a judgement of one returned chunk (or document) of a logged query; refuses an
-        unknown query id, or a chunk or document that query did not return (CollectionNotFound:
+        unknown query id, or a chunk or document that query did not return (QueryNotLogged:
         404 over HTTP)."""
         if (chunk_id is None) == (doc_id is None):
             raise InvalidRequest("feedback names exactly one of chunk_id and doc_id")
         with self._recent_lock:
             logged = self._recent.get(query_id)
         if logged is None:
-            raise CollectionNotFound(
+            raise QueryNotLogged(
                 f"no logged query {query_id!r} in this process (the last {REMEMBER_QUERIES:,} "
                 f"are remembered); send feedback to the process that answered the query"
             )
         if chunk_id is not None and chunk_id not in logged.chunks:
-            raise CollectionNotFound(f"query {query_id!r} did not return chunk {chunk_id!r}")
+            raise QueryNotLogged(f"query {query_id!r} did not return chunk {chunk_id!r}")
         if doc_id is not None and doc_id not in logged.docs:
-            raise CollectionNotFound(f"query {query_id!r} did not return document {doc_id!r}")
+            raise QueryNotLogged(f"query {query_id!r} did not return document {doc_id!r}")
         entry = {
             "query_id": query_id,
             "time": datetime.now(UTC).isoformat(timespec="milliseconds"),

@@ -24,6 +24,10 @@ time. Embedded Qdrant (Edge) versions are opened read-only by any number of proc
 servers, `search`, the eval and `ingest` can use the same data dir at once; with a Qdrant server
 (RAG_QDRANT_URL) a replica keeps nothing on its local disk. This
 module does not do TLS, rate limiting or multi-tenant keys: put a reverse proxy in front.
+
+Why one module: it is the app, the one place that maps every error to its status and JSON body
+and every route to its schema (search, collections, probes, feedback, metrics); the write
+routes, keys and metrics are service/writes.py, auth.py and metrics.py.
 """
 
 from __future__ import annotations
@@ -47,10 +51,16 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from rag_retriever.errors import CollectionNotFound, ConfigError, InvalidRequest, RagError
+from rag_retriever.errors import (
+    ConfigError,
+    InvalidRequest,
+    QueryNotLogged,
+    RagError,
+)
 from rag_retriever.query.context import EXPAND_KINDS, ExpandKind
 from rag_retriever.query.retriever import Retriever
 from rag_retriever.records import (
+    ALIAS_SCHEMA_PATTERN,
     BLANK_CHARS,
     MAX_EXACT_INT,
     Mode,
@@ -139,9 +149,8 @@ _NOT_BLANK = f"[^{BLANK_CHARS}]"
 _INT64 = {"type": "integer", "minimum": -MAX_EXACT_INT, "maximum": MAX_EXACT_INT}
 # The names records.check_collection accepts, as JSON Schema can say it without look-arounds: an
 # alias (no "__"), or a version name (stated a little narrower: no "_" in its alias part).
-_NAME = "[A-Za-z0-9](?:[A-Za-z0-9.-]|_[A-Za-z0-9.-])*_?"
 _COLLECTION = [
-    {"type": "string", "pattern": f"^{_NAME}$", "maxLength": 64},
+    {"type": "string", "pattern": ALIAS_SCHEMA_PATTERN, "maxLength": 64},
     {
         "type": "string",
         "pattern": "^[A-Za-z0-9][A-Za-z0-9.-]{0,63}__[A-Za-z0-9.-]+__v[0-9]+$",
@@ -339,11 +348,11 @@ def _add_feedback_and_metrics(app: FastAPI, retriever: Retriever) -> None:
     @app.post(
         "/v1/feedback",
         summary="Judge a returned chunk or document of a logged query (needs RAG_QUERY_LOG)",
-        responses=_errors(401, 404, 413, 422, 500),
+        responses=_errors(400, 401, 404, 413, 415, 422, 500),
     )
     def feedback(body: FeedbackBody) -> JSONResponse:
         if retriever.query_log is None:
-            raise CollectionNotFound(
+            raise QueryNotLogged(
                 "feedback is recorded next to the query log, which is off: set RAG_QUERY_LOG to a "
                 "directory and restart the service"
             )
@@ -480,6 +489,9 @@ def _version() -> str:
 
 
 def _error(status: int, code: str, detail: str, headers: dict[str, str] | None = None) -> Any:
+    # A message that quotes the client's text may hold a lone surrogate, which UTF-8 cannot
+    # carry: escaped here, so an answer about bad input is never a failure to answer.
+    detail = detail.encode("utf-8", "backslashreplace").decode("utf-8")
     return JSONResponse({"error": code, "detail": detail}, status_code=status, headers=headers)
 
 
@@ -507,7 +519,10 @@ async def _validation_error(request: Request, exc: Exception) -> Any:
             problem = f"{e.get('ctx', {}).get('error', 'malformed')} at character {e['loc'][-1]}"
             return _error(400, "bad_request", f"{_NOT_JSON}: {problem}")
         where = ".".join(str(p) for p in e.get("loc", ()) if p != "body") or "body"
-        problems.append(f"{where}: {str(e.get('msg', 'invalid')).removeprefix('Value error, ')}")
+        message = str(e.get("msg", "invalid")).removeprefix("Value error, ")
+        if e.get("type") == "string_unicode":  # pydantic's words for a lone surrogate
+            message = "not valid Unicode (a lone surrogate); send UTF-8 text"
+        problems.append(f"{where}: {message}")
     return _error(422, "invalid_request", "; ".join(problems))
 
 
@@ -528,6 +543,11 @@ async def _http_error(request: Request, exc: Exception) -> Any:
         # FastAPI's "There was an error parsing the body": the same 400 as malformed JSON.
         at = exc.__cause__.start
         return _error(400, "bad_request", f"{_NOT_JSON}: it is not UTF-8 text (byte {at})")
+    if exc.status_code == 400 and isinstance(exc.__cause__, RecursionError):
+        # Python's JSON parser stops near 1,000 levels; metadata may nest MAX_METADATA_DEPTH.
+        return _error(
+            400, "bad_request", f"{_NOT_JSON}: it nests too deeply to parse; flatten the body"
+        )
     code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
     return _error(exc.status_code, code, str(exc.detail), dict(exc.headers or {}) or None)
 

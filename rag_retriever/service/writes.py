@@ -30,17 +30,25 @@ import uuid
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Annotated, Any
 
 from fastapi import FastAPI, Request
+from fastapi import Path as PathParameter
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from rag_retriever.errors import CollectionNotFound, InvalidRequest, RagError
-from rag_retriever.ingest.loaders import validate_documents
+from rag_retriever.ingest.validation import (
+    MAX_METADATA_BYTES,
+    MAX_METADATA_DEPTH,
+    METADATA_TYPES,
+    NOT_BLANK_PATTERN,
+    validate_delete_ids,
+    validate_documents,
+)
 from rag_retriever.ingest.writer import IngestReport, WriteOptions, update_documents
 from rag_retriever.query.retriever import Retriever
-from rag_retriever.records import Document, check_alias
+from rag_retriever.records import ALIAS_SCHEMA_PATTERN, MAX_EXACT_INT, Document, check_alias
 from rag_retriever.service.auth import authorised as _authorised
 from rag_retriever.settings import Settings
 
@@ -100,8 +108,10 @@ class GroupCommitter:
         self._cond = threading.Condition()
 
     def submit(self, alias: str, upserts: Sequence[Document], deletes: Sequence[str]) -> Change:
-        """Queue one request's change (validated here: a bad request fails alone)."""
+        """Queue one request's change (validated here, by the rules `ingest` applies to a file,
+        before anything is chunked or written: a bad request fails alone, 422)."""
         validate_documents(upserts, source="documents")
+        validate_delete_ids(deletes, source="ids")
         change = Change(uuid.uuid4().hex, alias, tuple(upserts), tuple(deletes))
         with self._cond:
             self._pending.setdefault(alias, []).append(change)
@@ -195,21 +205,51 @@ def is_write_path(path: str) -> bool:
     )
 
 
+# The alias of a write's path, documented as the names check_alias accepts; checked there (one
+# check, one message).
+AliasParameter = Annotated[
+    str,
+    PathParameter(
+        description="the alias to change (a version name is not accepted)",
+        json_schema_extra={"pattern": ALIAS_SCHEMA_PATTERN, "maxLength": 64},
+    ),
+]
+
+
 class DocumentIn(BaseModel):
     """One document, as a line of an ingested .jsonl (metadata explicit here)."""
 
     model_config = ConfigDict(strict=True, extra="forbid")
 
-    id: str = Field(min_length=1, description="the document id (a later upsert replaces it)")
+    id: str = Field(
+        min_length=1,
+        description="the document id (a later upsert replaces it; unique within a request)",
+        json_schema_extra={"pattern": NOT_BLANK_PATTERN},
+    )
     title: str | None = Field(default=None, description="default: the id")
-    text: str = Field(description="the document's text (chunked like ingest's)")
-    metadata: dict[str, Any] = Field(default_factory=dict, description="filterable fields")
+    text: str = Field(
+        description="the document's text (chunked like ingest's; not blank: to remove a "
+        "document, delete it)",
+        json_schema_extra={"pattern": NOT_BLANK_PATTERN},
+    )
+    metadata: dict[str, Any] = Field(
+        default_factory=dict,
+        description=f"filterable fields: each value a {METADATA_TYPES} (numbers finite, "
+        f"integers within ±{MAX_EXACT_INT}, text valid Unicode), nested at most "
+        f"{MAX_METADATA_DEPTH} levels (this object is level 1), at most {MAX_METADATA_BYTES} "
+        f"bytes as compact JSON; top-level names not empty, without '\"' or '\\'",
+        json_schema_extra={"propertyNames": {"minLength": 1, "pattern": '^[^"\\\\]+$'}},
+    )
 
 
 class UpsertBody(BaseModel):
     model_config = ConfigDict(strict=True, extra="forbid")
 
-    documents: list[DocumentIn] = Field(min_length=1, description="documents to add or replace")
+    documents: list[DocumentIn] = Field(
+        min_length=1,
+        description="documents to add or replace, each id once; checked by the rules ingest "
+        "applies to a file (a problem anywhere refuses the whole request, 422, nothing written)",
+    )
     wait: float = Field(
         default=DEFAULT_WAIT_S,
         ge=0,
@@ -221,7 +261,7 @@ class UpsertBody(BaseModel):
 class DeleteBody(BaseModel):
     model_config = ConfigDict(strict=True, extra="forbid")
 
-    ids: list[str] = Field(
+    ids: list[Annotated[str, Field(min_length=1)]] = Field(
         min_length=1, description="document ids to delete (absent ones are counted)"
     )
     wait: float = Field(default=DEFAULT_WAIT_S, ge=0, le=MAX_WAIT_S)
@@ -231,11 +271,15 @@ _WRITE_ERRORS: dict[int | str, dict[str, Any]] = {
     status: {"description": meaning}
     for status, meaning in {
         202: "accepted, not yet committed: poll /v1/changes/{change_id}",
+        400: "malformed body: not valid JSON (or not UTF-8 text)",
         401: "missing or wrong write key (RAG_WRITE_API_KEY; the read key does not allow writes)",
         404: "unknown alias",
         409: "the alias cannot take a delta (no live version, another model): run ingest",
         413: "body over RAG_MAX_BODY_BYTES",
-        422: "invalid documents or ids: every problem, with its position",
+        415: "the body was not sent as JSON (Content-Type: application/json)",
+        422: "invalid documents or ids: every problem, with the document's position and id and "
+        "the field",
+        500: "an unexpected error (details only in the server log)",
         503: "Qdrant is unreachable",
     }.items()
 }
@@ -282,7 +326,7 @@ def add_write_routes(app: FastAPI, retriever: Retriever, settings: Settings) -> 
         summary="Upsert documents (a new version made from the live one plus the change)",
         responses=_WRITE_ERRORS,
     )
-    def upsert(alias: str, body: UpsertBody, request: Request) -> JSONResponse:
+    def upsert(alias: AliasParameter, body: UpsertBody, request: Request) -> JSONResponse:
         authorised(request)
         docs = [Document(d.id, d.title or d.id, d.text, d.metadata) for d in body.documents]
         return answer(committer.submit(alias_of(alias), docs, ()), body.wait)
@@ -292,7 +336,7 @@ def add_write_routes(app: FastAPI, retriever: Retriever, settings: Settings) -> 
         summary="Delete documents by id (a new version without them)",
         responses=_WRITE_ERRORS,
     )
-    def delete(alias: str, body: DeleteBody, request: Request) -> JSONResponse:
+    def delete(alias: AliasParameter, body: DeleteBody, request: Request) -> JSONResponse:
         authorised(request)
         return answer(committer.submit(alias_of(alias), (), body.ids), body.wait)
 
