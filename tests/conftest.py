@@ -8,7 +8,9 @@ real all-MiniLM-L6-v2 and are marked `model`.
 from __future__ import annotations
 
 import json
+import os
 import string
+import tempfile
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
@@ -151,6 +153,23 @@ def tiny_encoder_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     directory = build_tiny_bert(tmp_path_factory.mktemp("tiny-encoder"))
     write_profile_file(directory, ModelProfile("tiny-bert", "", "", "mean", 64))
     return directory
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _own_temp_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """This session's own temp dir, for it and its subprocesses: what a store without a data dir
+    keeps in the machine's temp dir (a Qdrant server store's ingest locks) is then not shared
+    with another test session running on the same machine (two sessions at once each ingested
+    'kb' into their own in-memory server and refused the other's lock)."""
+    path = str(tmp_path_factory.mktemp("tmp"))
+    saved_dir, saved_env = tempfile.tempdir, os.environ.get("TMPDIR")
+    tempfile.tempdir, os.environ["TMPDIR"] = path, path
+    yield
+    tempfile.tempdir = saved_dir
+    if saved_env is None:
+        os.environ.pop("TMPDIR", None)
+    else:
+        os.environ["TMPDIR"] = saved_env
 
 
 @pytest.fixture(autouse=True)
