@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -126,6 +127,9 @@ def test_version_and_a_bare_command_answer_without_an_error(
         main(["--version"])
     assert exit_info.value.code == 0
     assert capsys.readouterr().out.strip() == f"rag-retriever {__version__}"
+    # the package says the version it was released as (pyproject.toml)
+    pyproject = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())
+    assert __version__ == pyproject["project"]["version"]
     assert main([]) == 0
     out = capsys.readouterr().out
     assert out.startswith("usage: rag-retriever") and "serve" in out and "ingest" in out
