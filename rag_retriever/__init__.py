@@ -19,6 +19,7 @@ __version__ = "0.3.0"
 # public name -> module that defines it
 _EXPORTS = {
     "Chunk": "records",
+    "Collection": "collection",
     "CollectionNotFound": "errors",
     "ConfigError": "errors",
     "Context": "records",
@@ -31,6 +32,7 @@ _EXPORTS = {
     "GateRejected": "errors",
     "Hit": "records",
     "IngestLocked": "errors",
+    "IngestReport": "ingest.options",
     "InvalidRequest": "errors",
     "ModelLoadError": "errors",
     "RagError": "errors",
@@ -50,6 +52,9 @@ _EXPORTS = {
 __all__ = sorted(_EXPORTS)
 
 if TYPE_CHECKING:
+    from rag_retriever.collection import (
+        Collection as Collection,
+    )
     from rag_retriever.errors import (
         CollectionNotFound as CollectionNotFound,
     )
@@ -76,6 +81,9 @@ if TYPE_CHECKING:
     )
     from rag_retriever.errors import (
         RagError as RagError,
+    )
+    from rag_retriever.ingest.options import (
+        IngestReport as IngestReport,
     )
     from rag_retriever.models.encoder import (
         Encoder as Encoder,

@@ -22,7 +22,7 @@ from rag_retriever.ingest.loaders import LoadedCorpus
 from rag_retriever.ingest.writer import ingest_documents
 from rag_retriever.models.encoder import Encoder
 from rag_retriever.query.retriever import Retriever
-from rag_retriever.records import Document
+from rag_retriever.records import Document, SearchFilter
 from rag_retriever.service.server import create_app, serve_in_thread
 from rag_retriever.service.writes import Change, merge
 from rag_retriever.settings import Settings
@@ -96,6 +96,44 @@ def test_upsert_and_delete_answer_with_the_version_that_serves_them(
     # the change can be looked up afterwards
     again = http.get(f"/v1/changes/{r.json()['change_id']}", headers=auth(WRITE))
     assert again.status_code == 200 and again.json()["collection"] == r.json()["collection"]
+
+
+def test_a_replacement_over_http_keeps_the_path_ingest_gave_the_document(
+    app: tuple[TestClient, Store],
+) -> None:
+    http, store = app
+    put = "/v1/collections/kb/documents"
+    first = {"id": "faq.md", "text": "opening hours", "metadata": {"path": "faq.md"}}
+    assert http.put(put, json={"documents": [first]}, headers=auth(WRITE)).status_code == 200
+    again = {"id": "faq.md", "text": "opening hours nine to five", "metadata": {"lang": "en"}}
+    assert http.put(put, json={"documents": [again]}, headers=auth(WRITE)).status_code == 200
+    (point,) = store.scroll(store.aliases()["kb"], flt=SearchFilter(doc_ids=("faq.md",)))
+    assert point.payload["metadata"] == {"lang": "en", "path": "faq.md"}
+
+
+def test_a_delete_over_http_loads_no_model(tmp_path: Path, tiny_encoder: Encoder) -> None:
+    store = ServerStore(QdrantClient(":memory:"))
+    ingest_documents(
+        LoadedCorpus(DOCS, 0, "t"), alias="kb", encoder=tiny_encoder, store=store, lock_dir=tmp_path
+    )
+    loads: list[int] = []
+
+    def load() -> Encoder:
+        loads.append(1)
+        return tiny_encoder
+
+    # a BM25-only service: the model would load on the first request that needs it
+    retriever = Retriever(load_encoder=load, store=store, collection="kb")
+    settings = Settings(data_dir=tmp_path, write_api_key=WRITE, write_window_ms=10)
+    with TestClient(create_app(retriever, settings)) as http:
+        r = http.post(
+            "/v1/collections/kb/documents:delete", json={"ids": ["d1"]}, headers=auth(WRITE)
+        )
+        assert r.status_code == 200 and r.json()["report"]["deleted"] == 1, r.text
+        assert loads == []
+        doc = {"id": "d9", "title": "new", "text": "a new text to embed"}
+        r = http.put("/v1/collections/kb/documents", json={"documents": [doc]}, headers=auth(WRITE))
+        assert r.status_code == 200 and loads == [1], r.text
 
 
 def test_the_write_key_is_required_and_the_read_key_does_not_write(

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from rag_retriever.cli.common import MODEL, QUERY, STORE, WRITE, command_settings, setting_flags
-from rag_retriever.errors import ConfigError, GateRejected
+from rag_retriever.errors import ConfigError, DocumentError, GateRejected
 from rag_retriever.ingest.loaders import describe_suffixes
 from rag_retriever.records import check_alias
 from rag_retriever.settings import (
@@ -112,7 +112,6 @@ def cmd_update(args: argparse.Namespace) -> int:
     from rag_retriever.ingest.loaders import read_delete_ids, read_upserts
     from rag_retriever.ingest.validation import validate_delete_ids
     from rag_retriever.ingest.writer import update_documents
-    from rag_retriever.models.encoder import load_encoder
     from rag_retriever.query.retriever import serving_record
     from rag_retriever.store import open_store
 
@@ -126,17 +125,26 @@ def cmd_update(args: argparse.Namespace) -> int:
             "nothing to do: give --upsert FILE_OR_FOLDER, --delete ID or --delete-ids FILE"
         )
     # every input is read and validated before anything is loaded or written
-    upserts = read_upserts(args.upsert, max_chars=settings.max_document_chars)
+    upserts = read_upserts(args.upsert, max_chars=settings.max_document_chars, root=args.root)
     deletes = [*args.delete, *(read_delete_ids(args.delete_ids) if args.delete_ids else [])]
     validate_delete_ids(deletes, source="--delete")  # argv may hold undecodable bytes
     store = open_store(settings)
     live = serving_record(store, settings.collection)
-    encoder = load_encoder(settings, live)
+    if live is not None:
+        _refuse_second_copies(store, settings.collection, upserts.folder_ids, args.root, deletes)
+
+    def encoder() -> Any:
+        # only when there are chunks to embed: a delete-only or unchanged update loads no model
+        # (nor torch)
+        from rag_retriever.models.encoder import load_encoder
+
+        return load_encoder(settings, live)
+
     report = update_documents(
-        upserts,
+        upserts.documents,
         deletes,
         alias=settings.collection,
-        encoder=encoder,
+        load_encoder=encoder,
         store=store,
         source=", ".join(str(p) for p in args.upsert) or "delete",
         options=_write_options(settings, args, lock_wait_s=settings.lock_wait_s),
@@ -144,6 +152,25 @@ def cmd_update(args: argparse.Namespace) -> int:
     report = _start_compaction(settings, report)
     _print_ingest(report.to_dict(), args.json)
     return 0
+
+
+def _refuse_second_copies(
+    store: Any,
+    alias: str,
+    folder_ids: dict[Path, list[str]],
+    root: Path | None,
+    deletes: list[str],
+) -> None:
+    """Refuse a folder upsert whose ids would make second documents of files the live version
+    holds under other ids (the folder passed is not the one ingested: ingest/path_ids.py)."""
+    from rag_retriever.ingest.path_ids import id_clashes
+
+    live_name = store.resolve(alias)
+    lines: list[str] = []
+    for folder, ids in folder_ids.items():
+        lines += id_clashes(store, live_name, root or folder, ids, deleting=deletes)
+    if lines:
+        raise DocumentError("nothing was written:\n  " + "\n  ".join(lines))
 
 
 def cmd_compact(args: argparse.Namespace) -> int:
@@ -287,6 +314,14 @@ def add_update(sub: Any) -> None:
         default=[],
         metavar="FILE_OR_FOLDER",
         help="documents to add or replace: a .jsonl or a folder, as for ingest (repeatable)",
+    )
+    p.add_argument(
+        "--root",
+        type=Path,
+        metavar="FOLDER",
+        help="a folder's ids are its files' paths relative to this folder (default: the folder "
+        "passed); give the folder the collection was ingested from, e.g. --upsert kb/policies "
+        "--root kb",
     )
     group = p.add_mutually_exclusive_group()
     group.add_argument(

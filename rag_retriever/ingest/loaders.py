@@ -55,13 +55,24 @@ class LoadedCorpus:
 
 
 def load_documents(
-    path: Path, *, max_chars: int = MAX_DOCUMENT_CHARS, follow_symlinks: bool = False
+    path: Path,
+    *,
+    max_chars: int = MAX_DOCUMENT_CHARS,
+    follow_symlinks: bool = False,
+    root: Path | None = None,
 ) -> LoadedCorpus:
-    """Load a `.jsonl` file or a directory; raise DocumentError listing every problem found."""
+    """Load a `.jsonl` file or a directory; raise DocumentError listing every problem found.
+    A directory's ids are its files' paths relative to `root` (a folder that holds it; default:
+    the directory itself)."""
     if not path.exists():
         raise DocumentError(f"{path} does not exist; expected a .jsonl file or a directory")
     if path.is_dir():
-        corpus = _load_directory(path, max_chars=max_chars, follow_symlinks=follow_symlinks)
+        corpus = _load_directory(
+            path,
+            max_chars=max_chars,
+            follow_symlinks=follow_symlinks,
+            prefix=id_prefix(path, root) if root is not None else "",
+        )
     elif path.suffix == ".jsonl":
         corpus = _load_jsonl(path, max_chars=max_chars)
     else:
@@ -139,6 +150,50 @@ def _load_jsonl(path: Path, *, max_chars: int) -> LoadedCorpus:
     problems.extend(duplicate_problems(ids))
     raise_if_problems(problems, path)
     return LoadedCorpus(tuple(documents), skipped, str(path))
+
+
+def id_prefix(folder: Path, root: Path) -> str:
+    """What goes before a file's path under `folder` to make it relative to `root`: "" when
+    they are the same folder, "policies/" for kb/policies under kb; DocumentError when `root`
+    does not hold `folder`."""
+    if not root.is_dir():
+        raise DocumentError(f"--root {root}: not a folder; it must hold the folder {folder}")
+    try:
+        rel = folder.resolve().relative_to(root.resolve())
+    except ValueError:
+        raise DocumentError(
+            f"--root {root} does not hold {folder}: ids are paths relative to the root, so the "
+            f"root must be the folder (or a folder above it)"
+        ) from None
+    return "" if rel == Path() else f"{rel.as_posix()}/"
+
+
+def documents_from_records(
+    records: Sequence[Any], source: str, *, max_chars: int = MAX_DOCUMENT_CHARS
+) -> list[Document]:
+    """Documents from records shaped as .jsonl lines (`{"id", "text", "title"?, ...}`, extra
+    fields are metadata), each checked by validation.py's rules: DocumentError lists every
+    problem with the record's position, and nothing is returned when there is any. Documents
+    that are Documents already are checked as they are."""
+    problems: list[str] = []
+    documents: list[Document] = []
+    ids: list[tuple[str, str]] = []
+    for i, record in enumerate(records):
+        where = f"{source}[{i}]"
+        if isinstance(record, Document):
+            doc: Document | None = record
+        else:
+            doc, problem = _document_from_record(record, where)
+            if problem:
+                problems.append(problem)
+                continue
+        assert doc is not None
+        problems.extend(document_problems(doc, where, max_chars))
+        ids.append((doc.id, where))
+        documents.append(doc)
+    problems.extend(duplicate_problems(ids))
+    raise_if_problems(problems, source)
+    return documents
 
 
 def _document_from_record(record: Any, where: str) -> tuple[Document | None, str | None]:
@@ -362,7 +417,9 @@ def describe_suffixes() -> str:
     return "/".join(SUFFIXES)
 
 
-def _load_directory(root: Path, *, max_chars: int, follow_symlinks: bool) -> LoadedCorpus:
+def _load_directory(
+    root: Path, *, max_chars: int, follow_symlinks: bool, prefix: str = ""
+) -> LoadedCorpus:
     problems: list[str] = []
     documents: list[Document] = []
     skipped = 0
@@ -389,7 +446,7 @@ def _load_directory(root: Path, *, max_chars: int, follow_symlinks: bool) -> Loa
             + (f" (skipped: {_describe(skipped_files)})" if skipped_files else "")
         )
     for path in files:
-        rel = path.relative_to(root).as_posix()
+        rel = prefix + path.relative_to(root).as_posix()
         doc, problem = READERS[path.suffix.lower()](path, rel)
         if problem is not None:
             problems.append(problem)
@@ -410,25 +467,38 @@ def _describe(counts: Mapping[str, int]) -> str:
     return ", ".join(f"{n} {kind}" for kind, n in sorted(counts.items()))
 
 
-def read_upserts(paths: Sequence[Path], *, max_chars: int = MAX_DOCUMENT_CHARS) -> list[Document]:
-    """The documents of every `--upsert` path (each a .jsonl or a folder, as `load_documents`),
-    all read and checked first: DocumentError lists the problems of every path, and an id that
-    two paths both hold."""
+@dataclass(frozen=True)
+class Upserts:
+    """The documents of `update --upsert` paths, and the ids that came from each folder."""
+
+    documents: list[Document]
+    folder_ids: dict[Path, list[str]]
+
+
+def read_upserts(
+    paths: Sequence[Path], *, max_chars: int = MAX_DOCUMENT_CHARS, root: Path | None = None
+) -> Upserts:
+    """The documents of every `--upsert` path (each a .jsonl or a folder, as `load_documents`,
+    a folder's ids relative to `root`), all read and checked first: DocumentError lists the
+    problems of every path, and an id that two paths both hold."""
     documents: list[Document] = []
+    folder_ids: dict[Path, list[str]] = {}
     problems: list[str] = []
     where: list[tuple[str, str]] = []
     for path in paths:
         try:
-            corpus = load_documents(path, max_chars=max_chars)
+            corpus = load_documents(path, max_chars=max_chars, root=root)
         except DocumentError as exc:
             problems.append(str(exc))
             continue
         documents.extend(corpus.documents)
+        if path.is_dir():
+            folder_ids[path] = [d.id for d in corpus.documents]
         where.extend((d.id, str(path)) for d in corpus.documents)
     problems.extend(duplicate_problems(where))
     if problems:
         raise DocumentError("nothing was written:\n" + "\n".join(problems))
-    return documents
+    return Upserts(documents, folder_ids)
 
 
 def read_delete_ids(path: Path) -> list[str]:

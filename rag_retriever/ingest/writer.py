@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import json
 import logging
 import threading
@@ -124,15 +125,17 @@ def ingest_documents(
     corpus: LoadedCorpus,
     *,
     alias: str,
-    encoder: PassageEncoder,
+    encoder: PassageEncoder | None = None,
     store: Store,
     full: bool = False,
+    load_encoder: Callable[[], PassageEncoder] | None = None,
     options: WriteOptions | None = None,
     **option_values: Any,
 ) -> IngestReport:
     """Make `corpus` the next version of `alias` (documents not in it are removed): a delta from
     the live version when its model and chunking are the same and `full` is not asked, else a
-    full build. Options: `WriteOptions` fields, as keywords or as `options`."""
+    full build. `encoder`, or `load_encoder` to load it when the write needs it. Options:
+    `WriteOptions` fields, as keywords or as `options`."""
     if not corpus.documents:
         raise DocumentError(f"{corpus.source}: no document with text to ingest")
     # a corpus built in code gets the checks a loaded file got (nothing reaches the engine that
@@ -141,7 +144,7 @@ def ingest_documents(
     opts = dataclasses.replace(options or WriteOptions(), **option_values)
     with tracing.span("rag.ingest", alias=alias, documents=len(corpus.documents), full=full):
         with IngestLock(opts.lock_dir or default_lock_dir(store), alias, wait_s=opts.lock_wait_s):
-            job = _Job(alias=alias, encoder=encoder, store=store, options=opts)
+            job = _Job(alias, _EncoderSlot(encoder, load_encoder), store, opts)
             report = job.ingest(corpus, full=full)
         _traced(report)
         return _compaction(report, store, opts)
@@ -152,16 +155,21 @@ def update_documents(
     delete: Sequence[str] = (),
     *,
     alias: str,
-    encoder: PassageEncoder,
+    encoder: PassageEncoder | None = None,
     store: Store,
     source: str = "update",
+    load_encoder: Callable[[], PassageEncoder] | None = None,
     options: WriteOptions | None = None,
     **option_values: Any,
 ) -> IngestReport:
     """Upsert these documents and delete these ids in a new version of `alias`, made from the live
     version plus the change. Refused (UpdateRefused) when `alias` has no live version or the
     encoder or chunking differ from the live version's (run `ingest` then). Invalid documents
-    are reported all at once (DocumentError) and nothing is written."""
+    are reported all at once (DocumentError) and nothing is written.
+
+    With `load_encoder` instead of `encoder`, the model is loaded only when there is something
+    to chunk and embed: a change that only deletes, or upserts documents exactly as they are,
+    loads none (it keeps the live version's model and chunking, which need no checking then)."""
     validate_documents(upsert, source=source)
     validate_delete_ids(delete, source=source)
     both = sorted({d.id for d in upsert} & set(delete))
@@ -175,7 +183,7 @@ def update_documents(
     opts = dataclasses.replace(options or waiting, **option_values)
     with tracing.span("rag.update", alias=alias, upserts=len(upsert), deletes=len(delete)):
         with IngestLock(opts.lock_dir or default_lock_dir(store), alias, wait_s=opts.lock_wait_s):
-            job = _Job(alias=alias, encoder=encoder, store=store, options=opts)
+            job = _Job(alias, _EncoderSlot(encoder, load_encoder), store, opts)
             report = job.update(list(upsert), sorted(set(delete)), source=source)
         _traced(report)
         return _compaction(report, store, opts)
@@ -283,14 +291,12 @@ class _Job:
     """One write of an alias, as named steps; `timings` records each step's wall time."""
 
     def __init__(
-        self, *, alias: str, encoder: PassageEncoder, store: Store, options: WriteOptions
+        self, alias: str, encoder: _EncoderSlot, store: Store, options: WriteOptions
     ) -> None:
         self.alias = alias
-        self.encoder = encoder
+        self._encoder = encoder
         self.store = store
         self.opts = options
-        self.chunking = chunking_config_for(encoder, options.chunk_tokens, options.overlap_tokens)
-        self.chunker = Chunker(encoder.count_tokens, self.chunking)
         self.tokenizer = Tokenizer()
         # The encode stage reads reusable vectors while the write stage upserts: one store call
         # at a time (qdrant-client's local mode is not thread-safe).
@@ -309,6 +315,19 @@ class _Job:
                 self.live_problem = exc
         self.lap("load_live")
 
+    @property
+    def encoder(self) -> PassageEncoder:
+        """The passage encoder (loaded now if it was deferred)."""
+        return self._encoder.get()
+
+    @functools.cached_property
+    def chunking(self) -> ChunkingConfig:
+        return chunking_config_for(self.encoder, self.opts.chunk_tokens, self.opts.overlap_tokens)
+
+    @functools.cached_property
+    def chunker(self) -> Chunker:
+        return Chunker(self.encoder.count_tokens, self.chunking)
+
     def lap(self, stage: str, **attributes: float) -> None:
         """The step `stage` ended: its time into the report and, tracing, a span of its own."""
         now = time.perf_counter()
@@ -316,13 +335,16 @@ class _Job:
         tracing.finished_span(f"rag.ingest.{stage}", now - self._clock, **attributes)
         self._clock = now
 
-    def _delta_refusal(self) -> str | None:
-        """Why the live version cannot be extended with this encoder and chunking (or None)."""
+    def _delta_refusal(self, *, model: bool = True) -> str | None:
+        """Why the live version cannot be extended with this encoder and chunking (or None);
+        without `model`, only whether there is a live version this job can read."""
         live = self.live
         if self.live_problem is not None:
             return str(self.live_problem)
         if live is None:
             return f"{self.alias!r} has no live version"
+        if not model:
+            return None
         if live.fingerprint.id != self.encoder.fingerprint.id:
             return (
                 f"{self.live_name} was embedded with {live.fingerprint.model}@"
@@ -356,17 +378,14 @@ class _Job:
         return self._delta(delta, live, corpus)
 
     def update(self, upsert: list[Document], delete: list[str], *, source: str) -> IngestReport:
-        refusal = self._delta_refusal()
-        if refusal is not None:
-            raise UpdateRefused(
-                f"cannot update {self.alias!r} as a delta: {refusal}; run `rag-retriever ingest "
-                f"PATH --collection {self.alias}` with the whole corpus (a model or chunking "
-                f"change re-encodes every chunk)"
-            )
+        self._refuse_update(self._delta_refusal(model=False))
         assert self.live_name is not None
         live = self._read_live_docs([d.id for d in upsert] + delete)
         self.lap("read_live")
+        upsert = [_kept_provenance(d, live) for d in upsert]
         write = [d for d in upsert if live.hashes.get(d.id) != document_hash(d)]
+        if write:  # something to chunk and embed: the model and chunking must be the live ones
+            self._refuse_update(self._delta_refusal())
         delta = _Delta(
             write=write,
             remove=[i for i in delete if i in live.hashes],
@@ -374,6 +393,14 @@ class _Job:
             not_found=sum(1 for i in delete if i not in live.hashes),
         )
         return self._delta(delta, live, LoadedCorpus(tuple(upsert), 0, source))
+
+    def _refuse_update(self, refusal: str | None) -> None:
+        if refusal is not None:
+            raise UpdateRefused(
+                f"cannot update {self.alias!r} as a delta: {refusal}; run `rag-retriever ingest "
+                f"PATH --collection {self.alias}` with the whole corpus (a model or chunking "
+                f"change re-encodes every chunk)"
+            )
 
     def _read_live_docs(self, doc_ids: Sequence[str]) -> _LiveDocs:
         """The live version's chunks of these documents only (a filtered, indexed read)."""
@@ -418,7 +445,7 @@ class _Job:
             deltas=self.live.lineage.deltas + 1,
         )
         version = self.store.next_version(self.alias)
-        name = collection_name(self.alias, self.encoder.fingerprint.slug, version)
+        name = collection_name(self.alias, self.live.fingerprint.slug, version)
         added_docs = sum(1 for d in delta.write if d.id not in live.hashes)
         documents = self.live.documents + added_docs - len(delta.remove)
         chunks = self.live.chunks - len(gone) + len(new_chunks)
@@ -539,7 +566,9 @@ class _Job:
     ) -> Iterator[list[list[Chunk]]]:
         """Each document's chunks, slice by slice, in worker processes when there are many
         (exact offsets and ids unchanged: rag_retriever/ingest/parallel_chunking.py); an encoder without a
-        picklable token counter (a test wrapper) chunks here."""
+        picklable token counter (a test wrapper) chunks here. No documents: no encoder needed."""
+        if not documents:
+            return iter(())
         counter = getattr(self.encoder, "token_counter", None)
         if counter is None:
             return ([self.chunker.chunk_all([d])] for d in documents)
@@ -589,16 +618,20 @@ class _Job:
         self, version: int, bm25: BM25Model, lineage: Lineage, source: str
     ) -> VersionRecord:
         live = self.live
+        # A delta has the live version's model and chunking (checked when it embeds anything; one
+        # that only deletes never loaded the encoder).
+        same = live if live is not None and lineage.base else None
         return VersionRecord(
             alias=self.alias,
             version=version,
             status=STATUS_BUILDING,
-            fingerprint=self.encoder.fingerprint,
-            chunking=dataclasses.asdict(self.chunking),
+            fingerprint=same.fingerprint if same else self.encoder.fingerprint,
+            chunking=dict(same.chunking) if same else dataclasses.asdict(self.chunking),
             bm25=bm25.stats,
             lineage=lineage,
             source=source,
-            model_source=getattr(self.encoder, "source", None),
+            model_source=getattr(self._encoder.loaded, "source", None)
+            or (same.model_source if same else None),
             created_at=stamp(),
             # a delta keeps what was tuned for the version it extends
             fusion=live.fusion if live is not None and lineage.base else None,
@@ -640,7 +673,6 @@ class _Job:
         and gives the BM25 model of the document side. Returns (reused, encoded, truncated)."""
         counts = {"reused": 0, "encoded": 0, "truncated": 0}
         busy = {"encode": 0.0, "write": 0.0}
-        dim = self.encoder.fingerprint.dim
         hashes = {doc.id: document_hash(doc) for doc in documents}
         models: list[BM25Model] = []
         bars = [
@@ -656,7 +688,8 @@ class _Job:
 
         def encode(block: _Block) -> _Encoded:
             began = time.perf_counter()
-            vectors = np.empty((len(block.chunks), dim), dtype=np.float32)
+            # (blocks come only with chunks to embed, so the encoder is loaded by now)
+            vectors = np.empty((len(block.chunks), self.encoder.fingerprint.dim), np.float32)
             with self._store_lock:
                 found = self._vectors(reuse_from, reusable, [c.content_hash for c in block.chunks])
             todo = []
@@ -812,6 +845,44 @@ class _Job:
         if decision is not None and not decision.promote and self.opts.promote:
             raise GateRejected(decision.summary, report)
         return report
+
+
+# Metadata that ingest gives a document from where it came (a folder's file path) and that a
+# replacement without it keeps: a document replaced over HTTP or from a .jsonl is still the file
+# it was (LangChain's `source` comes from it).
+PROVENANCE_KEYS = ("path",)
+
+
+def _kept_provenance(doc: Document, live: _LiveDocs) -> Document:
+    """`doc` with the live document's provenance metadata that it does not set itself."""
+    chunks = live.chunks.get(doc.id)
+    if not chunks:
+        return doc
+    kept = {
+        key: chunks[0].metadata[key]
+        for key in PROVENANCE_KEYS
+        if key in chunks[0].metadata and key not in doc.metadata
+    }
+    return dataclasses.replace(doc, metadata={**doc.metadata, **kept}) if kept else doc
+
+
+class _EncoderSlot:
+    """A write's encoder: given, or loaded on first use by `load` (once, then kept)."""
+
+    def __init__(
+        self, encoder: PassageEncoder | None, load: Callable[[], PassageEncoder] | None
+    ) -> None:
+        if (encoder is None) == (load is None):
+            raise TypeError("a write needs an encoder or a function that loads one (not both)")
+        self.loaded = encoder
+        self._load = load
+
+    def get(self) -> PassageEncoder:
+        if self.loaded is None:
+            assert self._load is not None
+            log.info("loading the embedding model (this write has chunks to embed)")
+            self.loaded = self._load()
+        return self.loaded
 
 
 def _apply(documents: Sequence[Document], delta: _Delta) -> list[Document]:

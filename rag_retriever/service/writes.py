@@ -296,7 +296,8 @@ def add_write_routes(app: FastAPI, retriever: Retriever, settings: Settings) -> 
             upserts,
             deletes,
             alias=alias,
-            encoder=retriever.encoder,
+            # the model only when there is text to embed: a delete loads none
+            load_encoder=lambda: retriever.encoder,
             store=retriever.store,
             source="HTTP",
             options=WriteOptions.from_settings(settings),
