@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import string
 import tempfile
 from collections.abc import Callable, Iterator, Sequence
@@ -38,6 +39,15 @@ settings.register_profile("rag-retriever", deadline=None)
 settings.load_profile("rag-retriever")
 
 SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+
+# The tests that press Ctrl-C on a command (SIGINT to its process group) need the command to take
+# SIGINT as one started from a terminal does. A suite started as a background job (`make test &`
+# in a script, nohup, some CI runners) inherits SIGINT ignored, and an ignored signal stays
+# ignored across exec, so those commands would ignore Ctrl-C and the tests fail or hang: the
+# default handler is restored here (a Python handler is reset to the default on exec, so every
+# child starts with Python's own KeyboardInterrupt).
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 WORDS = [
     "the",
