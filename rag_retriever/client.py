@@ -158,7 +158,7 @@ def http_error(response: httpx.Response) -> RetrieverHTTPError:
 
 class SearchOptions(TypedDict, total=False):
     """The options of every search method; those left out are the server's defaults
-    (`diversity`, `expand` and `expand_tokens` as in Retriever.retrieve_batch)."""
+    (`diversity`, `expand`, `expand_tokens` and `min_score` as in Retriever.retrieve_batch)."""
 
     k: int | None
     mode: Mode | None
@@ -167,6 +167,7 @@ class SearchOptions(TypedDict, total=False):
     diversity: float | None
     expand: Literal["neighbours", "section"] | None
     expand_tokens: int | None
+    min_score: float | None
 
 
 def search_body(**fields: Any) -> dict[str, Any]:

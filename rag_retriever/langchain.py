@@ -110,6 +110,8 @@ class RagRetrieverLangChain(BaseRetriever):
     # (metadata keeps the hit's own text and offsets, and the context's)
     expand: Literal["neighbours", "section"] | None = None
     expand_tokens: int | None = None
+    # hits scoring below it are left out (the mode's scale: Retriever.retrieve_batch)
+    min_score: float | None = None
 
     # LangChain passes invoke's keyword arguments here because the signature takes more than
     # `query` and `run_manager`.

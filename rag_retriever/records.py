@@ -19,6 +19,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any, Literal
 
+from rag_retriever import conditions
+
 # A fixed namespace so that chunk ids are the same on every machine and every run:
 # re-ingesting the same document overwrites its points instead of duplicating them.
 CHUNK_ID_NAMESPACE = uuid.UUID("5b1c0f8e-7a52-4b8e-9d1c-2f4e6a7b8c90")
@@ -340,13 +342,19 @@ class SearchFilter:
     """Restricts both the dense and the BM25 branch to the same chunks.
 
     `doc_ids`: keep chunks of these documents. `equals`: keep chunks whose document metadata
-    field equals the value (all pairs must match).
+    field equals the value (all pairs must match). `where`: a condition on metadata fields with
+    `in`, ranges, `not` and `all`/`any` nesting (rag_retriever/conditions.py), as a Condition or
+    its JSON form. All three must hold.
     """
 
     doc_ids: tuple[str, ...] | None = None
     equals: Mapping[str, str | int | bool] = field(default_factory=dict)
+    where: conditions.Condition | None = None
 
     def __post_init__(self) -> None:
+        if self.where is not None and not isinstance(self.where, _CONDITION_TYPES):
+            # the JSON form, parsed (and checked) here
+            object.__setattr__(self, "where", conditions.parse(self.where))
         if self.doc_ids is not None and not all(isinstance(d, str) for d in self.doc_ids):
             raise TypeError("SearchFilter.doc_ids must be a tuple of strings")
         for doc_id in self.doc_ids or ():
@@ -380,17 +388,28 @@ class SearchFilter:
 
     @property
     def is_empty(self) -> bool:
-        return self.doc_ids is None and not self.equals
+        return self.doc_ids is None and not self.equals and self.where is None
+
+    def field_uses(self) -> list[tuple[str, conditions.FieldUse, tuple[Any, ...]]]:
+        """Each metadata field the filter reads: (name, "match" or "range", matched values)."""
+        uses: list[tuple[str, conditions.FieldUse, tuple[Any, ...]]] = [
+            (key, "match", (value,)) for key, value in self.equals.items()
+        ]
+        if self.where is not None:
+            uses.extend(conditions.fields(self.where))
+        return uses
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any] | None) -> SearchFilter:
-        """Build from `{"doc_ids": [...], "equals": {...}}` (the HTTP and CLI form)."""
+        """Build from `{"doc_ids": [...], "equals": {...}, "where": {...}}` (the HTTP and CLI
+        form)."""
         if not data:
             return cls()
-        unknown = set(data) - {"doc_ids", "equals"}
+        unknown = set(data) - {"doc_ids", "equals", "where"}
         if unknown:
             raise ValueError(
-                f"unknown filter keys {sorted(unknown)}; expected 'doc_ids' and/or 'equals'"
+                f"unknown filter keys {sorted(unknown)}; expected 'doc_ids', 'equals' and/or "
+                f"'where'"
             )
         doc_ids = data.get("doc_ids")
         if "doc_ids" in data and doc_ids is None:
@@ -404,7 +423,12 @@ class SearchFilter:
             raise ValueError(
                 f"filter 'equals' must be an object of field: value, got {type(equals).__name__}"
             )
-        return cls(doc_ids=None if doc_ids is None else tuple(doc_ids), equals=dict(equals))
+        where = data.get("where")
+        return cls(
+            doc_ids=None if doc_ids is None else tuple(doc_ids),
+            equals=dict(equals),
+            where=None if where is None else conditions.parse(where),
+        )
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {}
@@ -412,11 +436,19 @@ class SearchFilter:
             out["doc_ids"] = list(self.doc_ids)
         if self.equals:
             out["equals"] = dict(self.equals)
+        if self.where is not None:
+            out["where"] = conditions.to_json(self.where)
         return out
 
 
-# The largest integer a JSON client (a float64) and Qdrant (int64) both hold exactly: 2**53 - 1.
-MAX_EXACT_INT = 2**53 - 1
+MAX_EXACT_INT = conditions.MAX_EXACT_INT
+_CONDITION_TYPES = (
+    conditions.Match,
+    conditions.Range,
+    conditions.All,
+    conditions.AnyOf,
+    conditions.Not,
+)
 
 
 def _utf8(text: str) -> bool:

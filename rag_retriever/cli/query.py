@@ -17,6 +17,7 @@ from rag_retriever.cli.common import (
     setting_flags,
 )
 from rag_retriever.cli.ingest import cmd_compact
+from rag_retriever.errors import ConfigError
 from rag_retriever.query.context import EXPAND_KINDS
 from rag_retriever.records import MODES, SearchFilter, SearchResult
 
@@ -26,9 +27,15 @@ def cmd_search(args: argparse.Namespace) -> int:
 
     settings = command_settings(args)
     retriever = Retriever.from_settings(settings, mode=args.mode)  # bm25: no model loads
-    flt = SearchFilter(
-        doc_ids=tuple(args.doc) if args.doc else None, equals=parse_where(args.where)
-    )
+    try:
+        condition = json.loads(args.filter) if args.filter is not None else None
+        flt = SearchFilter(
+            doc_ids=tuple(args.doc) if args.doc else None,
+            equals=parse_where(args.where),
+            where=condition,
+        )
+    except (ValueError, TypeError) as exc:  # json.JSONDecodeError is a ValueError
+        raise ConfigError(f"--filter: {exc}") from None
     result = retriever.retrieve(
         args.query,
         k=args.k,
@@ -36,6 +43,7 @@ def cmd_search(args: argparse.Namespace) -> int:
         filter=flt,
         diversity=args.diversity,
         expand=args.expand,
+        min_score=args.min_score,
     )
     if args.json:
         print(json.dumps(result.to_dict(), indent=2, ensure_ascii=False))
@@ -145,6 +153,20 @@ def add_search(sub: Any) -> None:
         "--doc", action="append", default=[], help="only chunks of this doc id (repeatable)"
     )
     p.add_argument("--where", action="append", default=[], help="metadata FIELD=VALUE (repeatable)")
+    p.add_argument(
+        "--filter",
+        metavar="JSON",
+        help='a metadata condition: {"field": F, "equals"|"in"|"range": ...}, or "all", "any", '
+        '"not" of conditions, e.g. \'{"field": "year", "range": {"gte": 2020}}\' '
+        "(docs/querying.md)",
+    )
+    p.add_argument(
+        "--min-score",
+        type=float,
+        default=None,
+        help="leave out hits scoring below it (the mode's scale: dense cosine, bm25 score, "
+        "hybrid fused score, rerank logit)",
+    )
     p.add_argument(
         "--diversity",
         type=float,

@@ -91,7 +91,7 @@ from rag_retriever.store import (
     metadata_path,
 )
 from rag_retriever.store.catalog import apply_retention, point_alias, remove_orphans
-from rag_retriever.store.record import stamp
+from rag_retriever.store.record import field_kinds, merged_fields, stamp
 
 log = logging.getLogger(__name__)
 
@@ -775,8 +775,13 @@ class _Job:
             raise RuntimeError(
                 f"collection {name} is inconsistent: {points} points, {chunks} chunks"
             )
+        fields: dict[str, str] | None = field_kinds(c.metadata for c in written)
+        if record.lineage.base:  # a delta: the live version's fields and the new ones
+            live = self.live.fields if self.live is not None else None
+            fields = None if live is None else merged_fields(live, fields or {})
         self.store.put_record(
-            name, record.completed(documents=documents, chunks=chunks, at=stamp())
+            name,
+            record.completed(documents=documents, chunks=chunks, at=stamp(), fields=fields),
         )
         self.lap("verify")
 

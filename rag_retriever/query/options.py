@@ -13,6 +13,7 @@ Values only: nothing here searches (query/retriever.py does).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, fields
 from typing import TypedDict
 
@@ -91,6 +92,7 @@ class SearchOptions(TypedDict, total=False):
     diversity: float | None
     expand: ExpandKind | None
     expand_tokens: int | None
+    min_score: float | None
 
 
 @dataclass(frozen=True)
@@ -102,11 +104,39 @@ class HitOptions:
     diversity: float = 0.0
     expand: ExpandKind | None = None
     expand_tokens: int = _DEFAULTS.expand_tokens
+    # Hits scoring below it (on the mode's own scale: SCORE_RANGES) are left out.
+    min_score: float | None = None
 
     @property
     def key(self) -> str:
         """What the cache tells apart (hits asked for differently are different answers)."""
-        return f"{self.diversity}|{self.expand}|{self.expand_tokens if self.expand else ''}"
+        tokens = self.expand_tokens if self.expand else ""
+        return f"{self.diversity}|{self.expand}|{tokens}|{self.min_score}"
+
+
+# What a hit's `score` is in each mode, and the thresholds (`min_score`) that can mean anything
+# there: dense is the cosine of unit vectors; bm25 the BM25 score (0 up, unbounded); hybrid the
+# fusion's score (RRF: a sum of weight / (k + rank); z-score fusion: a weighted sum of z-scores,
+# any sign); rerank the cross-encoder's logit (any sign).
+SCORE_RANGES: dict[str, tuple[float, float]] = {
+    "dense": (-1.0, 1.0),
+    "bm25": (0.0, math.inf),
+    "hybrid": (-math.inf, math.inf),
+    "rerank": (-math.inf, math.inf),
+}
+
+
+def check_min_score(value: object, mode: str) -> float:
+    """`value` as a threshold for `mode`'s scores; ValueError saying the mode's range."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise ValueError(f"min_score must be a finite number, got {value!r}")
+    low, high = SCORE_RANGES[mode]
+    if not low <= value <= high:
+        raise ValueError(
+            f"min_score {value} is outside the {mode} scores' range [{low:g}, {high:g}] "
+            f"(dense: cosine -1 to 1; bm25: 0 and up; hybrid, rerank: any number)"
+        )
+    return float(value)
 
 
 def serving_record(store: Store, alias_or_name: str) -> VersionRecord | None:

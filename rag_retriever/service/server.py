@@ -98,8 +98,11 @@ class _Options(BaseModel):
     )
     filter: dict[str, Any] | None = Field(
         default=None,
-        description='{"doc_ids": ["a.md"], "equals": {"lang": "en"}}; applied to every branch',
-        examples=[{"equals": {"lang": "en"}}],
+        description='{"doc_ids": ["a.md"], "equals": {"lang": "en"}, "where": {"any": [{"field": '
+        '"team", "in": ["a", "b"]}, {"not": {"field": "year", "range": {"lt": 2020}}}]}}; applied '
+        "to every branch; `where` takes equals, in, range, all, any and not (docs/querying.md); "
+        "a field no document of the version has is a 422 that lists the fields",
+        examples=[{"equals": {"lang": "en"}}, {"where": {"field": "year", "range": {"gte": 2020}}}],
     )
     collection: str | None = Field(
         default=None, description="alias or collection (default RAG_COLLECTION)"
@@ -118,6 +121,13 @@ class _Options(BaseModel):
     expand_tokens: int | None = Field(
         default=None,
         description="tokens of context per hit with expand (default RAG_EXPAND_TOKENS)",
+    )
+    min_score: float | None = Field(
+        default=None,
+        description="leave out hits scoring below it, on the mode's scale: dense cosine (-1 to "
+        "1), bm25 (0 and up), hybrid the fusion's score, rerank the cross-encoder's; in rerank "
+        "mode only reranked chunks are returned then",
+        examples=[0.5],
     )
 
     @field_validator("k", "expand_tokens", mode="before")
@@ -177,6 +187,8 @@ def _documented(settings: Settings, retriever: Retriever) -> tuple[type, type]:
         "mode": {"anyOf": [{"enum": list(modes)}, {"type": "null"}]},
         "collection": {"anyOf": [*_COLLECTION, {"type": "null"}]},
         "diversity": {"anyOf": [{"type": "number", "minimum": 0, "maximum": 1}, {"type": "null"}]},
+        # its range depends on the mode (the retriever checks it); any finite number here
+        "min_score": {"anyOf": [{"type": "number"}, {"type": "null"}]},
         "expand": {"anyOf": [{"enum": list(EXPAND_KINDS)}, {"type": "null"}]},
         "expand_tokens": {
             "anyOf": [
@@ -197,6 +209,9 @@ def _documented(settings: Settings, retriever: Retriever) -> tuple[type, type]:
                                 "anyOf": [{"type": "string"}, _INT64, {"type": "boolean"}]
                             },
                         },
+                        # a condition tree (rag_retriever/conditions.py: its shape is checked
+                        # there, each problem a 422 naming the path)
+                        "where": {"type": "object"},
                     },
                     "additionalProperties": False,
                 },
@@ -296,6 +311,7 @@ def _add_search_routes(app: FastAPI, retriever: Retriever, settings: Settings) -
             diversity=body.diversity,
             expand=body.expand,
             expand_tokens=body.expand_tokens,
+            min_score=body.min_score,
         )
         app.state.metrics.observe([result])
         return JSONResponse(result.to_dict())
@@ -315,6 +331,7 @@ def _add_search_routes(app: FastAPI, retriever: Retriever, settings: Settings) -
             diversity=body.diversity,
             expand=body.expand,
             expand_tokens=body.expand_tokens,
+            min_score=body.min_score,
         )
         app.state.metrics.observe(results)
         return JSONResponse({"results": [r.to_dict() for r in results]})

@@ -73,6 +73,7 @@ from typing import Any
 
 import numpy as np
 
+from rag_retriever import conditions
 from rag_retriever.errors import CollectionNotFound, ConfigError, InvalidRequest
 from rag_retriever.models.bm25 import DocFreqs, SparseVector
 from rag_retriever.records import ALIAS_PATTERN, SearchFilter, check_alias
@@ -143,6 +144,32 @@ def _match(value: Any) -> Any:
     into the integer 1 or 0 (bool is an int), which matches no boolean payload, so a filter on a
     boolean field found nothing; numpy's bool is not an int and reaches the engine as a bool."""
     return np.bool_(value) if isinstance(value, bool) else value
+
+
+def _edge_condition(edge: Any, condition: conditions.Condition) -> Any:
+    """A metadata condition as the engine's filter (rag_retriever/conditions.py)."""
+    if isinstance(condition, conditions.Match):
+        key = metadata_path(condition.field)
+        values = condition.values
+        if len(values) == 1 or isinstance(values[0], bool):  # MatchAny would take bools as ints
+            matches = [
+                edge.FieldCondition(key=key, match=edge.MatchValue(_match(v))) for v in values
+            ]
+            return matches[0] if len(matches) == 1 else edge.Filter(should=matches)
+        return edge.FieldCondition(key=key, match=edge.MatchAny(list(values)))
+    if isinstance(condition, conditions.Range):
+        bounds = {b: getattr(condition, b) for b in conditions.BOUNDS}
+        return edge.FieldCondition(
+            key=metadata_path(condition.field), range=edge.RangeFloat(**bounds)
+        )
+    if isinstance(condition, conditions.Not):
+        return edge.Filter(must_not=[_edge_condition(edge, condition.condition)])
+    parts = [_edge_condition(edge, c) for c in condition.conditions]
+    return (
+        edge.Filter(must=parts)
+        if isinstance(condition, conditions.All)
+        else edge.Filter(should=parts)
+    )
 
 
 class EdgeStore(Store):
@@ -1019,6 +1046,8 @@ class EdgeStore(Store):
                         key=metadata_path(key), match=edge.MatchValue(_match(value))
                     )
                 )
+            if flt.where is not None:
+                must.append(_edge_condition(edge, flt.where))
         must_not = [excluded] if excluded is not None else None
         if not must and not must_not:
             return None

@@ -18,7 +18,7 @@ This module does not decide anything: the writer, the catalog and the query path
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any, Literal
@@ -86,6 +86,9 @@ class VersionRecord:
     # Tuned for this version (`tune-fusion`, `improve`); None: the settings' defaults.
     fusion: Mapping[str, Any] | None = None
     reranker: Mapping[str, Any] | None = None
+    # The documents' metadata fields and the kind of their values (field_kinds): what a filter
+    # may name. None: not recorded (a version written before 0.3), filters are not checked.
+    fields: Mapping[str, str] | None = None
     schema: int = SCHEMA_VERSION
 
     def to_json(self) -> dict[str, Any]:
@@ -107,6 +110,7 @@ class VersionRecord:
             "retired_at": self.retired_at,
             "fusion": dict(self.fusion) if self.fusion is not None else None,
             "reranker": dict(self.reranker) if self.reranker is not None else None,
+            "fields": dict(self.fields) if self.fields is not None else None,
         }
 
     @classmethod
@@ -141,6 +145,7 @@ class VersionRecord:
                 retired_at=data.get("retired_at"),
                 fusion=data.get("fusion"),
                 reranker=data.get("reranker"),
+                fields=data.get("fields"),
             )
         except VersionIncompatible:
             raise
@@ -150,10 +155,60 @@ class VersionRecord:
                 f"it: rag-retriever ingest PATH --collection {data.get('alias') or 'ALIAS'} --full"
             ) from None
 
-    def completed(self, *, documents: int, chunks: int, at: str) -> VersionRecord:
-        return replace(
+    def completed(
+        self,
+        *,
+        documents: int,
+        chunks: int,
+        at: str,
+        fields: Mapping[str, str] | Literal["kept"] | None = "kept",
+    ) -> VersionRecord:
+        done = replace(
             self, status=STATUS_COMPLETE, documents=documents, chunks=chunks, completed_at=at
         )
+        return done if fields == "kept" else replace(done, fields=fields)
+
+
+# The kinds field_kinds gives a metadata field.
+FIELD_KINDS = ("keyword", "integer", "float", "bool", "other", "mixed")
+
+
+def field_kinds(metadatas: Iterable[Mapping[str, Any]]) -> dict[str, str]:
+    """Each metadata field and the kind of its values (a list's by its elements): keyword,
+    integer, float (numbers not all integers), bool, other (objects, nulls) or mixed."""
+    seen: dict[str, set[str]] = {}
+    for metadata in metadatas:
+        for key, value in metadata.items():
+            kinds = seen.setdefault(key, set())
+            for item in value if isinstance(value, list) else [value]:
+                kinds.add(_value_kind(item))
+    return {key: merge_kinds(kinds) for key, kinds in sorted(seen.items())}
+
+
+def merge_kinds(kinds: Iterable[str]) -> str:
+    """One kind for values of these kinds (integers with floats are floats)."""
+    found = set(kinds)
+    if found == {"integer", "float"}:
+        return "float"
+    return found.pop() if len(found) == 1 else "mixed"
+
+
+def merged_fields(old: Mapping[str, str], new: Mapping[str, str]) -> dict[str, str]:
+    """The fields of a version that adds documents with `new` fields to one with `old` ones."""
+    out = dict(old)
+    for key, kind in new.items():
+        out[key] = merge_kinds({out[key], kind}) if key in out else kind
+    return dict(sorted(out.items()))
+
+
+def _value_kind(value: Any) -> str:
+    if isinstance(value, bool):
+        return "bool"
+    if isinstance(value, int):
+        return "integer"
+    if isinstance(value, float):
+        return "float"
+    return "keyword" if isinstance(value, str) else "other"
 
 
 def stamp() -> str:

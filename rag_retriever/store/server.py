@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from rag_retriever import conditions
 from rag_retriever.errors import CollectionNotFound, StoreUnavailable
 from rag_retriever.models.bm25 import SparseVector
 from rag_retriever.records import SearchFilter
@@ -320,7 +321,37 @@ class ServerStore(Store):
             must.append(qm.FieldCondition(key="doc_id", match=qm.MatchAny(any=list(flt.doc_ids))))
         for key, value in flt.equals.items():
             must.append(qm.FieldCondition(key=metadata_path(key), match=qm.MatchValue(value=value)))
+        if flt.where is not None:
+            must.append(_server_condition(flt.where))
         return qm.Filter(must=must)
 
     def close(self) -> None:
         self.client.close()
+
+
+def _server_condition(condition: conditions.Condition) -> Any:
+    """A metadata condition as qdrant-client's filter model (rag_retriever/conditions.py)."""
+    from qdrant_client import models as qm
+
+    if isinstance(condition, conditions.Match):
+        key = metadata_path(condition.field)
+        if len(condition.values) == 1:
+            return qm.FieldCondition(key=key, match=qm.MatchValue(value=condition.values[0]))
+        if isinstance(condition.values[0], bool):  # MatchAny takes strings or integers
+            return qm.Filter(
+                should=[
+                    qm.FieldCondition(key=key, match=qm.MatchValue(value=v))
+                    for v in condition.values
+                ]
+            )
+        values: Any = list(condition.values)  # one kind: strings or integers
+        return qm.FieldCondition(key=key, match=qm.MatchAny(any=values))
+    if isinstance(condition, conditions.Range):
+        bounds = {b: getattr(condition, b) for b in conditions.BOUNDS}
+        return qm.FieldCondition(key=metadata_path(condition.field), range=qm.Range(**bounds))
+    if isinstance(condition, conditions.Not):
+        return qm.Filter(must_not=[_server_condition(condition.condition)])
+    parts = [_server_condition(c) for c in condition.conditions]
+    if isinstance(condition, conditions.All):
+        return qm.Filter(must=parts)
+    return qm.Filter(should=parts)
