@@ -3,7 +3,7 @@ the ratio. Results go to `<out>/bench.json` and `<out>/bench.txt`.
 
 Usage:
     python -m bench [--out bench-out] [--only bm25 engine ingest update query load operate training
-        fusion context few_labels stop tracing fuzz gpu improve] [--reranker DIR]
+        fusion context few_labels stop tracing writes fuzz gpu improve] [--reranker DIR]
         [--context-questions N] [--fuzz-examples N]
 
 Needs ../shared/data (SQuAD and SciFact). Takes about an hour on 2 CPU cores: the engine at 100k
@@ -13,7 +13,8 @@ and context benchmarks' first runs (each encodes SQuAD and SciFact once and cach
 SciFact's labelled claims, judged on folds by document) about 7 minutes; `stop`
 (bench/bench_stop.py: how fast an ingest stops on SIGTERM and Ctrl-C) about 2 minutes; `tracing`
 (bench/bench_tracing.py: a search's latency with tracing off, on, and without the calls) about
-3 minutes; `fuzz` (bench/bench_fuzz.py: schemathesis over every HTTP route, the write key sent
+3 minutes; `writes` (bench/bench_writes.py: a delete and a one-document upsert from the CLI,
+Python and HTTP) about 3 minutes; `fuzz` (bench/bench_fuzz.py: schemathesis over every HTTP route, the write key sent
 and missing, counting requests and 5xx) about 10 minutes at the default 150 examples. `gpu`
 (bench/bench_gpu.py) says "skipped" in one line without a CUDA device.
 `improve` (bench/bench_improve.py: `improve` cross-validated on SciFact and on 800 SQuAD train
@@ -44,6 +45,7 @@ BENCHES = (
     "few_labels",
     "stop",
     "tracing",
+    "writes",
     "fuzz",
     "gpu",
 )
@@ -123,7 +125,7 @@ class _Report:
 
 def _run_standalone(args: argparse.Namespace, report: _Report) -> dict[str, Any]:
     """The benchmarks that bring their own data: BM25, the engine, ingest, update, fusion,
-    context, few_labels, stop, tracing, fuzz, improve, GPU (in that order).
+    context, few_labels, stop, tracing, writes, fuzz, improve, GPU (in that order).
     Each module is imported only when its benchmark runs."""
     results: dict[str, Any] = {}
     if "bm25" in args.only:
@@ -198,6 +200,12 @@ def _run_standalone(args: argparse.Namespace, report: _Report) -> dict[str, Any]
 
         results["tracing"] = bench_tracing.run()
         report.emit(bench_tracing.report(results["tracing"]))
+
+    if "writes" in args.only:
+        from bench import bench_writes
+
+        results["writes"] = bench_writes.run()
+        report.emit(bench_writes.report(results["writes"]))
 
     if "fuzz" in args.only:
         from bench import bench_fuzz
