@@ -19,7 +19,7 @@ from qdrant_client import QdrantClient
 
 from rag_retriever.client import AsyncRetrieverClient, RetrieverClient, Unauthorized
 from rag_retriever.ingest.loaders import LoadedCorpus
-from rag_retriever.ingest.writer import ingest_documents
+from rag_retriever.ingest.writer import ingest_documents, update_documents
 from rag_retriever.models.encoder import Encoder
 from rag_retriever.query.retriever import Retriever
 from rag_retriever.records import Document, SearchFilter
@@ -543,3 +543,57 @@ def test_the_python_writes_refuse_the_same_inputs(tmp_path: Path, tiny_encoder: 
         update_documents([], ["\ud800"], **common)
     assert data_dir_state(store, tmp_path / "edge") == before
     store.close()
+
+
+def test_rag_max_document_chars_is_the_limit_of_every_write_path(
+    tmp_path: Path, tiny_encoder: Encoder, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Lowered, it refuses a longer text over HTTP, from Python and from the CLI; and the writer
+    checks the limit it is given (it used to re-check the default, so a raised limit let a text
+    through the route that the writer then refused)."""
+    from rag_retriever import Collection, DocumentError
+    from rag_retriever.cli import main
+
+    client, _ = make_app(tmp_path, tiny_encoder, max_document_chars=40)
+    long_doc = {"id": "long", "title": "long", "text": "river city " * 10}  # 110 characters
+    with client as http:
+        r = http.put(
+            "/v1/collections/kb/documents", json={"documents": [long_doc]}, headers=auth(WRITE)
+        )
+        assert r.status_code == 422 and "over the limit of 40 (RAG_MAX_DOCUMENT_CHARS)" in r.text
+
+    monkeypatch.setenv("RAG_DATA_DIR", str(tmp_path / "data"))
+    monkeypatch.setenv("RAG_EMBED_MODEL", str(tiny_encoder.source))
+    monkeypatch.setenv("RAG_MAX_DOCUMENT_CHARS", "40")
+    kb = Collection.open("kb")
+    try:
+        with pytest.raises(DocumentError, match="over the limit of 40"):
+            kb.ingest([long_doc])
+        path = tmp_path / "long.jsonl"
+        path.write_text(json.dumps(long_doc) + "\n")
+        assert main(["ingest", str(path), "--collection", "kb", "--no-progress"]) == 2
+
+        doc = Document("long", "long", long_doc["text"])
+        store = kb.retriever.store
+        with pytest.raises(DocumentError, match="over the limit of 100"):
+            ingest_documents(
+                LoadedCorpus((doc,), 0, "t"),
+                alias="other",
+                encoder=tiny_encoder,
+                store=store,
+                max_document_chars=100,
+            )
+        report = ingest_documents(
+            LoadedCorpus((doc,), 0, "t"),
+            alias="other",
+            encoder=tiny_encoder,
+            store=store,
+            max_document_chars=200,
+        )
+        assert report.documents == 1
+        with pytest.raises(DocumentError, match="over the limit of 100"):
+            update_documents(
+                [doc], alias="other", encoder=tiny_encoder, store=store, max_document_chars=100
+            )
+    finally:
+        kb.retriever.store.close()

@@ -121,6 +121,9 @@ class WriteOptions:
     # call merges inside the write unless asked ("background" leaves a child process running
     # after the call). The CLI and the HTTP service follow RAG_COMPACTION (`from_settings`).
     compaction: CompactionMode = "inline"
+    # The longest document text a write takes (RAG_MAX_DOCUMENT_CHARS), checked with the rest of
+    # validation.py's rules before anything is chunked.
+    max_document_chars: int = default_of("max_document_chars")
 
     @classmethod
     def from_settings(cls, settings: Settings, **overrides: Any) -> WriteOptions:
@@ -134,5 +137,6 @@ class WriteOptions:
             "lock_wait_s": settings.lock_wait_s,
             "lock_dir": settings.data_dir,
             "compaction": settings.compaction,
+            "max_document_chars": settings.max_document_chars,
         }
         return cls(**{**values, **overrides})

@@ -138,10 +138,15 @@ def ingest_documents(
     `WriteOptions` fields, as keywords or as `options`."""
     if not corpus.documents:
         raise DocumentError(f"{corpus.source}: no document with text to ingest")
+    opts = dataclasses.replace(options or WriteOptions(), **option_values)
     # a corpus built in code gets the checks a loaded file got (nothing reaches the engine that
     # it cannot store: issue 39)
-    validate_documents(corpus.documents, source=corpus.source, allow_empty_text=True)
-    opts = dataclasses.replace(options or WriteOptions(), **option_values)
+    validate_documents(
+        corpus.documents,
+        source=corpus.source,
+        allow_empty_text=True,
+        max_chars=opts.max_document_chars,
+    )
     with tracing.span("rag.ingest", alias=alias, documents=len(corpus.documents), full=full):
         with IngestLock(opts.lock_dir or default_lock_dir(store), alias, wait_s=opts.lock_wait_s):
             job = _Job(alias, _EncoderSlot(encoder, load_encoder), store, opts)
@@ -170,7 +175,10 @@ def update_documents(
     With `load_encoder` instead of `encoder`, the model is loaded only when there is something
     to chunk and embed: a change that only deletes, or upserts documents exactly as they are,
     loads none (it keeps the live version's model and chunking, which need no checking then)."""
-    validate_documents(upsert, source=source)
+    # an update waits for another write of the alias (and then sees its documents)
+    waiting = WriteOptions(lock_wait_s=default_of("lock_wait_s"))
+    opts = dataclasses.replace(options or waiting, **option_values)
+    validate_documents(upsert, source=source, max_chars=opts.max_document_chars)
     validate_delete_ids(delete, source=source)
     both = sorted({d.id for d in upsert} & set(delete))
     if both:
@@ -178,9 +186,6 @@ def update_documents(
             f"{source}: {len(both)} id(s) are both upserted and deleted ({', '.join(both[:5])}); "
             f"send each document once"
         )
-    # an update waits for another write of the alias (and then sees its documents)
-    waiting = WriteOptions(lock_wait_s=default_of("lock_wait_s"))
-    opts = dataclasses.replace(options or waiting, **option_values)
     with tracing.span("rag.update", alias=alias, upserts=len(upsert), deletes=len(delete)):
         with IngestLock(opts.lock_dir or default_lock_dir(store), alias, wait_s=opts.lock_wait_s):
             job = _Job(alias, _EncoderSlot(encoder, load_encoder), store, opts)

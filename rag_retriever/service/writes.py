@@ -39,6 +39,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from rag_retriever.errors import CollectionNotFound, InvalidRequest, RagError
 from rag_retriever.ingest.validation import (
+    MAX_DOCUMENT_CHARS,
     MAX_METADATA_BYTES,
     MAX_METADATA_DEPTH,
     METADATA_TYPES,
@@ -99,9 +100,12 @@ class Change:
 class GroupCommitter:
     """Gathers changes per alias for `window_s`, then commits them as one version."""
 
-    def __init__(self, commit: Commit, *, window_s: float) -> None:
+    def __init__(
+        self, commit: Commit, *, window_s: float, max_document_chars: int = MAX_DOCUMENT_CHARS
+    ) -> None:
         self._commit = commit
         self.window_s = window_s
+        self.max_document_chars = max_document_chars
         self._pending: dict[str, list[Change]] = {}
         self._workers: dict[str, threading.Thread] = {}
         self._changes: OrderedDict[str, Change] = OrderedDict()
@@ -110,7 +114,7 @@ class GroupCommitter:
     def submit(self, alias: str, upserts: Sequence[Document], deletes: Sequence[str]) -> Change:
         """Queue one request's change (validated here, by the rules `ingest` applies to a file,
         before anything is chunked or written: a bad request fails alone, 422)."""
-        validate_documents(upserts, source="documents")
+        validate_documents(upserts, source="documents", max_chars=self.max_document_chars)
         validate_delete_ids(deletes, source="ids")
         change = Change(uuid.uuid4().hex, alias, tuple(upserts), tuple(deletes))
         with self._cond:
@@ -303,7 +307,11 @@ def add_write_routes(app: FastAPI, retriever: Retriever, settings: Settings) -> 
             options=WriteOptions.from_settings(settings),
         )
 
-    committer = GroupCommitter(commit, window_s=settings.write_window_ms / 1000)
+    committer = GroupCommitter(
+        commit,
+        window_s=settings.write_window_ms / 1000,
+        max_document_chars=settings.max_document_chars,
+    )
     app.state.committer = committer
 
     def authorised(request: Request) -> None:
