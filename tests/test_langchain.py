@@ -183,6 +183,25 @@ def test_invoke_options_apply_to_that_call_only(local: Retriever, url: str) -> N
     check_documents(asyncio.run(run()), local, "city", k=1)
 
 
+def test_min_score_and_where_reach_the_search_in_process_and_remote(
+    local: Retriever, url: str
+) -> None:
+    query = "the wine of the king"
+    full = local.search(query, k=8, mode="bm25")
+    threshold = (full[0].score + full[-1].score) / 2
+    expected = [h.chunk_id for h in full if h.score >= threshold]
+    assert 0 < len(expected) < len(full)
+    flt = SearchFilter(where={"field": "lang", "in": ["en", "fr"]})  # type: ignore[arg-type]
+    with RetrieverClient(url) as client:
+        for backend in (local, client):
+            lc = RagRetrieverLangChain(backend=backend, k=8, mode="bm25", min_score=threshold)
+            assert [d.metadata["chunk_id"] for d in lc.invoke(query)] == expected
+            loose = lc.invoke(query, min_score=0.0)  # per call, as any option
+            assert len(loose) == len(full)
+            filtered = lc.invoke(query, filter=flt, min_score=0.0)
+            assert filtered and all(d.metadata["lang"] in ("en", "fr") for d in filtered)
+
+
 def test_ainvoke_in_process_runs_off_the_event_loop(local: Retriever) -> None:
     lc = RagRetrieverLangChain(backend=local, k=3, mode="dense")
     docs = asyncio.run(lc.ainvoke("apples and pears"))
