@@ -52,6 +52,8 @@ from rag_retriever.query.options import (
     RetrievalConfig,
     SearchOptions,
     Trace,
+    at_least,
+    check_filter,
     check_min_score,
     serving_record,
 )
@@ -91,28 +93,6 @@ EXPAND_FIRST_REACH = 2
 # A version's metadata is read again after this many seconds, so a fusion tuned by another
 # process is served without a restart.
 METADATA_TTL_S = 1.0
-
-
-# How many of a version's fields an invalid filter's message lists.
-MAX_LISTED_FIELDS = 50
-# The field kinds (store/record.py field_kinds) a match value is checked against, by its type.
-_VALUE_TYPES = ("keyword", "integer", "bool")
-
-
-def _kind_of(value: object) -> str:
-    if isinstance(value, bool):
-        return "bool"
-    return "integer" if isinstance(value, int) else "keyword"
-
-
-def _at_least(
-    final: list[tuple[str, StageScore]], trace: Trace, mode: Mode, threshold: float
-) -> list[tuple[str, StageScore]]:
-    """The ranked list without the hits scoring below `threshold`; in rerank mode only
-    reranked ones count (the rest carry fusion scores, another scale)."""
-    if MODE_STAGES[mode].rerank:
-        final = final[: len(trace.rerank_fused or trace.rerank or ())]
-    return [(cid, s) for cid, s in final if s.score >= threshold]
 
 
 class Retriever:
@@ -485,40 +465,6 @@ class Retriever:
         except ValueError as exc:
             raise InvalidRequest(str(exc)) from None
 
-    @staticmethod
-    def _check_filter(flt: SearchFilter | None, opened: OpenCollection) -> None:
-        """Every field the filter names is a metadata field of the version's documents, used as
-        its values allow (a range on numbers, a match with values of the field's kind): a filter
-        that can match nothing is a mistake to report, not 0 hits. Versions that do not record
-        their fields (written before 0.3) are not checked."""
-        fields = opened.record.fields
-        if flt is None or fields is None:
-            return
-        problems = []
-        for name, use, values in flt.field_uses():
-            kind = fields.get(name)
-            if kind is None:
-                problems.append(f"no document of {opened.name} has the field {name!r}")
-            elif use == "range" and kind not in ("integer", "float"):
-                problems.append(f"a range needs a numeric field; {name!r} holds {kind} values")
-            elif use == "match" and kind == "float":
-                problems.append(f"{name!r} holds floats: match it with a range, not a value")
-            elif use == "match" and kind in _VALUE_TYPES:
-                wrong = [v for v in values if _kind_of(v) != kind]
-                if wrong:
-                    problems.append(
-                        f"{name!r} holds {kind} values; the filter matches {wrong[0]!r}"
-                    )
-        if problems:
-            known = ", ".join(f"{k} ({v})" for k, v in list(fields.items())[:MAX_LISTED_FIELDS])
-            more = len(fields) - MAX_LISTED_FIELDS
-            raise InvalidRequest(
-                "invalid filter: "
-                + "; ".join(problems)
-                + f". The fields it can name: {known or 'none (no document has metadata)'}"
-                + (f" and {more} more" if more > 0 else "")
-            )
-
     def _check_query(self, query: str) -> None:
         if not isinstance(query, str) or is_blank(query):
             raise InvalidRequest("the query is empty; send a question with at least one word")
@@ -561,7 +507,10 @@ class Retriever:
     ) -> tuple[str, list[Trace]]:
         stages = MODE_STAGES[mode]
         opened = self.open_collection(requested, mode)
-        self._check_filter(flt, opened)
+        try:
+            check_filter(flt, opened)
+        except ValueError as exc:
+            raise InvalidRequest(str(exc)) from None
         traces = [Trace(query=q) for q in queries]
         if not queries:
             return opened.name, traces
@@ -702,7 +651,7 @@ class Retriever:
         """The top k hits, diversified and expanded as `shape` asks (each step timed)."""
         final = trace.final(mode)
         if shape.min_score is not None:
-            final = _at_least(final, trace, mode, shape.min_score)
+            final = at_least(final, trace, mode, shape.min_score)
         picked: dict[str, StageScore] = {}
         if shape.diversity > 0 and final:
             t0 = time.perf_counter()
