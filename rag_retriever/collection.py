@@ -34,7 +34,7 @@ from typing import Any
 from rag_retriever.errors import DocumentError
 from rag_retriever.ingest.loaders import LoadedCorpus, documents_from_records, load_documents
 from rag_retriever.ingest.options import IngestReport, PassageEncoder, WriteOptions
-from rag_retriever.ingest.path_ids import id_clashes
+from rag_retriever.ingest.path_ids import refuse_second_copies
 from rag_retriever.ingest.writer import ingest_documents, update_documents
 from rag_retriever.query.options import serving_record
 from rag_retriever.query.retriever import Retriever
@@ -91,8 +91,8 @@ class Collection:
         of files the collection holds under other ids (the wrong root) is refused."""
         corpus, folder = self._corpus(documents, root=root)
         docs = list(corpus.documents)
-        if folder is not None:
-            self._refuse_second_copies(folder, [d.id for d in docs])
+        if folder is not None and serving_record(self.retriever.store, self.name) is not None:
+            refuse_second_copies(self.retriever.store, self.name, {folder: [d.id for d in docs]})
         return self._update(docs, [], source=corpus.source, promote=promote)
 
     def delete(self, ids: Iterable[str] | str, *, promote: bool = True) -> IngestReport:
@@ -182,11 +182,3 @@ class Collection:
         docs = documents_from_records(list(source), "documents", max_chars=max_chars)
         kept = tuple(d for d in docs if d.text.strip())
         return LoadedCorpus(kept, len(docs) - len(kept), "Python"), None
-
-    def _refuse_second_copies(self, base: Path, ids: list[str]) -> None:
-        store = self.retriever.store
-        if serving_record(store, self.name) is None:
-            return
-        lines = id_clashes(store, store.resolve(self.name), base, ids)
-        if lines:
-            raise DocumentError("nothing was written:\n  " + "\n  ".join(lines))

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from rag_retriever.cli.common import MODEL, QUERY, STORE, WRITE, command_settings, setting_flags
-from rag_retriever.errors import ConfigError, DocumentError, GateRejected
+from rag_retriever.errors import ConfigError, GateRejected
 from rag_retriever.ingest.loaders import describe_suffixes
 from rag_retriever.records import check_alias
 from rag_retriever.settings import (
@@ -131,7 +131,11 @@ def cmd_update(args: argparse.Namespace) -> int:
     store = open_store(settings)
     live = serving_record(store, settings.collection)
     if live is not None:
-        _refuse_second_copies(store, settings.collection, upserts.folder_ids, args.root, deletes)
+        from rag_retriever.ingest.path_ids import refuse_second_copies
+
+        # a folder's ids are relative to --root when given
+        bases = {args.root or folder: ids for folder, ids in upserts.folder_ids.items()}
+        refuse_second_copies(store, settings.collection, bases, deleting=deletes)
 
     def encoder() -> Any:
         # only when there are chunks to embed: a delete-only or unchanged update loads no model
@@ -152,25 +156,6 @@ def cmd_update(args: argparse.Namespace) -> int:
     report = _start_compaction(settings, report)
     _print_ingest(report.to_dict(), args.json)
     return 0
-
-
-def _refuse_second_copies(
-    store: Any,
-    alias: str,
-    folder_ids: dict[Path, list[str]],
-    root: Path | None,
-    deletes: list[str],
-) -> None:
-    """Refuse a folder upsert whose ids would make second documents of files the live version
-    holds under other ids (the folder passed is not the one ingested: ingest/path_ids.py)."""
-    from rag_retriever.ingest.path_ids import id_clashes
-
-    live_name = store.resolve(alias)
-    lines: list[str] = []
-    for folder, ids in folder_ids.items():
-        lines += id_clashes(store, live_name, root or folder, ids, deleting=deletes)
-    if lines:
-        raise DocumentError("nothing was written:\n  " + "\n  ".join(lines))
 
 
 def cmd_compact(args: argparse.Namespace) -> int:

@@ -17,9 +17,10 @@ ids made in another way (.jsonl ids are the caller's own).
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path, PurePosixPath
 
+from rag_retriever.errors import DocumentError
 from rag_retriever.records import SearchFilter
 from rag_retriever.store import Store
 
@@ -64,6 +65,23 @@ def id_clashes(
             f"delete the old ids in the same update if the files really moved"
         )
     return lines
+
+
+def refuse_second_copies(
+    store: Store,
+    alias: str,
+    folder_ids: Mapping[Path, Sequence[str]],
+    *,
+    deleting: Collection[str] = (),
+) -> None:
+    """DocumentError naming every clash of these folders' ids (each folder's ids relative to its
+    key: the folder passed, or the root) with the version `alias` serves; nothing when none."""
+    live_name = store.resolve(alias)
+    lines: list[str] = []
+    for base, ids in folder_ids.items():
+        lines += id_clashes(store, live_name, base, ids, deleting=deleting)
+    if lines:
+        raise DocumentError("nothing was written:\n  " + "\n  ".join(lines))
 
 
 def _present(store: Store, name: str, ids: Sequence[str]) -> set[str]:
