@@ -72,6 +72,10 @@ class Unauthorized(RetrieverHTTPError):
     """401: no API key, or the wrong one."""
 
 
+class Forbidden(RetrieverHTTPError):
+    """403: the key is known, but its scope does not allow this (the detail says what)."""
+
+
 class NotFound(RetrieverHTTPError):
     """404: an unknown collection (or a wrong base URL)."""
 
@@ -105,6 +109,7 @@ class RetrieverUnavailable(ClientError):
 
 _BY_STATUS: dict[int, type[RetrieverHTTPError]] = {
     401: Unauthorized,
+    403: Forbidden,
     404: NotFound,
     409: Conflict,
     413: PayloadTooLarge,
@@ -168,6 +173,7 @@ class SearchOptions(TypedDict, total=False):
     expand: Literal["neighbours", "section"] | None
     expand_tokens: int | None
     min_score: float | None
+    tenant: str | None
 
 
 def search_body(**fields: Any) -> dict[str, Any]:
@@ -269,9 +275,13 @@ def _upsert_documents(
     return _Call("PUT", path, _change_status, body, write=True, wait_s=wait)
 
 
-def _delete_documents(ids: Sequence[str], collection: str, wait: float) -> _Call[ChangeStatus]:
+def _delete_documents(
+    ids: Sequence[str], collection: str, wait: float, tenant: str | None = None
+) -> _Call[ChangeStatus]:
     path = f"/v1/collections/{quote(collection, safe='')}/documents:delete"
-    body = {"ids": list(ids), "wait": wait}
+    body: dict[str, Any] = {"ids": list(ids), "wait": wait}
+    if tenant is not None:
+        body["tenant"] = tenant
     return _Call("POST", path, _change_status, body, write=True, wait_s=wait)
 
 
@@ -422,10 +432,11 @@ class RetrieverClient(_Client):
         return self._send(_upsert_documents(documents, collection, wait))
 
     def delete_documents(
-        self, ids: Sequence[str], *, collection: str, wait: float = 30.0
+        self, ids: Sequence[str], *, collection: str, wait: float = 30.0, tenant: str | None = None
     ) -> ChangeStatus:
-        """Delete documents of an alias by id (needs the write key); as upsert_documents."""
-        return self._send(_delete_documents(ids, collection, wait))
+        """Delete documents of an alias by id, of `tenant` when given (needs a key that can
+        write); as upsert_documents."""
+        return self._send(_delete_documents(ids, collection, wait, tenant))
 
     def change(self, change_id: str, *, wait: float = 0.0) -> ChangeStatus:
         """A write's state, waiting up to `wait` seconds for it to be committed."""
@@ -531,9 +542,9 @@ class AsyncRetrieverClient(_Client):
         return await self._send(_upsert_documents(documents, collection, wait))
 
     async def delete_documents(
-        self, ids: Sequence[str], *, collection: str, wait: float = 30.0
+        self, ids: Sequence[str], *, collection: str, wait: float = 30.0, tenant: str | None = None
     ) -> ChangeStatus:
-        return await self._send(_delete_documents(ids, collection, wait))
+        return await self._send(_delete_documents(ids, collection, wait, tenant))
 
     async def change(self, change_id: str, *, wait: float = 0.0) -> ChangeStatus:
         return await self._send(_change(change_id, wait))

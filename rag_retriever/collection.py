@@ -38,7 +38,7 @@ from rag_retriever.ingest.path_ids import refuse_second_copies
 from rag_retriever.ingest.writer import ingest_documents, update_documents
 from rag_retriever.query.options import serving_record
 from rag_retriever.query.retriever import Retriever
-from rag_retriever.records import Document, check_alias
+from rag_retriever.records import DocKey, Document, check_alias, check_tenant
 from rag_retriever.settings import Settings
 
 __all__ = ["Collection"]
@@ -95,13 +95,21 @@ class Collection:
             refuse_second_copies(self.retriever.store, self.name, {folder: [d.id for d in docs]})
         return self._update(docs, [], source=corpus.source, promote=promote)
 
-    def delete(self, ids: Iterable[str] | str, *, promote: bool = True) -> IngestReport:
-        """Delete these document ids (ids the collection does not hold are counted in the
-        report's `not_found`). Loads no model."""
+    def delete(
+        self, ids: Iterable[str] | str, *, tenant: str = "", promote: bool = True
+    ) -> IngestReport:
+        """Delete these document ids, of `tenant` when given (ids the collection does not hold
+        are counted in the report's `not_found`). Loads no model."""
         wanted = [ids] if isinstance(ids, str) else list(ids)
         if not wanted:
             raise DocumentError("delete: no ids given; nothing was written")
-        return self._update([], wanted, source="delete", promote=promote)
+        if tenant:
+            try:
+                check_tenant(tenant)
+            except ValueError as exc:
+                raise DocumentError(f"delete: {exc}; nothing was written") from None
+        keys = [(tenant, i) for i in wanted]
+        return self._update([], keys, source="delete", promote=promote)
 
     def ingest(
         self,
@@ -134,7 +142,7 @@ class Collection:
     # -- the pieces ---------------------------------------------------------------------------
 
     def _update(
-        self, upsert: list[Document], delete: list[str], *, source: str, promote: bool
+        self, upsert: list[Document], delete: list[DocKey], *, source: str, promote: bool
     ) -> IngestReport:
         return update_documents(
             upsert,

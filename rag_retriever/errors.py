@@ -35,6 +35,13 @@ class DocumentError(RagError, ValueError):
     code = "invalid_documents"
 
 
+class Forbidden(RagError, PermissionError):
+    """The API key is known but its scope does not allow this (docs/tenants.md)."""
+
+    http_status = 403
+    code = "forbidden"
+
+
 class CollectionNotFound(RagError, LookupError):
     http_status = 404
     code = "collection_not_found"

@@ -112,6 +112,8 @@ class RagRetrieverLangChain(BaseRetriever):
     expand_tokens: int | None = None
     # hits scoring below it are left out (the mode's scale: Retriever.retrieve_batch)
     min_score: float | None = None
+    # one tenant's documents only (docs/tenants.md); over HTTP the key's scope bounds it too
+    tenant: str | None = None
 
     # LangChain passes invoke's keyword arguments here because the signature takes more than
     # `query` and `run_manager`.

@@ -24,6 +24,25 @@ from rag_retriever import conditions
 # A fixed namespace so that chunk ids are the same on every machine and every run:
 # re-ingesting the same document overwrites its points instead of duplicating them.
 CHUNK_ID_NAMESPACE = uuid.UUID("5b1c0f8e-7a52-4b8e-9d1c-2f4e6a7b8c90")
+# Chunks of a tenant's documents take their ids from another namespace, so that no document id of
+# one tenant (or of no tenant) can give the point id of another tenant's chunk.
+TENANT_CHUNK_ID_NAMESPACE = uuid.UUID("0f3a6d2e-41c7-4b7f-8e0a-6b2d9c5e1a47")
+
+# The metadata fields of document-level access (docs/tenants.md). A tenant is a named partition
+# of a collection: a document id is unique within its tenant, and a document of tenant "acme" is
+# a different document from one of the same id in "globex". `groups` lists who may read it.
+TENANT_FIELD = "tenant"
+GROUPS_FIELD = "groups"
+# Tenant names: lowercase ASCII letters, digits, '_' and '-', 1-64 characters, starting with a
+# letter or digit. ASCII only, so no two names look alike; no '/', '.' or '\\', so none looks
+# like a path; they appear in logs, metrics labels and key files as they are.
+TENANT_PATTERN = re.compile(r"[a-z0-9][a-z0-9_-]{0,63}")
+TENANT_SCHEMA_PATTERN = "^[a-z0-9][a-z0-9_-]{0,63}$"
+MAX_GROUP_CHARS = 128
+MAX_GROUPS = 64
+
+# A document's identity: (tenant, id), the tenant "" for a document of no tenant.
+DocKey = tuple[str, str]
 
 Mode = Literal["dense", "bm25", "hybrid", "rerank"]
 # The fusions of the dense and BM25 lists (each one entry of rag_retriever.query.fusion.METHODS); named
@@ -90,9 +109,40 @@ def check_alias(name: object) -> str:
     return name
 
 
-def chunk_point_id(doc_id: str, chunk_index: int) -> str:
-    """The Qdrant point id of a chunk: uuid5 of the document id and the chunk's position."""
+def chunk_point_id(doc_id: str, chunk_index: int, tenant: str = "") -> str:
+    """The Qdrant point id of a chunk: uuid5 of the document id and the chunk's position (and of
+    the tenant, in a namespace of their own, for a tenant's document)."""
+    if tenant:
+        return str(uuid.uuid5(TENANT_CHUNK_ID_NAMESPACE, f"{tenant}\x00{doc_id}\x00{chunk_index}"))
     return str(uuid.uuid5(CHUNK_ID_NAMESPACE, f"{doc_id}\x00{chunk_index}"))
+
+
+def check_tenant(name: object) -> str:
+    """`name` if it is a tenant name (TENANT_PATTERN), else ValueError saying what is allowed."""
+    if isinstance(name, str) and TENANT_PATTERN.fullmatch(name):
+        return name
+    shown = repr(name) if not isinstance(name, str) or len(name) <= 80 else repr(name[:80]) + "..."
+    raise ValueError(
+        f"tenant {shown} is not a tenant name: use 1-64 lowercase ASCII letters, digits, '_' or "
+        f"'-', starting with a letter or digit (no paths, spaces or look-alike characters)"
+    )
+
+
+def tenant_of(metadata: Mapping[str, Any]) -> str:
+    """The tenant a document's (or chunk's) metadata names, "" for none."""
+    tenant = metadata.get(TENANT_FIELD)
+    return tenant if isinstance(tenant, str) else ""
+
+
+def doc_key(ref: str | DocKey) -> DocKey:
+    """A document reference as (tenant, id): a bare id is a document of no tenant."""
+    return ("", ref) if isinstance(ref, str) else ref
+
+
+def show_key(key: DocKey) -> str:
+    """How messages name a document: its id, with its tenant when it has one."""
+    tenant, doc_id = key
+    return f"{doc_id!r} (tenant {tenant!r})" if tenant else repr(doc_id)
 
 
 def content_hash(text: str) -> str:
@@ -137,6 +187,11 @@ class Document:
     metadata: Mapping[str, Any] = field(default_factory=dict)
     headings: tuple[Heading, ...] = ()
 
+    @property
+    def key(self) -> DocKey:
+        """Its identity: (tenant, id)."""
+        return (tenant_of(self.metadata), self.id)
+
 
 def section_at(headings: Sequence[Heading], position: int) -> str:
     """The heading path in force at `position`: each heading before it that no later heading
@@ -177,6 +232,11 @@ class Chunk:
     @property
     def embed_text(self) -> str:
         return embed_text(self.title, self.text, self.section)
+
+    @property
+    def doc_key(self) -> DocKey:
+        """Its document's identity: (tenant, id)."""
+        return (tenant_of(self.metadata), self.doc_id)
 
     def to_payload(self) -> dict[str, Any]:
         """The Qdrant payload (and the row of the chunk table): everything but the vector."""

@@ -205,6 +205,11 @@ class Settings(BaseSettings):
         "when set, the HTTP service offers the document write endpoints, which require this key "
         "(the read key does not allow writes); unset = no write endpoints",
     )
+    keys_file: Path | None = _setting(
+        None,
+        "a JSON-lines file of scoped API keys (tenants, collections, read/write, an access "
+        "filter; docs/tenants.md), read again when it changes; unset = RAG_API_KEY alone",
+    )
     # Writes that arrive within this window are committed as one version (group commit): a burst
     # of single-document edits costs one version, not one each.
     write_window_ms: NonNegativeInt = _setting(

@@ -262,13 +262,14 @@ def test_a_write_that_outlasts_its_wait_is_202_then_committed(
 
 def test_merge_keeps_the_last_word_on_each_id() -> None:
     a, b = Document("x", "x", "one"), Document("x", "x", "two")
+    other = Document("x", "x", "acme's", {"tenant": "acme"})  # the same id, another document
     group = [
-        Change("1", "kb", (a,), ()),
-        Change("2", "kb", (), ("x", "y")),
+        Change("1", "kb", (a, other), ()),
+        Change("2", "kb", (), (("", "x"), ("", "y"))),
         Change("3", "kb", (b,), ()),
     ]
     upserts, deletes = merge(group)
-    assert upserts == {"x": b} and deletes == {"y"}
+    assert upserts == {("", "x"): b, ("acme", "x"): other} and deletes == {("", "y")}
 
 
 def edge_app(tmp_path: Path, encoder: Encoder, **settings: object) -> tuple[Any, EdgeStore]:

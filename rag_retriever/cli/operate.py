@@ -167,6 +167,7 @@ def add_serve(sub: Any) -> None:
         *LIMITS,
         *MODEL,
         *STORE,
+        "keys_file",
         "write_window_ms",
         "lock_wait_s",
         "query_log",

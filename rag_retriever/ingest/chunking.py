@@ -41,6 +41,7 @@ from rag_retriever.records import (
     content_hash,
     embed_text,
     section_at,
+    tenant_of,
 )
 
 log = logging.getLogger(__name__)
@@ -410,7 +411,7 @@ class Chunker:
             body = text[start:end]
             chunks.append(
                 Chunk(
-                    id=chunk_point_id(doc.id, index),
+                    id=chunk_point_id(doc.id, index, tenant_of(doc.metadata)),
                     doc_id=doc.id,
                     title=title,
                     chunk_index=index,

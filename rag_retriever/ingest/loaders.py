@@ -40,7 +40,7 @@ from rag_retriever.ingest.validation import (
     duplicate_problems,
     raise_if_problems,
 )
-from rag_retriever.records import Document, Heading
+from rag_retriever.records import DocKey, Document, Heading
 
 _HEADING = re.compile(r"^\s{0,3}#{1,6}\s+(.+?)\s*#*\s*$", re.MULTILINE)
 
@@ -126,7 +126,7 @@ def jsonl_records(raw: bytes, source: Path, problems: list[str]) -> Iterator[tup
 def _load_jsonl(path: Path, *, max_chars: int) -> LoadedCorpus:
     problems: list[str] = []
     documents: list[Document] = []
-    ids: list[tuple[str, str]] = []
+    ids: list[tuple[DocKey, str]] = []
     skipped = 0
     try:
         raw = path.read_bytes()
@@ -142,7 +142,7 @@ def _load_jsonl(path: Path, *, max_chars: int) -> LoadedCorpus:
         if text_problems:
             problems.extend(text_problems)
             continue
-        ids.append((doc.id, where))
+        ids.append((doc.key, where))
         if doc.text.strip():
             documents.append(doc)
         else:
@@ -177,7 +177,7 @@ def documents_from_records(
     that are Documents already are checked as they are."""
     problems: list[str] = []
     documents: list[Document] = []
-    ids: list[tuple[str, str]] = []
+    ids: list[tuple[DocKey, str]] = []
     for i, record in enumerate(records):
         where = f"{source}[{i}]"
         if isinstance(record, Document):
@@ -189,7 +189,7 @@ def documents_from_records(
                 continue
         assert doc is not None
         problems.extend(document_problems(doc, where, max_chars))
-        ids.append((doc.id, where))
+        ids.append((doc.key, where))
         documents.append(doc)
     problems.extend(duplicate_problems(ids))
     raise_if_problems(problems, source)
@@ -484,7 +484,7 @@ def read_upserts(
     documents: list[Document] = []
     folder_ids: dict[Path, list[str]] = {}
     problems: list[str] = []
-    where: list[tuple[str, str]] = []
+    where: list[tuple[DocKey, str]] = []
     for path in paths:
         try:
             corpus = load_documents(path, max_chars=max_chars, root=root)
@@ -494,7 +494,7 @@ def read_upserts(
         documents.extend(corpus.documents)
         if path.is_dir():
             folder_ids[path] = [d.id for d in corpus.documents]
-        where.extend((d.id, str(path)) for d in corpus.documents)
+        where.extend((d.key, str(path)) for d in corpus.documents)
     problems.extend(duplicate_problems(where))
     if problems:
         raise DocumentError("nothing was written:\n" + "\n".join(problems))

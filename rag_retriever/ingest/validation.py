@@ -28,7 +28,18 @@ from pathlib import Path
 from typing import Any
 
 from rag_retriever.errors import DocumentError
-from rag_retriever.records import BLANK_CHARS, MAX_EXACT_INT, Document
+from rag_retriever.records import (
+    BLANK_CHARS,
+    GROUPS_FIELD,
+    MAX_EXACT_INT,
+    MAX_GROUP_CHARS,
+    MAX_GROUPS,
+    TENANT_FIELD,
+    DocKey,
+    Document,
+    check_tenant,
+    show_key,
+)
 from rag_retriever.settings import default_of
 
 MAX_REPORTED_PROBLEMS = 20
@@ -73,7 +84,7 @@ def validate_documents(
     `allow_empty_text`: a whole corpus may hold empty documents (they make no chunk); an update
     may not (an empty upsert is a delete: say so)."""
     problems: list[str] = []
-    ids: list[tuple[str, str]] = []
+    ids: list[tuple[DocKey, str]] = []
     for i, doc in enumerate(documents):
         at = f"{source}[{i}]"
         if not isinstance(doc.id, str) or not doc.id.strip():
@@ -84,7 +95,7 @@ def validate_documents(
         problems.extend(doc_problems)
         if not doc_problems and not allow_empty_text and not doc.text.strip():
             problems.append(f"{where}: the document has no text (to remove it, delete it)")
-        ids.append((doc.id, at))
+        ids.append((doc.key, at))
     problems.extend(duplicate_problems(ids))
     raise_if_problems(problems, source)
 
@@ -166,6 +177,7 @@ def metadata_problems(metadata: object) -> list[str]:
         else:
             children = [(f"{path}[{i}]", v) for i, v in enumerate(value)]
         stack.extend((p, v, level + 1) for p, v in reversed(children))
+    problems.extend(access_problems(metadata))
     if not problems:
         size = len(json.dumps(metadata, ensure_ascii=False, separators=(",", ":")).encode())
         if size > MAX_METADATA_BYTES:
@@ -175,6 +187,40 @@ def metadata_problems(metadata: object) -> list[str]:
                 f"data elsewhere and store a reference to it"
             )
     return problems
+
+
+def access_problems(metadata: Mapping[str, Any]) -> list[str]:
+    """What is wrong with the access fields (docs/tenants.md): `tenant` a tenant name, `groups`
+    a list of group names (non-empty strings without control characters)."""
+    problems = []
+    if TENANT_FIELD in metadata:
+        try:
+            check_tenant(metadata[TENANT_FIELD])
+        except ValueError as exc:
+            problems.append(f"metadata[{TENANT_FIELD!r}]: {exc}")
+    if GROUPS_FIELD in metadata:
+        groups = metadata[GROUPS_FIELD]
+        if not isinstance(groups, list | tuple) or len(groups) > MAX_GROUPS:
+            problems.append(
+                f"metadata[{GROUPS_FIELD!r}] must be a list of at most {MAX_GROUPS} group names"
+            )
+        else:
+            for i, group in enumerate(groups):
+                if not _group_name(group):
+                    problems.append(
+                        f"metadata[{GROUPS_FIELD!r}][{i}] is {group!r}; a group name is a string "
+                        f"of 1-{MAX_GROUP_CHARS} characters without control characters"
+                    )
+    return problems
+
+
+def _group_name(group: object) -> bool:
+    return (
+        isinstance(group, str)
+        and 0 < len(group) <= MAX_GROUP_CHARS
+        and group.isprintable()
+        and invalid_unicode(group) is None
+    )
 
 
 def _filterable_name(key: object) -> bool:
@@ -224,12 +270,13 @@ def raise_if_problems(problems: list[str], source: Path | str) -> None:
     )
 
 
-def duplicate_problems(ids: list[tuple[str, str]]) -> list[str]:
-    """`ids` are (id, where) pairs; report each duplicated id once with every place it occurs."""
-    counts = Counter(doc_id for doc_id, _ in ids)
+def duplicate_problems(ids: list[tuple[DocKey, str]]) -> list[str]:
+    """`ids` are ((tenant, id), where) pairs; report each duplicated document once with every
+    place it occurs (the same id in two tenants is two documents)."""
+    counts = Counter(key for key, _ in ids)
     problems = []
-    for doc_id, n in counts.items():
+    for key, n in counts.items():
         if n > 1:
-            places = ", ".join(where for d, where in ids if d == doc_id)
-            problems.append(f"duplicate id {doc_id!r} ({n} times: {places})")
+            places = ", ".join(where for d, where in ids if d == key)
+            problems.append(f"duplicate id {show_key(key)} ({n} times: {places})")
     return problems

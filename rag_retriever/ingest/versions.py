@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from rag_retriever.errors import InvalidRequest
 from rag_retriever.ingest.loaders import LoadedCorpus
-from rag_retriever.records import Chunk, Document
+from rag_retriever.records import Chunk, DocKey, Document, show_key
 from rag_retriever.store import Store
 
 
@@ -19,18 +19,19 @@ def documents_of(store: Store, name: str) -> LoadedCorpus:
     """The documents version `name` was built from, put together again from its chunks (which
     tile each document: `doc.text[c.start:c.end] == c.text`), with their titles and metadata; a
     new version built from them (another model, a copy) holds the same text."""
-    by_doc: dict[str, list[Chunk]] = {}
+    by_doc: dict[DocKey, list[Chunk]] = {}
     for record in store.scroll(name):
         chunk = Chunk.from_payload(record.payload)
-        by_doc.setdefault(chunk.doc_id, []).append(chunk)
+        by_doc.setdefault(chunk.doc_key, []).append(chunk)
     documents = []
-    for doc_id in sorted(by_doc):
-        chunks = sorted(by_doc[doc_id], key=lambda c: c.chunk_index)
+    for key in sorted(by_doc):
+        chunks = sorted(by_doc[key], key=lambda c: c.chunk_index)
+        doc_id = key[1]
         text = ""
         for chunk in chunks:
             if chunk.start > len(text):
                 raise InvalidRequest(
-                    f"{name}: the chunks of document {doc_id!r} leave a gap at character "
+                    f"{name}: the chunks of document {show_key(key)} leave a gap at character "
                     f"{len(text)}; re-ingest it from its source files"
                 )
             text = text[: chunk.start] + chunk.text

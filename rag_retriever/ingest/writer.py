@@ -78,7 +78,15 @@ from rag_retriever.ingest.validation import validate_delete_ids, validate_docume
 from rag_retriever.ingest.versions import documents_of
 from rag_retriever.models.bm25 import BM25Model, Tokenizer
 from rag_retriever.progress import progress as progress_of
-from rag_retriever.records import Chunk, Document, SearchFilter, content_hash
+from rag_retriever.records import (
+    Chunk,
+    DocKey,
+    Document,
+    SearchFilter,
+    content_hash,
+    doc_key,
+    show_key,
+)
 from rag_retriever.settings import default_of
 from rag_retriever.store import (
     STATUS_BUILDING,
@@ -157,7 +165,7 @@ def ingest_documents(
 
 def update_documents(
     upsert: Sequence[Document] = (),
-    delete: Sequence[str] = (),
+    delete: Sequence[str | DocKey] = (),
     *,
     alias: str,
     encoder: PassageEncoder | None = None,
@@ -167,7 +175,8 @@ def update_documents(
     options: WriteOptions | None = None,
     **option_values: Any,
 ) -> IngestReport:
-    """Upsert these documents and delete these ids in a new version of `alias`, made from the live
+    """Upsert these documents and delete these documents (an id, or (tenant, id) for a tenant's
+    document) in a new version of `alias`, made from the live
     version plus the change. Refused (UpdateRefused) when `alias` has no live version or the
     encoder or chunking differ from the live version's (run `ingest` then). Invalid documents
     are reported all at once (DocumentError) and nothing is written.
@@ -179,17 +188,19 @@ def update_documents(
     waiting = WriteOptions(lock_wait_s=default_of("lock_wait_s"))
     opts = dataclasses.replace(options or waiting, **option_values)
     validate_documents(upsert, source=source, max_chars=opts.max_document_chars)
-    validate_delete_ids(delete, source=source)
-    both = sorted({d.id for d in upsert} & set(delete))
+    deletes = sorted({doc_key(ref) for ref in delete})
+    validate_delete_ids([i for _, i in deletes], source=source)
+    both = sorted({d.key for d in upsert} & set(deletes))
     if both:
+        shown = ", ".join(show_key(k) for k in both[:5])
         raise DocumentError(
-            f"{source}: {len(both)} id(s) are both upserted and deleted ({', '.join(both[:5])}); "
+            f"{source}: {len(both)} document(s) are both upserted and deleted ({shown}); "
             f"send each document once"
         )
     with tracing.span("rag.update", alias=alias, upserts=len(upsert), deletes=len(delete)):
         with IngestLock(opts.lock_dir or default_lock_dir(store), alias, wait_s=opts.lock_wait_s):
             job = _Job(alias, _EncoderSlot(encoder, load_encoder), store, opts)
-            report = job.update(list(upsert), sorted(set(delete)), source=source)
+            report = job.update(list(upsert), deletes, source=source)
         _traced(report)
         return _compaction(report, store, opts)
 
@@ -238,13 +249,13 @@ def document_hash(doc: Document) -> str:
 class _LiveDocs:
     """What the live version holds of some documents: each one's hash and chunks."""
 
-    hashes: dict[str, str] = field(default_factory=dict)
-    chunks: dict[str, list[Chunk]] = field(default_factory=dict)
+    hashes: dict[DocKey, str] = field(default_factory=dict)
+    chunks: dict[DocKey, list[Chunk]] = field(default_factory=dict)
 
     def add(self, payload: dict[str, Any]) -> None:
         chunk = Chunk.from_payload(payload)
-        self.hashes[chunk.doc_id] = str(payload.get("doc_hash") or "")
-        self.chunks.setdefault(chunk.doc_id, []).append(chunk)
+        self.hashes[chunk.doc_key] = str(payload.get("doc_hash") or "")
+        self.chunks.setdefault(chunk.doc_key, []).append(chunk)
 
     def sort(self) -> _LiveDocs:
         for kept in self.chunks.values():
@@ -257,7 +268,7 @@ class _Delta:
     """A change to apply to the live version: documents to (re)write, ids to remove."""
 
     write: list[Document]
-    remove: list[str]  # ids of live documents whose points go
+    remove: list[DocKey]  # live documents whose points go
     unchanged: int
     not_found: int
 
@@ -372,8 +383,8 @@ class _Job:
             live.add(dict(point.payload))
         live.sort()
         self.lap("read_live")
-        wanted = {d.id for d in corpus.documents}
-        write = [d for d in corpus.documents if live.hashes.get(d.id) != document_hash(d)]
+        wanted = {d.key for d in corpus.documents}
+        write = [d for d in corpus.documents if live.hashes.get(d.key) != document_hash(d)]
         delta = _Delta(
             write=write,
             remove=sorted(set(live.hashes) - wanted),
@@ -382,13 +393,13 @@ class _Job:
         )
         return self._delta(delta, live, corpus)
 
-    def update(self, upsert: list[Document], delete: list[str], *, source: str) -> IngestReport:
+    def update(self, upsert: list[Document], delete: list[DocKey], *, source: str) -> IngestReport:
         self._refuse_update(self._delta_refusal(model=False))
         assert self.live_name is not None
-        live = self._read_live_docs([d.id for d in upsert] + delete)
+        live = self._read_live_docs([d.key for d in upsert] + delete)
         self.lap("read_live")
         upsert = [_kept_provenance(d, live) for d in upsert]
-        write = [d for d in upsert if live.hashes.get(d.id) != document_hash(d)]
+        write = [d for d in upsert if live.hashes.get(d.key) != document_hash(d)]
         if write:  # something to chunk and embed: the model and chunking must be the live ones
             self._refuse_update(self._delta_refusal())
         delta = _Delta(
@@ -407,15 +418,19 @@ class _Job:
                 f"change re-encodes every chunk)"
             )
 
-    def _read_live_docs(self, doc_ids: Sequence[str]) -> _LiveDocs:
-        """The live version's chunks of these documents only (a filtered, indexed read)."""
+    def _read_live_docs(self, keys: Sequence[DocKey]) -> _LiveDocs:
+        """The live version's chunks of these documents only (a filtered, indexed read; the
+        same id in another tenant is another document, and is left out)."""
         assert self.live_name is not None
         live = _LiveDocs()
-        ids = sorted(set(doc_ids))
+        wanted = set(keys)
+        ids = sorted({doc_id for _, doc_id in wanted})
         for at in range(0, len(ids), LOOKUP_BATCH):
             flt = SearchFilter(doc_ids=tuple(ids[at : at + LOOKUP_BATCH]))
             for point in self.store.scroll(self.live_name, flt=flt):
-                live.add(dict(point.payload))
+                payload = dict(point.payload)
+                if Chunk.from_payload(payload).doc_key in wanted:
+                    live.add(payload)
         return live.sort()
 
     # -- a delta ------------------------------------------------------------------------------
@@ -428,8 +443,8 @@ class _Job:
             )
         new_chunks = [c for chunks in self._chunk(delta.write) for c in chunks]
         self.lap("chunk")
-        touched = [d.id for d in delta.write] + delta.remove
-        gone = [c for doc_id in touched for c in live.chunks.get(doc_id, [])]
+        touched = [d.key for d in delta.write] + delta.remove
+        gone = [c for key in touched for c in live.chunks.get(key, [])]
         new_terms = [self._terms(c) for c in new_chunks]
         bm25 = BM25Model(self.live.bm25, self.store.doc_freqs(self.live_name)).with_delta(
             added=new_terms, removed=[self._terms(c) for c in gone]
@@ -451,7 +466,7 @@ class _Job:
         )
         version = self.store.next_version(self.alias)
         name = collection_name(self.alias, self.live.fingerprint.slug, version)
-        added_docs = sum(1 for d in delta.write if d.id not in live.hashes)
+        added_docs = sum(1 for d in delta.write if d.key not in live.hashes)
         documents = self.live.documents + added_docs - len(delta.remove)
         chunks = self.live.chunks - len(gone) + len(new_chunks)
         record = self._new_record(version, bm25, lineage, corpus.source)
@@ -502,8 +517,8 @@ class _Job:
         same_chunking = reuse and self._delta_refusal() is None
         self.lap("read_live")
         kept = [
-            live.chunks.get(doc.id)
-            if same_chunking and live.hashes.get(doc.id) == document_hash(doc)
+            live.chunks.get(doc.key)
+            if same_chunking and live.hashes.get(doc.key) == document_hash(doc)
             else None
             for doc in corpus.documents
         ]
@@ -678,7 +693,7 @@ class _Job:
         and gives the BM25 model of the document side. Returns (reused, encoded, truncated)."""
         counts = {"reused": 0, "encoded": 0, "truncated": 0}
         busy = {"encode": 0.0, "write": 0.0}
-        hashes = {doc.id: document_hash(doc) for doc in documents}
+        hashes = {doc.key: document_hash(doc) for doc in documents}
         models: list[BM25Model] = []
         bars = [
             progress_of(
@@ -723,7 +738,7 @@ class _Job:
                     raise StageStopped
                 part = block.chunks[at : at + UPSERT_BATCH]
                 sparse = [bm25.document_vector(t) for t in block.terms[at : at + UPSERT_BATCH]]
-                payloads = [{**c.to_payload(), "doc_hash": hashes[c.doc_id]} for c in part]
+                payloads = [{**c.to_payload(), "doc_hash": hashes[c.doc_key]} for c in part]
                 with self._store_lock:
                     self.store.upsert(
                         name,
@@ -865,7 +880,7 @@ PROVENANCE_KEYS = ("path",)
 
 def _kept_provenance(doc: Document, live: _LiveDocs) -> Document:
     """`doc` with the live document's provenance metadata that it does not set itself."""
-    chunks = live.chunks.get(doc.id)
+    chunks = live.chunks.get(doc.key)
     if not chunks:
         return doc
     kept = {
@@ -897,9 +912,9 @@ class _EncoderSlot:
 
 def _apply(documents: Sequence[Document], delta: _Delta) -> list[Document]:
     """The whole corpus after a delta (for a re-base)."""
-    changed = {d.id: d for d in delta.write}
+    changed = {d.key: d for d in delta.write}
     gone = set(delta.remove)
-    out = [changed.pop(d.id, d) for d in documents if d.id not in gone]
+    out = [changed.pop(d.key, d) for d in documents if d.key not in gone]
     return out + list(changed.values())
 
 

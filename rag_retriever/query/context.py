@@ -105,10 +105,13 @@ def merge(chunks: Sequence[Chunk]) -> Context:
     )
 
 
-def neighbour_ids(doc_id: str, index: int, reach: int) -> dict[str, int]:
-    """Point ids of the chunks within `reach` of chunk `index` of `doc_id` (itself left out)."""
+def neighbour_ids(doc_id: str, index: int, reach: int, tenant: str = "") -> dict[str, int]:
+    """Point ids of the chunks within `reach` of chunk `index` of `doc_id` of `tenant` (itself
+    left out)."""
     lo = max(0, index - reach)
-    return {chunk_point_id(doc_id, i): i for i in range(lo, index + reach + 1) if i != index}
+    return {
+        chunk_point_id(doc_id, i, tenant): i for i in range(lo, index + reach + 1) if i != index
+    }
 
 
 def _chunk(text: str, index: int, start: int, end: int, *, n_tokens: int) -> Chunk:

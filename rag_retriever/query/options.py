@@ -17,11 +17,20 @@ import math
 from dataclasses import dataclass, field, fields
 from typing import TypedDict
 
-from rag_retriever.errors import CollectionNotFound, VersionIncompatible
+from rag_retriever import conditions
+from rag_retriever.access import with_conditions
+from rag_retriever.errors import CollectionNotFound, InvalidRequest, VersionIncompatible
 from rag_retriever.models.bm25 import BM25Model
 from rag_retriever.query.context import ExpandKind
 from rag_retriever.query.fusion import Fusion, FusionMethod
-from rag_retriever.records import Mode, SearchFilter, StageScore
+from rag_retriever.records import (
+    GROUPS_FIELD,
+    TENANT_FIELD,
+    Mode,
+    SearchFilter,
+    StageScore,
+    check_tenant,
+)
 from rag_retriever.settings import RerankFusion, Settings
 from rag_retriever.store import Store, VersionRecord
 
@@ -93,6 +102,7 @@ class SearchOptions(TypedDict, total=False):
     expand: ExpandKind | None
     expand_tokens: int | None
     min_score: float | None
+    tenant: str | None
 
 
 @dataclass(frozen=True)
@@ -213,6 +223,11 @@ def at_least(
     return [(cid, s) for cid, s in final if s.score >= threshold]
 
 
+# The fields of document-level access (docs/tenants.md): a collection whose documents have no
+# tenant still answers a tenant's key, with nothing.
+ACCESS_FIELDS = (TENANT_FIELD, GROUPS_FIELD)
+
+
 def check_filter(flt: SearchFilter | None, opened: OpenCollection) -> None:
     """Every field the filter names is a metadata field of the version's documents, used as
     its values allow (a range on numbers, a match with values of the field's kind): a filter
@@ -224,6 +239,8 @@ def check_filter(flt: SearchFilter | None, opened: OpenCollection) -> None:
     problems = []
     for name, use, values in flt.field_uses():
         kind = fields.get(name)
+        if kind is None and name in ACCESS_FIELDS:
+            continue  # a key's scope names them in every search: no such document, no hit
         if kind is None:
             problems.append(f"no document of {opened.name} has the field {name!r}")
         elif use == "range" and kind not in ("integer", "float"):
@@ -243,3 +260,14 @@ def check_filter(flt: SearchFilter | None, opened: OpenCollection) -> None:
             + f". The fields it can name: {known or 'none (no document has metadata)'}"
             + (f" and {more} more" if more > 0 else "")
         )
+
+
+def tenant_filter(flt: SearchFilter | None, tenant: str | None) -> SearchFilter | None:
+    """`flt` narrowed to `tenant`'s documents (InvalidRequest for a malformed tenant name)."""
+    if tenant is None:
+        return flt
+    try:
+        name = check_tenant(tenant)
+    except ValueError as exc:
+        raise InvalidRequest(str(exc)) from None
+    return with_conditions(flt, [conditions.Match(TENANT_FIELD, (name,))])

@@ -48,7 +48,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from rag_retriever import tracing
+from rag_retriever import access, tracing
 from rag_retriever.errors import InvalidRequest, QueryNotLogged
 from rag_retriever.records import SearchFilter, SearchResult
 
@@ -70,6 +70,7 @@ def new_query_id() -> str:
 class _Logged:
     chunks: frozenset[str]
     docs: frozenset[str]
+    scope: str | None = None  # the name of the key that asked (access.current)
 
 
 class QueryLog:
@@ -143,11 +144,15 @@ class QueryLog:
             entry["trace_id"] = trace_id
         if self.keep_text:
             entry["query"] = result.query
+        scope = access.current()
+        if scope is not None:  # the key's name and scope, never the key
+            entry["scope"] = scope.label()
         if result.query_id is not None:
             with self._recent_lock:
                 self._recent[result.query_id] = _Logged(
                     frozenset(h.chunk_id for h in result.hits),
                     frozenset(h.doc_id for h in result.hits),
+                    None if scope is None else scope.name,
                 )
                 while len(self._recent) > REMEMBER_QUERIES:
                     self._recent.popitem(last=False)
@@ -168,6 +173,9 @@ class QueryLog:
             raise InvalidRequest("feedback names exactly one of chunk_id and doc_id")
         with self._recent_lock:
             logged = self._recent.get(query_id)
+        asking = access.current()
+        if logged is not None and asking is not None and logged.scope not in (None, asking.name):
+            logged = None  # another key's query: as unknown as one never made
         if logged is None:
             raise QueryNotLogged(
                 f"no logged query {query_id!r} in this process (the last {REMEMBER_QUERIES:,} "
@@ -183,6 +191,7 @@ class QueryLog:
             "chunk_id": chunk_id,
             "doc_id": doc_id,
             "relevant": relevant,
+            **({"scope": asking.label()} if asking is not None else {}),
         }
         self._put("feedback", entry)
         return entry

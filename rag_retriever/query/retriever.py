@@ -56,6 +56,7 @@ from rag_retriever.query.options import (
     check_filter,
     check_min_score,
     serving_record,
+    tenant_filter,
 )
 from rag_retriever.query.querylog import QueryLog, new_query_id
 from rag_retriever.records import (
@@ -66,6 +67,7 @@ from rag_retriever.records import (
     SearchResult,
     StageScore,
     is_blank,
+    tenant_of,
 )
 from rag_retriever.settings import Settings, default_of
 from rag_retriever.store import DENSE, SPARSE, StageQuery, Store, VersionRecord, open_store
@@ -219,6 +221,7 @@ class Retriever:
         expand: ExpandKind | None = None,
         expand_tokens: int | None = None,
         min_score: float | None = None,
+        tenant: str | None = None,
     ) -> list[SearchResult]:
         """Results for many queries; query vectors are encoded in one batched call. With a
         cache, repeated (and near-identical) questions are answered from it (see cache.py).
@@ -228,7 +231,9 @@ class Retriever:
         hit the chunks around it, up to `expand_tokens` (context.py; unused without `expand`).
         `min_score` leaves out hits whose score (the mode's last stage: SCORE_RANGES says what it
         is) is below it; in rerank mode, the chunks past the reranked ones too. `filter`'s fields
-        must be fields of the version's documents (InvalidRequest lists them)."""
+        must be fields of the version's documents (InvalidRequest lists them). `tenant`: that
+        tenant's documents only (docs/tenants.md)."""
+        filter = tenant_filter(filter, tenant)
         k = self._check_k(k)
         chosen_mode = self._check_mode(mode)
         shape = self._check_options(diversity, expand, expand_tokens, min_score, chosen_mode)
@@ -712,7 +717,10 @@ class Retriever:
         todo = list(hits)
         reach = EXPAND_FIRST_REACH
         while todo:
-            wanted = {h.chunk_id: neighbour_ids(h.doc_id, h.chunk_index, reach) for h in todo}
+            wanted = {
+                h.chunk_id: neighbour_ids(h.doc_id, h.chunk_index, reach, tenant_of(h.metadata))
+                for h in todo
+            }
             found = self.chunk_cache.find(name, [cid for ids in wanted.values() for cid in ids])
             later = []
             for hit in todo:

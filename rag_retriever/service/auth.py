@@ -15,6 +15,12 @@ from typing import Any
 
 
 def authorised(scope: Any, key: bytes) -> bool:
+    # Constant-time comparison: the time taken says nothing about how much of the key matched.
+    return any(hmac.compare_digest(o.encode("utf-8", "replace"), key) for o in offered_keys(scope))
+
+
+def offered_keys(scope: Any) -> list[str]:
+    """The keys a request carries (`Authorization: Bearer` and `X-API-Key`)."""
     offered: list[str] = []
     authorization = header(scope, b"authorization")
     if authorization is not None:
@@ -24,8 +30,7 @@ def authorised(scope: Any, key: bytes) -> bool:
     api_key = header(scope, b"x-api-key")
     if api_key is not None:
         offered.append(api_key.strip())
-    # Constant-time comparison: the time taken says nothing about how much of the key matched.
-    return any(hmac.compare_digest(o.encode("utf-8", "replace"), key) for o in offered)
+    return offered
 
 
 def header(scope: Any, name: bytes) -> str | None:

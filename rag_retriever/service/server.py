@@ -51,8 +51,10 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from rag_retriever.access import serving
 from rag_retriever.errors import (
     ConfigError,
+    Forbidden,
     InvalidRequest,
     QueryNotLogged,
     RagError,
@@ -63,15 +65,19 @@ from rag_retriever.records import (
     ALIAS_SCHEMA_PATTERN,
     BLANK_CHARS,
     MAX_EXACT_INT,
+    TENANT_SCHEMA_PATTERN,
     Mode,
     SearchFilter,
     check_collection,
+    check_tenant,
 )
-from rag_retriever.service.auth import authorised, header
+from rag_retriever.service.auth import header
+from rag_retriever.service.keys import KeyCheck, Keys, access_of, offered_keys
 from rag_retriever.service.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from rag_retriever.service.metrics import Metrics
-from rag_retriever.service.writes import add_write_routes, is_write_path
+from rag_retriever.service.writes import add_write_routes
 from rag_retriever.settings import EXPAND_TOKENS_MAX, Settings
+from rag_retriever.store import parse_collection_name
 from rag_retriever.store.catalog import describe_collections
 
 log = logging.getLogger(__name__)
@@ -129,6 +135,12 @@ class _Options(BaseModel):
         "mode only reranked chunks are returned then",
         examples=[0.5],
     )
+    tenant: str | None = Field(
+        default=None,
+        description="search this tenant's documents only (default: every tenant the key "
+        "reads); a tenant outside the key's scope is a 403",
+        json_schema_extra={"pattern": TENANT_SCHEMA_PATTERN, "maxLength": 64},
+    )
 
     @field_validator("k", "expand_tokens", mode="before")
     @classmethod
@@ -142,6 +154,11 @@ class _Options(BaseModel):
         # A malformed name is a bad request (422), not an unknown collection, and "" is not a
         # way to say "the default" (leave the field out).
         return None if value is None else check_collection(value)
+
+    @field_validator("tenant", mode="after")
+    @classmethod
+    def _tenant_name(cls, value: str | None) -> str | None:
+        return None if value is None else check_tenant(value)
 
 
 class SearchBody(_Options):
@@ -289,10 +306,14 @@ def create_app(retriever: Retriever, settings: Settings) -> FastAPI:
     _add_feedback_and_metrics(app, retriever)
     _add_collections_route(app, retriever)
     _add_probes(app, retriever, settings)
-    if settings.write_api_key:  # absent from the app (and its schema) without a write key
+    keys = Keys(
+        read_key=settings.api_key, write_key=settings.write_api_key, keys_file=settings.keys_file
+    )
+    app.state.keys = keys
+    if keys.may_write:  # absent from the app (and its schema) when no key can write
         add_write_routes(app, retriever, settings)
     _add_error_handlers(app)
-    _add_middleware(app, settings)
+    _add_middleware(app, settings, keys)
     return app
 
 
@@ -301,38 +322,49 @@ def _add_search_routes(app: FastAPI, retriever: Retriever, settings: Settings) -
     the server enforces (see `_documented`)."""
     search_body, batch_body = _documented(settings, retriever)
 
-    def search(body: SearchBody) -> JSONResponse:
-        result = retriever.retrieve(
-            body.query,
-            k=body.k,
-            mode=body.mode,
-            filter=_filter(body.filter),
-            collection=body.collection,
-            diversity=body.diversity,
-            expand=body.expand,
-            expand_tokens=body.expand_tokens,
-            min_score=body.min_score,
-        )
+    def scoped_filter(body: _Options, request: Request) -> SearchFilter | None:
+        """The request's filter within its key's scope (Forbidden when it reaches outside)."""
+        access = access_of(request)
+        alias = body.collection or retriever.default_collection
+        access.check_collection(parsed[0] if (parsed := parse_collection_name(alias)) else alias)
+        return access.narrow(_filter(body.filter), body.tenant)
+
+    def search(body: SearchBody, request: Request) -> JSONResponse:
+        flt = scoped_filter(body, request)
+        with serving(access_of(request)):
+            result = retriever.retrieve(
+                body.query,
+                k=body.k,
+                mode=body.mode,
+                filter=flt,
+                collection=body.collection,
+                diversity=body.diversity,
+                expand=body.expand,
+                expand_tokens=body.expand_tokens,
+                min_score=body.min_score,
+            )
         app.state.metrics.observe([result])
         return JSONResponse(result.to_dict())
 
-    def search_batch(body: BatchBody) -> JSONResponse:
+    def search_batch(body: BatchBody, request: Request) -> JSONResponse:
         if len(body.queries) > settings.max_batch_size:
             raise InvalidRequest(
                 f"the batch has {len(body.queries)} queries; the limit is "
                 f"{settings.max_batch_size} (RAG_MAX_BATCH_SIZE); split it"
             )
-        results = retriever.retrieve_batch(
-            body.queries,
-            k=body.k,
-            mode=body.mode,
-            filter=_filter(body.filter),
-            collection=body.collection,
-            diversity=body.diversity,
-            expand=body.expand,
-            expand_tokens=body.expand_tokens,
-            min_score=body.min_score,
-        )
+        flt = scoped_filter(body, request)
+        with serving(access_of(request)):
+            results = retriever.retrieve_batch(
+                body.queries,
+                k=body.k,
+                mode=body.mode,
+                filter=flt,
+                collection=body.collection,
+                diversity=body.diversity,
+                expand=body.expand,
+                expand_tokens=body.expand_tokens,
+                min_score=body.min_score,
+            )
         app.state.metrics.observe(results)
         return JSONResponse({"results": [r.to_dict() for r in results]})
 
@@ -367,15 +399,16 @@ def _add_feedback_and_metrics(app: FastAPI, retriever: Retriever) -> None:
         summary="Judge a returned chunk or document of a logged query (needs RAG_QUERY_LOG)",
         responses=_errors(400, 401, 404, 413, 415, 422, 500),
     )
-    def feedback(body: FeedbackBody) -> JSONResponse:
+    def feedback(body: FeedbackBody, request: Request) -> JSONResponse:
         if retriever.query_log is None:
             raise QueryNotLogged(
                 "feedback is recorded next to the query log, which is off: set RAG_QUERY_LOG to a "
                 "directory and restart the service"
             )
-        entry = retriever.query_log.feedback(
-            body.query_id, relevant=body.relevant, chunk_id=body.chunk_id, doc_id=body.doc_id
-        )
+        with serving(access_of(request)):  # a key judges only the queries it made
+            entry = retriever.query_log.feedback(
+                body.query_id, relevant=body.relevant, chunk_id=body.chunk_id, doc_id=body.doc_id
+            )
         return JSONResponse({"status": "recorded", **entry})
 
     @app.get(
@@ -390,7 +423,11 @@ def _add_feedback_and_metrics(app: FastAPI, retriever: Retriever) -> None:
             **_errors(401),
         },
     )
-    def metrics() -> Response:
+    def metrics(request: Request) -> Response:
+        access = access_of(request)
+        if not access.unrestricted or access.collections is not None:
+            # the counts cover every tenant and collection: for keys that see them all
+            raise Forbidden(f"key {access.name!r} cannot read the metrics of the whole service")
         return Response(app.state.metrics.exposition(), media_type=METRICS_CONTENT_TYPE)
 
 
@@ -402,12 +439,13 @@ def _add_collections_route(app: FastAPI, retriever: Retriever) -> None:
         summary="Aliases, the collection each serves, all versions",
         responses=_errors(401, 500, 503),
     )
-    def collections() -> JSONResponse:
+    def collections(request: Request) -> JSONResponse:
+        access = access_of(request)
+        described = describe_collections(retriever.store)
+        if access.collections is not None:  # a key lists the collections it opens
+            described = {a: c for a, c in described.items() if a in access.collections}
         return JSONResponse(
-            {
-                "default_collection": retriever.default_collection,
-                "collections": describe_collections(retriever.store),
-            }
+            {"default_collection": retriever.default_collection, "collections": described}
         )
 
 
@@ -426,7 +464,7 @@ def _add_probes(app: FastAPI, retriever: Retriever, settings: Settings) -> None:
     )
     def readyz(request: Request) -> JSONResponse:
         ready, report = check_ready(retriever)
-        if settings.api_key and not authorised(request.scope, settings.api_key.encode()):
+        if app.state.keys.enabled and not app.state.keys.lookup(offered_keys(request.scope)):
             # Open to orchestrators, but what it serves is for key holders only.
             report = {"status": report["status"]}
         return JSONResponse(report, status_code=200 if ready else 503)
@@ -443,13 +481,12 @@ def _add_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(StarletteHTTPException, _http_error)
 
 
-def _add_middleware(app: FastAPI, settings: Settings) -> None:
+def _add_middleware(app: FastAPI, settings: Settings, keys: Keys) -> None:
     """The ASGI middleware; added last = runs first: the request count (refusals included),
-    auth, then the body limit, then the error boundary."""
+    the key check, then the body limit, then the error boundary."""
     app.add_middleware(_ErrorBoundary)
     app.add_middleware(_BodyLimit, max_bytes=settings.max_body_bytes)
-    if settings.api_key:
-        app.add_middleware(_ApiKey, key=settings.api_key)
+    app.add_middleware(KeyCheck, keys=keys, public=PUBLIC_PATHS)
     app.add_middleware(_Counted)
 
 
@@ -718,36 +755,6 @@ class _Counted:
             metrics.count_request(route, scope["method"], status, time.perf_counter() - start)
 
 
-class _ApiKey:
-    """401 unless the request carries the key (`Authorization: Bearer` or `X-API-Key`)."""
-
-    def __init__(self, app: ASGIApp, *, key: str) -> None:
-        self.app = app
-        self.key = key.encode()
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["path"] in PUBLIC_PATHS or is_write_path(scope["path"]):
-            # the probes are open; the write routes check the write key themselves
-            await self.app(scope, receive, send)
-            return
-        if self._authorised(scope):
-            await self.app(scope, receive, send)
-            return
-        await _send_json(
-            send,
-            401,
-            {
-                "error": "unauthorized",
-                "detail": "missing or wrong API key; send 'Authorization: Bearer <key>' or "
-                "'X-API-Key: <key>' with the key the server has in RAG_API_KEY",
-            },
-            **{"www-authenticate": "Bearer"},
-        )
-
-    def _authorised(self, scope: Scope) -> bool:
-        return authorised(scope, self.key)
-
-
 # -- running it --------------------------------------------------------------------------------
 
 
@@ -758,8 +765,10 @@ def serve(settings: Settings, *, host: str = "127.0.0.1", port: int = 8000) -> N
     a container that is what you want; elsewhere set RAG_API_KEY first).
     """
     sock = _bind(host, port)  # a busy port is an error before minutes of model loading
+    if settings.keys_file is not None:  # and so is a malformed keys file (line and reason)
+        Keys(keys_file=settings.keys_file)
     retriever = Retriever.from_settings(settings)
-    if not settings.api_key and not _is_loopback(host):
+    if not settings.api_key and not settings.keys_file and not _is_loopback(host):
         log.warning(
             "serving on %s without RAG_API_KEY: anyone who can reach port %d can search", host, port
         )

@@ -37,6 +37,7 @@ from fastapi import Path as PathParameter
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
+from rag_retriever.access import Scope
 from rag_retriever.errors import CollectionNotFound, InvalidRequest, RagError
 from rag_retriever.ingest.validation import (
     MAX_DOCUMENT_CHARS,
@@ -49,8 +50,18 @@ from rag_retriever.ingest.validation import (
 )
 from rag_retriever.ingest.writer import IngestReport, WriteOptions, update_documents
 from rag_retriever.query.retriever import Retriever
-from rag_retriever.records import ALIAS_SCHEMA_PATTERN, MAX_EXACT_INT, Document, check_alias
-from rag_retriever.service.auth import authorised as _authorised
+from rag_retriever.records import (
+    ALIAS_SCHEMA_PATTERN,
+    MAX_EXACT_INT,
+    TENANT_FIELD,
+    TENANT_SCHEMA_PATTERN,
+    DocKey,
+    Document,
+    check_alias,
+    check_tenant,
+    doc_key,
+)
+from rag_retriever.service.keys import access_of
 from rag_retriever.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -58,8 +69,8 @@ log = logging.getLogger(__name__)
 # Committed or failed changes remembered for polling.
 KEEP_CHANGES = 1000
 
-# (alias, documents to upsert, ids to delete) -> the report of the version that holds them
-Commit = Callable[[str, Sequence[Document], Sequence[str]], IngestReport]
+# (alias, documents to upsert, documents to delete) -> the report of the version that holds them
+Commit = Callable[[str, Sequence[Document], Sequence[DocKey]], IngestReport]
 
 
 @dataclass
@@ -69,7 +80,8 @@ class Change:
     id: str
     alias: str
     upserts: tuple[Document, ...]
-    deletes: tuple[str, ...]
+    deletes: tuple[DocKey, ...]
+    scope: str = ""  # the name of the key that sent it (only it polls the change)
     received: float = field(default_factory=time.time)
     done: threading.Event = field(default_factory=threading.Event)
     report: IngestReport | None = None
@@ -111,12 +123,21 @@ class GroupCommitter:
         self._changes: OrderedDict[str, Change] = OrderedDict()
         self._cond = threading.Condition()
 
-    def submit(self, alias: str, upserts: Sequence[Document], deletes: Sequence[str]) -> Change:
+    def submit(
+        self,
+        alias: str,
+        upserts: Sequence[Document],
+        deletes: Sequence[str | DocKey],
+        *,
+        scope: str = "",
+    ) -> Change:
         """Queue one request's change (validated here, by the rules `ingest` applies to a file,
-        before anything is chunked or written: a bad request fails alone, 422)."""
+        before anything is chunked or written: a bad request fails alone, 422). A delete names
+        an id, or (tenant, id) for a tenant's document."""
         validate_documents(upserts, source="documents", max_chars=self.max_document_chars)
-        validate_delete_ids(deletes, source="ids")
-        change = Change(uuid.uuid4().hex, alias, tuple(upserts), tuple(deletes))
+        keys = tuple(doc_key(ref) for ref in deletes)
+        validate_delete_ids([i for _, i in keys], source="ids")
+        change = Change(uuid.uuid4().hex, alias, tuple(upserts), keys, scope)
         with self._cond:
             self._pending.setdefault(alias, []).append(change)
             self._changes[change.id] = change
@@ -131,10 +152,10 @@ class GroupCommitter:
             self._cond.notify_all()
         return change
 
-    def get(self, change_id: str) -> Change:
+    def get(self, change_id: str, *, scope: str = "") -> Change:
         with self._cond:
             change = self._changes.get(change_id)
-        if change is None:
+        if change is None or change.scope != scope:
             raise CollectionNotFound(
                 f"no change {change_id!r} is known here (the last {KEEP_CHANGES} are kept, per "
                 f"serving process)"
@@ -181,17 +202,17 @@ class GroupCommitter:
             change.done.set()
 
 
-def merge(group: Sequence[Change]) -> tuple[dict[str, Document], set[str]]:
-    """The changes of a group in arrival order: a later upsert or delete of an id wins."""
-    upserts: dict[str, Document] = {}
-    deletes: set[str] = set()
+def merge(group: Sequence[Change]) -> tuple[dict[DocKey, Document], set[DocKey]]:
+    """The changes of a group in arrival order: a later upsert or delete of a document wins."""
+    upserts: dict[DocKey, Document] = {}
+    deletes: set[DocKey] = set()
     for change in group:
         for doc in change.upserts:
-            deletes.discard(doc.id)
-            upserts[doc.id] = doc
-        for doc_id in change.deletes:
-            upserts.pop(doc_id, None)
-            deletes.add(doc_id)
+            deletes.discard(doc.key)
+            upserts[doc.key] = doc
+        for key in change.deletes:
+            upserts.pop(key, None)
+            deletes.add(key)
     return upserts, deletes
 
 
@@ -200,13 +221,6 @@ def merge(group: Sequence[Change]) -> tuple[dict[str, Document], set[str]]:
 # How long a write request waits for its version by default, and at most.
 DEFAULT_WAIT_S = 30.0
 MAX_WAIT_S = 300.0
-
-
-def is_write_path(path: str) -> bool:
-    """The paths that need the write key (and not the read key)."""
-    return path.startswith("/v1/changes/") or (
-        path.startswith("/v1/collections/") and path.endswith(("/documents", "/documents:delete"))
-    )
 
 
 # The alias of a write's path, documented as the names check_alias accepts; checked there (one
@@ -268,6 +282,12 @@ class DeleteBody(BaseModel):
     ids: list[Annotated[str, Field(min_length=1)]] = Field(
         min_length=1, description="document ids to delete (absent ones are counted)"
     )
+    tenant: str | None = Field(
+        default=None,
+        description="the tenant of these documents (default: the key's, when it has one "
+        "tenant; else documents of no tenant)",
+        json_schema_extra={"pattern": TENANT_SCHEMA_PATTERN, "maxLength": 64},
+    )
     wait: float = Field(default=DEFAULT_WAIT_S, ge=0, le=MAX_WAIT_S)
 
 
@@ -292,10 +312,8 @@ _WRITE_ERRORS: dict[int | str, dict[str, Any]] = {
 def add_write_routes(app: FastAPI, retriever: Retriever, settings: Settings) -> GroupCommitter:
     """`PUT /v1/collections/{alias}/documents`, `POST /v1/collections/{alias}/documents:delete`,
     `GET /v1/changes/{change_id}`; behind the write key (checked here, see server._ApiKey)."""
-    assert settings.write_api_key, "write routes need RAG_WRITE_API_KEY"
-    key = settings.write_api_key.encode()
 
-    def commit(alias: str, upserts: Sequence[Document], deletes: Sequence[str]) -> IngestReport:
+    def commit(alias: str, upserts: Sequence[Document], deletes: Sequence[DocKey]) -> IngestReport:
         return update_documents(
             upserts,
             deletes,
@@ -314,9 +332,12 @@ def add_write_routes(app: FastAPI, retriever: Retriever, settings: Settings) -> 
     )
     app.state.committer = committer
 
-    def authorised(request: Request) -> None:
-        if not _authorised(request.scope, key):
-            raise _WriteKeyMissing()
+    def scoped(request: Request, alias: str) -> Scope:
+        """The key's scope, once it is known to open `alias` (server.KeyCheck checked that
+        it may write)."""
+        access = access_of(request)
+        access.check_collection(alias)
+        return access
 
     def answer(change: Change, wait: float) -> JSONResponse:
         change.done.wait(wait)
@@ -336,9 +357,10 @@ def add_write_routes(app: FastAPI, retriever: Retriever, settings: Settings) -> 
         responses=_WRITE_ERRORS,
     )
     def upsert(alias: AliasParameter, body: UpsertBody, request: Request) -> JSONResponse:
-        authorised(request)
-        docs = [Document(d.id, d.title or d.id, d.text, d.metadata) for d in body.documents]
-        return answer(committer.submit(alias_of(alias), docs, ()), body.wait)
+        name = alias_of(alias)
+        access = scoped(request, name)
+        docs = [in_scope(d, access) for d in body.documents]
+        return answer(committer.submit(name, docs, (), scope=access.name), body.wait)
 
     @app.post(
         "/v1/collections/{alias}/documents:delete",
@@ -346,8 +368,11 @@ def add_write_routes(app: FastAPI, retriever: Retriever, settings: Settings) -> 
         responses=_WRITE_ERRORS,
     )
     def delete(alias: AliasParameter, body: DeleteBody, request: Request) -> JSONResponse:
-        authorised(request)
-        return answer(committer.submit(alias_of(alias), (), body.ids), body.wait)
+        name = alias_of(alias)
+        access = scoped(request, name)
+        tenant = access.write_tenant(tenant_name(body.tenant))
+        keys = [(tenant, i) for i in body.ids]
+        return answer(committer.submit(name, (), keys, scope=access.name), body.wait)
 
     @app.get(
         "/v1/changes/{change_id}",
@@ -355,18 +380,31 @@ def add_write_routes(app: FastAPI, retriever: Retriever, settings: Settings) -> 
         responses=_WRITE_ERRORS,
     )
     def change(change_id: str, request: Request, wait: float = 0.0) -> JSONResponse:
-        authorised(request)
-        return answer(committer.get(change_id), min(max(wait, 0.0), MAX_WAIT_S))
+        # a key sees its own changes only (another key's is "not known here")
+        found = committer.get(change_id, scope=access_of(request).name)
+        return answer(found, min(max(wait, 0.0), MAX_WAIT_S))
 
     return committer
 
 
-class _WriteKeyMissing(RagError):
-    http_status = 401
-    code = "unauthorized"
+def in_scope(doc: DocumentIn, access: Scope) -> Document:
+    """The document a write with this key makes: in the tenant it names, or the key's own when
+    the key has one tenant; Forbidden for a tenant outside the key's scope."""
+    metadata = dict(doc.metadata)
+    named = metadata.get(TENANT_FIELD)
+    if named is None or isinstance(named, str):  # else validation names the bad value
+        tenant = access.write_tenant(tenant_name(named or ""))
+        if tenant:
+            metadata[TENANT_FIELD] = tenant
+    return Document(doc.id, doc.title or doc.id, doc.text, metadata)
 
-    def __init__(self) -> None:
-        super().__init__(
-            "missing or wrong write key; send 'Authorization: Bearer <key>' or 'X-API-Key: <key>' "
-            "with the key the server has in RAG_WRITE_API_KEY (the read key does not allow writes)"
-        )
+
+def tenant_name(name: str | None) -> str:
+    """A tenant a request names ("" for none); a malformed one is a 422, before any scope check
+    (so a refusal never depends on which tenants exist)."""
+    if not name:
+        return ""
+    try:
+        return check_tenant(name)
+    except ValueError as exc:
+        raise InvalidRequest(str(exc)) from None

@@ -26,7 +26,7 @@ import numpy as np
 from rag_retriever import conditions
 from rag_retriever.errors import CollectionNotFound, StoreUnavailable
 from rag_retriever.models.bm25 import SparseVector
-from rag_retriever.records import SearchFilter
+from rag_retriever.records import TENANT_FIELD, SearchFilter
 from rag_retriever.store.base import (
     DENSE,
     HNSW_EF_PER_RESULT,
@@ -215,8 +215,13 @@ class ServerStore(Store):
         if self.embedded:  # qdrant-client's local mode has no payload indexes (it warns)
             return
         for path, kind in indexes.items():
+            schema: Any = kinds[kind]
+            if path == metadata_path(TENANT_FIELD) and kind == "keyword":
+                # Qdrant's tenant index: points of one tenant stored together, so a tenant's
+                # search reads its own points (docs/tenants.md)
+                schema = qm.KeywordIndexParams(type=qm.KeywordIndexType.KEYWORD, is_tenant=True)
             with self._call(name):
-                self.client.create_payload_index(name, path, kinds[kind], wait=True)
+                self.client.create_payload_index(name, path, schema, wait=True)
 
     def delete(self, name: str) -> None:
         with self._call():
