@@ -436,3 +436,50 @@ def test_no_search_returns_a_document_outside_its_scope(
     for h in result.hits:
         if h.context is not None:  # the context of an expanded hit: its own document's chunks
             assert h.context.start <= h.start and h.end <= h.context.end
+
+
+def test_the_cli_writes_and_searches_one_tenant(
+    env: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from rag_retriever.cli import main
+
+    rows = [{"id": d.id, "title": d.title, "text": d.text, **d.metadata} for d in DOCS]
+    corpus = tmp_path / "docs.jsonl"
+    corpus.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert main(["ingest", str(corpus), "--collection", "kb", "--no-progress"]) == 0
+    change = tmp_path / "change.jsonl"
+    change.write_text(json.dumps({"id": "faq", "text": "alpha refunds within a day"}) + "\n")
+    args = ["update", "--upsert", str(change), "--collection", "kb", "--no-progress"]
+    assert main([*args, "--tenant", "globex", "--json"]) == 0
+    capsys.readouterr()
+    assert (
+        main(
+            [
+                "search",
+                "alpha refunds",
+                "--mode",
+                "bm25",
+                "--tenant",
+                "globex",
+                "--json",
+                "--collection",
+                "kb",
+            ]
+        )
+        == 0
+    )
+    hits = json.loads(capsys.readouterr().out)["hits"]
+    assert {(h["metadata"]["tenant"], h["doc_id"], h["text"]) for h in hits} == {
+        ("globex", "faq", "alpha refunds within a day")
+    }
+    assert main([*args, "--tenant", "../globex"]) == 2
+    other = tmp_path / "other.jsonl"
+    other.write_text(json.dumps({"id": "x", "text": "alpha", "tenant": "acme"}) + "\n")
+    assert main(["update", "--upsert", str(other), "--collection", "kb", "--tenant", "globex"]) == 2
+    assert "name another tenant" in capsys.readouterr().err
+    delete = ["update", "--delete", "faq", "--tenant", "acme", "--collection", "kb", "--json"]
+    assert main(delete) == 0
+    assert json.loads(capsys.readouterr().out)["deleted"] == 1
+    assert (
+        main(["search", "alpha", "--mode", "bm25", "--tenant", "Acme", "--collection", "kb"]) == 2
+    )

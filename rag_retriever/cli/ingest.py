@@ -6,13 +6,14 @@ import argparse
 import dataclasses
 import json
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from rag_retriever.cli.common import MODEL, QUERY, STORE, WRITE, command_settings, setting_flags
 from rag_retriever.errors import ConfigError, GateRejected
 from rag_retriever.ingest.loaders import describe_suffixes
-from rag_retriever.records import check_alias
+from rag_retriever.records import TENANT_FIELD, Document, check_alias, check_tenant, tenant_of
 from rag_retriever.settings import (
     Settings,
 )
@@ -128,6 +129,7 @@ def cmd_update(args: argparse.Namespace) -> int:
     upserts = read_upserts(args.upsert, max_chars=settings.max_document_chars, root=args.root)
     deletes = [*args.delete, *(read_delete_ids(args.delete_ids) if args.delete_ids else [])]
     validate_delete_ids(deletes, source="--delete")  # argv may hold undecodable bytes
+    documents = _in_tenant(upserts.documents, args.tenant)
     store = open_store(settings)
     live = serving_record(store, settings.collection)
     if live is not None:
@@ -145,8 +147,8 @@ def cmd_update(args: argparse.Namespace) -> int:
         return load_encoder(settings, live)
 
     report = update_documents(
-        upserts.documents,
-        deletes,
+        documents,
+        [(args.tenant or "", i) for i in deletes],
         alias=settings.collection,
         load_encoder=encoder,
         store=store,
@@ -156,6 +158,29 @@ def cmd_update(args: argparse.Namespace) -> int:
     report = _start_compaction(settings, report)
     _print_ingest(report.to_dict(), args.json)
     return 0
+
+
+def _in_tenant(documents: Sequence[Document], tenant: str | None) -> list[Document]:
+    """`documents` in `tenant` (update --tenant): those that name no tenant get it; one that
+    names another is an error (exit 2), nothing written."""
+    if tenant is None:
+        return list(documents)
+    try:
+        check_tenant(tenant)
+    except ValueError as exc:
+        raise ConfigError(f"--tenant: {exc}") from None
+    others = [d.id for d in documents if tenant_of(d.metadata) not in ("", tenant)]
+    if others:
+        raise ConfigError(
+            f"--tenant {tenant}: {len(others)} document(s) name another tenant "
+            f"({', '.join(map(repr, others[:5]))}); nothing was written"
+        )
+    return [
+        d
+        if tenant_of(d.metadata)
+        else dataclasses.replace(d, metadata={**d.metadata, TENANT_FIELD: tenant})
+        for d in documents
+    ]
 
 
 def cmd_compact(args: argparse.Namespace) -> int:
@@ -314,6 +339,11 @@ def add_update(sub: Any) -> None:
     )
     group.add_argument(
         "--delete-ids", type=Path, metavar="FILE", help="a file of document ids, one per line"
+    )
+    p.add_argument(
+        "--tenant",
+        help="the tenant of this change (docs/tenants.md): upserted documents that name none "
+        "get it, and --delete ids are its documents",
     )
     p.add_argument(
         "--no-promote", action="store_true", help="build the version, do not move the alias"

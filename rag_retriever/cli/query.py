@@ -44,6 +44,7 @@ def cmd_search(args: argparse.Namespace) -> int:
         diversity=args.diversity,
         expand=args.expand,
         min_score=args.min_score,
+        tenant=args.tenant,
     )
     if args.json:
         print(json.dumps(result.to_dict(), indent=2, ensure_ascii=False))
@@ -159,6 +160,9 @@ def add_search(sub: Any) -> None:
         help='a metadata condition: {"field": F, "equals"|"in"|"range": ...}, or "all", "any", '
         '"not" of conditions, e.g. \'{"field": "year", "range": {"gte": 2020}}\' '
         "(docs/querying.md)",
+    )
+    p.add_argument(
+        "--tenant", help="only this tenant's documents (docs/tenants.md); default: every one"
     )
     p.add_argument(
         "--min-score",
