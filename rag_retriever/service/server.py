@@ -15,15 +15,16 @@ writes.py too (`PUT /v1/collections/{alias}/documents`, `POST .../documents:dele
 keeps its own status and message, an unexpected exception is logged here and answered with a
 generic 500. Limits come from Settings: query length, k, batch size, body size (the body is
 counted as it streams in, so a missing or false Content-Length cannot get past the limit).
-With `RAG_API_KEY` set, everything except the two probes needs `Authorization: Bearer <key>`
-or `X-API-Key: <key>`.
+With `RAG_API_KEY` or `RAG_KEYS_FILE` set, everything except the two probes needs
+`Authorization: Bearer <key>` or `X-API-Key: <key>`; a key's scope (service/keys.py,
+rag_retriever/access.py) bounds what each request reads and writes.
 
 Models are loaded once by the caller and shared by all requests: FastAPI runs the sync
 endpoints on a thread pool, and the encoder and the collection versions are read-only at query
 time. Embedded Qdrant (Edge) versions are opened read-only by any number of processes, so other
 servers, `search`, the eval and `ingest` can use the same data dir at once; with a Qdrant server
 (RAG_QDRANT_URL) a replica keeps nothing on its local disk. This
-module does not do TLS, rate limiting or multi-tenant keys: put a reverse proxy in front.
+module does not do TLS or rate limiting: put a reverse proxy in front.
 
 Why one module: it is the app, the one place that maps every error to its status and JSON body
 and every route to its schema (search, collections, probes, feedback, metrics); the write

@@ -6,7 +6,8 @@ Example:
         -d '{"documents": [{"id": "faq-7", "title": "Refunds", "text": "..."}]}'
     {"change_id": "...", "status": "committed", "collection": "docs__...__v8", "kind": "delta", ...}
 
-Only present when `RAG_WRITE_API_KEY` is set (the read key does not allow writes). Each request
+Only present when a key can write (`RAG_WRITE_API_KEY`, or `RAG_KEYS_FILE`: then each key writes
+only its own tenants, docs/tenants.md; the read key does not allow writes). Each request
 is validated on its own (a bad one fails alone, 422, nothing written); valid requests that arrive
 within `RAG_WRITE_WINDOW_MS` of the first pending one are merged in arrival order (a later upsert
 or delete of the same id wins) and committed as one new version of the alias by
