@@ -3,7 +3,7 @@ the ratio. Results go to `<out>/bench.json` and `<out>/bench.txt`.
 
 Usage:
     python -m bench [--out bench-out] [--only bm25 engine ingest update query load operate training
-        fusion context few_labels stop tracing writes fuzz gpu improve] [--reranker DIR]
+        fusion context few_labels stop tracing writes tenants fuzz gpu improve] [--reranker DIR]
         [--context-questions N] [--fuzz-examples N]
 
 Needs ../shared/data (SQuAD and SciFact). Takes about an hour on 2 CPU cores: the engine at 100k
@@ -14,7 +14,9 @@ SciFact's labelled claims, judged on folds by document) about 7 minutes; `stop`
 (bench/bench_stop.py: how fast an ingest stops on SIGTERM and Ctrl-C) about 2 minutes; `tracing`
 (bench/bench_tracing.py: a search's latency with tracing off, on, and without the calls) about
 3 minutes; `writes` (bench/bench_writes.py: a delete and a one-document upsert from the CLI,
-Python and HTTP) about 3 minutes; `fuzz` (bench/bench_fuzz.py: schemathesis over every HTTP route, the write key sent
+Python and HTTP) about 3 minutes; `tenants` (bench/bench_tenants.py: 10,000 requests of 101 scoped
+keys in 50 tenants checked for leaks, one BM25 table vs per-tenant tables, a scoped query at 100k
+chunks) about 15 minutes; `fuzz` (bench/bench_fuzz.py: schemathesis over every HTTP route, the write key sent
 and missing, counting requests and 5xx) about 10 minutes at the default 150 examples. `gpu`
 (bench/bench_gpu.py) says "skipped" in one line without a CUDA device.
 `improve` (bench/bench_improve.py: `improve` cross-validated on SciFact and on 800 SQuAD train
@@ -46,6 +48,7 @@ BENCHES = (
     "stop",
     "tracing",
     "writes",
+    "tenants",
     "fuzz",
     "gpu",
 )
@@ -206,6 +209,12 @@ def _run_standalone(args: argparse.Namespace, report: _Report) -> dict[str, Any]
 
         results["writes"] = bench_writes.run()
         report.emit(bench_writes.report(results["writes"]))
+
+    if "tenants" in args.only:
+        from bench import bench_tenants
+
+        results["tenants"] = bench_tenants.run()
+        report.emit(bench_tenants.report(results["tenants"]))
 
     if "fuzz" in args.only:
         from bench import bench_fuzz
