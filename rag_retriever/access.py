@@ -153,18 +153,33 @@ def _required_matches(where: conditions.Condition) -> Iterator[conditions.Match]
             yield from _required_matches(c)
 
 
-_current: contextvars.ContextVar[Scope | None] = contextvars.ContextVar("scope", default=None)
+_current: contextvars.ContextVar[tuple[Scope | None, str | None]] = contextvars.ContextVar(
+    "scope", default=(None, None)
+)
 
 
 def current() -> Scope | None:
     """The scope of the request being served here (None: no key, or not a request)."""
-    return _current.get()
+    return _current.get()[0]
+
+
+def current_tenant() -> str | None:
+    """The one tenant the request being served searches, when it searches one."""
+    return _current.get()[1]
+
+
+def single_tenant(scope: Scope | None, tenant: str | None) -> str | None:
+    """The one tenant a request searches: the one it names, or its key's only one."""
+    if tenant is None and scope is not None and scope.tenants is not None:
+        return next(iter(scope.tenants)) if len(scope.tenants) == 1 else None
+    return tenant
 
 
 @contextlib.contextmanager
-def serving(scope: Scope | None) -> Iterator[None]:
-    """Mark the code inside as serving a request of `scope` (see `current`)."""
-    token = _current.set(scope)
+def serving(scope: Scope | None, tenant: str | None = None) -> Iterator[None]:
+    """Mark the code inside as serving a request of `scope` (see `current`) that searches
+    `tenant` (or its key's only tenant; see `current_tenant`)."""
+    token = _current.set((scope, single_tenant(scope, tenant)))
     try:
         yield
     finally:

@@ -29,11 +29,12 @@ from rag_retriever.ingest.versions import documents_of
 from rag_retriever.ingest.writer import ingest_documents
 from rag_retriever.models.encoder import Encoder
 from rag_retriever.query.cache import SemanticCache
-from rag_retriever.query.querylog import QueryLog
+from rag_retriever.query.querylog import QueryLog, questions_from_log
 from rag_retriever.query.retriever import Retriever
 from rag_retriever.records import Document, Mode, tenant_of
 from rag_retriever.service import keys as keys_module
 from rag_retriever.service.keys import KeyRing, Keys
+from rag_retriever.service.metrics import BoundedLabels
 from rag_retriever.service.server import create_app
 from rag_retriever.settings import Settings
 from rag_retriever.store import EdgeStore, Store
@@ -329,7 +330,9 @@ def test_feedback_log_metrics_and_listing_keep_to_the_scope(
     assert http.post("/v1/feedback", json=judged, headers=auth("globex")).status_code == 404
     assert http.post("/v1/feedback", json=judged, headers=auth("acme-app")).status_code == 200
     assert http.get("/metrics", headers=auth("acme-app")).status_code == 403
-    assert http.get("/metrics", headers=auth("admin")).status_code == 200
+    metrics = http.get("/metrics", headers=auth("admin")).text
+    assert 'rag_scoped_queries_total{key="acme-app",tenant="acme"} 1.0' in metrics
+    assert "k-acme" not in metrics
     listed = http.get("/v1/collections", headers=auth("other-only")).json()["collections"]
     assert listed == {}
     http.app.state.retriever.query_log.flush()  # type: ignore[attr-defined]
@@ -341,6 +344,16 @@ def test_feedback_log_metrics_and_listing_keep_to_the_scope(
     scopes = [line["scope"] for line in lines if "scope" in line]
     assert {"key": "acme-app", "tenants": ["acme"], "filtered": False} in scopes
     assert "k-acme" not in json.dumps(lines)  # the key itself never
+    assert [line["tenant"] for line in lines if "scope" in line and "hits" in line] == ["acme"]
+    # labelled questions of one tenant: the queries that searched it alone
+    for tenant, questions in (("acme", 1), ("globex", 0)):
+        rows, _ = questions_from_log([tmp_path / "log"], tenant=tenant)
+        assert len(rows) == questions
+
+
+def test_a_metric_label_holds_a_bounded_number_of_values() -> None:
+    labels = BoundedLabels(2)
+    assert [labels.of(v) for v in ("a", "b", "c", "a", "d")] == ["a", "b", "other", "a", "other"]
 
 
 # -- the property: nothing outside the scope, in any branch -----------------------------------

@@ -14,8 +14,14 @@ from rag_retriever.cli.common import LIMITS, MODEL, QUERY, STORE, command_settin
 def cmd_questions(args: argparse.Namespace) -> int:
     from rag_retriever.query.querylog import questions_from_log
 
-    rows, report = questions_from_log(args.from_log, alias=args.collection)
+    rows, report = questions_from_log(args.from_log, alias=args.collection, tenant=args.tenant)
     where = ", ".join(str(d) for d in args.from_log)
+    if args.tenant is None and report.tenants > 1:
+        print(
+            f"reading the queries of every tenant ({report.tenants} tenants searched alone, and "
+            f"queries across tenants); --tenant T reads one tenant's",
+            file=sys.stderr,
+        )
     if args.collection is None and report.alias is not None:
         print(
             f"reading every alias of the query log: {report.alias} (the only one; "
@@ -145,6 +151,11 @@ def add_questions(sub: Any) -> None:
         metavar="ALIAS",
         help="read only the queries asked of this alias (eval scores one collection); without "
         "it the log must hold one alias (RAG_COLLECTION is not read here)",
+    )
+    p.add_argument(
+        "--tenant",
+        help="read only the queries that searched this tenant alone (docs/tenants.md); without "
+        "it every tenant's queries are read",
     )
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     setting_flags(p, "log_level")

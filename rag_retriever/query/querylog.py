@@ -111,6 +111,7 @@ class QueryLog:
         alias: str,
         k: int,
         flt: SearchFilter | None,
+        tenant: str | None = None,
     ) -> None:
         """Queue one query's line (never blocks: a full queue drops it)."""
         entry: dict[str, Any] = {
@@ -147,6 +148,9 @@ class QueryLog:
         scope = access.current()
         if scope is not None:  # the key's name and scope, never the key
             entry["scope"] = scope.label()
+        tenant = tenant or access.current_tenant()
+        if tenant is not None:  # the one tenant searched (`questions --tenant` reads it)
+            entry["tenant"] = tenant
         if result.query_id is not None:
             with self._recent_lock:
                 self._recent[result.query_id] = _Logged(
@@ -323,12 +327,16 @@ class LoggedQueries:
         return ", ".join(self.aliases) or "none (no query is logged there yet)"
 
 
-def read_queries(directories: Iterable[Path], *, alias: str | None = None) -> LoggedQueries:
+def read_queries(
+    directories: Iterable[Path], *, alias: str | None = None, tenant: str | None = None
+) -> LoggedQueries:
     """The logged queries of `directories`, only those asked of `alias` when it is given (the
-    `alias` field of each line: the name the search was asked with). A log without any line of
-    `alias` gives no lines; the caller decides whether that is an error (`aliases` says what the
-    log holds instead)."""
+    `alias` field of each line: the name the search was asked with), and only those that
+    searched `tenant` alone when it is given. A log without any line of `alias` gives no lines;
+    the caller decides whether that is an error (`aliases` says what the log holds instead)."""
     every = list(read_lines(directories, "queries"))
+    if tenant is not None:
+        every = [e for e in every if e.get("tenant") == tenant]
     aliases = tuple(sorted({str(e.get("alias")) for e in every}))
     lines = every if alias is None else [e for e in every if e.get("alias") == alias]
     return LoggedQueries(tuple(lines), aliases, alias)
@@ -344,6 +352,7 @@ class ExportReport:
     negative_only: int
     # the alias whose queries were read (None: the log held no query at all)
     alias: str | None = None
+    tenants: int = 0  # tenants the read queries searched alone (0: none named one)
 
     def to_dict(self) -> dict[str, int | str | None]:
         return dict(self.__dict__)
@@ -369,7 +378,7 @@ def _one_alias(logged: LoggedQueries, where: str) -> str | None:
 
 
 def questions_from_log(
-    directories: Iterable[Path], *, alias: str | None = None
+    directories: Iterable[Path], *, alias: str | None = None, tenant: str | None = None
 ) -> tuple[list[dict[str, Any]], ExportReport]:
     """Labelled questions from logged queries with positive feedback (the last judgement of each
     chunk or document wins). A relevant chunk becomes a gold span (its document and offsets); a
@@ -378,9 +387,10 @@ def questions_from_log(
 
     Only the queries of `alias` are read. Without it, the log must hold one alias (or none);
     InvalidRequest when it holds several, or none of the lines are of `alias`, naming the aliases
-    it holds. A log without any query gives no question."""
+    it holds. With `tenant`, only the queries that searched that tenant alone (the `tenant` of
+    their line). A log without any query gives no question."""
     dirs = list(directories)
-    logged = read_queries(dirs, alias=alias)
+    logged = read_queries(dirs, alias=alias, tenant=tenant)
     chosen = _one_alias(logged, ", ".join(str(d) for d in dirs))
     queries = {q["query_id"]: q for q in logged.lines}
     verdicts: dict[str, dict[tuple[str, str], bool]] = {}
@@ -433,5 +443,6 @@ def questions_from_log(
         without_text=without_text,
         negative_only=negative_only,
         alias=chosen,
+        tenants=len({q["tenant"] for q in queries.values() if "tenant" in q}),
     )
     return rows, report

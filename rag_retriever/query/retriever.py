@@ -265,7 +265,7 @@ class Retriever:
             )
             if self.query_log is not None:  # inside the span: its line carries the trace id
                 for result in results:
-                    self.query_log.record(result, alias=alias, k=k, flt=filter)
+                    self.query_log.record(result, alias=alias, k=k, flt=filter, tenant=tenant)
         return results
 
     def _search(

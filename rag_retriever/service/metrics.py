@@ -11,6 +11,8 @@ text or an id):
 - `rag_queries_total{mode}`, `rag_stage_duration_seconds{stage}` (encode, search = the dense and
   BM25 lists in one engine call, fuse, rerank, total), `rag_hits_returned` (per query),
   `rag_queries_truncated_total` (queries longer than the embedder's window);
+- `rag_scoped_queries_total{key, tenant}`: queries by the name of the key that asked (never the
+  key) and the tenant searched, each label bounded to MAX_LABELS values plus "other";
 - `rag_served_version{alias}` and `rag_served_version_age_seconds{alias}` (read at scrape time);
 - `rag_query_log_lines_total`, `rag_query_log_dropped_total` (when the query log is on);
 - `rag_cache_hits_total{kind}` (exact, semantic), `rag_cache_misses_total`, `rag_cache_entries`
@@ -25,6 +27,7 @@ Does not do: push gateways, exemplars, per-collection request labels.
 from __future__ import annotations
 
 import contextlib
+import threading
 import time
 from collections.abc import Iterator, Sequence
 from datetime import datetime
@@ -40,6 +43,7 @@ from prometheus_client import (
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from rag_retriever.access import Scope, single_tenant
 from rag_retriever.errors import RagError
 from rag_retriever.query.retriever import Retriever
 from rag_retriever.records import SearchResult
@@ -90,9 +94,26 @@ class Metrics:
             "queries longer than the embedder's window (their tail was not embedded)",
             registry=self.registry,
         )
+        self.scoped = Counter(
+            "rag_scoped_queries",
+            f"queries by the name of the key that asked and the tenant searched (each label the "
+            f"first {MAX_LABELS} values seen, then 'other'; tenant 'all' = every tenant the key "
+            f"reads)",
+            ("key", "tenant"),
+            registry=self.registry,
+        )
+        self._key_labels = BoundedLabels(MAX_LABELS)
+        self._tenant_labels = BoundedLabels(MAX_LABELS)
         self.registry.register(_StateCollector(retriever))
 
-    def observe(self, results: Sequence[SearchResult]) -> None:
+    def observe(
+        self, results: Sequence[SearchResult], scope: Scope | None = None, tenant: str | None = None
+    ) -> None:
+        if scope is not None:
+            tenant = single_tenant(scope, tenant)
+            self.scoped.labels(
+                self._key_labels.of(scope.name), self._tenant_labels.of(tenant or "all")
+            ).inc(len(results))
         for result in results:
             self.queries.labels(result.mode).inc()
             for stage, ms in result.timings_ms.items():
@@ -107,6 +128,29 @@ class Metrics:
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)
+
+
+# Distinct values of a label a metric may carry (key names, tenants): a scraper's series stay
+# bounded whatever the keys file or the requests hold.
+MAX_LABELS = 50
+
+
+class BoundedLabels:
+    """A label's values: the first `limit` seen as themselves, every later one as "other"."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self._seen: set[str] = set()
+        self._lock = threading.Lock()
+
+    def of(self, value: str) -> str:
+        with self._lock:
+            if value in self._seen:
+                return value
+            if len(self._seen) < self.limit:
+                self._seen.add(value)
+                return value
+        return "other"
 
 
 class _StateCollector(Collector):

@@ -332,7 +332,7 @@ def _add_search_routes(app: FastAPI, retriever: Retriever, settings: Settings) -
 
     def search(body: SearchBody, request: Request) -> JSONResponse:
         flt = scoped_filter(body, request)
-        with serving(access_of(request)):
+        with serving(access_of(request), body.tenant):
             result = retriever.retrieve(
                 body.query,
                 k=body.k,
@@ -344,7 +344,7 @@ def _add_search_routes(app: FastAPI, retriever: Retriever, settings: Settings) -
                 expand_tokens=body.expand_tokens,
                 min_score=body.min_score,
             )
-        app.state.metrics.observe([result])
+        app.state.metrics.observe([result], access_of(request), body.tenant)
         return JSONResponse(result.to_dict())
 
     def search_batch(body: BatchBody, request: Request) -> JSONResponse:
@@ -354,7 +354,7 @@ def _add_search_routes(app: FastAPI, retriever: Retriever, settings: Settings) -
                 f"{settings.max_batch_size} (RAG_MAX_BATCH_SIZE); split it"
             )
         flt = scoped_filter(body, request)
-        with serving(access_of(request)):
+        with serving(access_of(request), body.tenant):
             results = retriever.retrieve_batch(
                 body.queries,
                 k=body.k,
@@ -366,7 +366,7 @@ def _add_search_routes(app: FastAPI, retriever: Retriever, settings: Settings) -
                 expand_tokens=body.expand_tokens,
                 min_score=body.min_score,
             )
-        app.state.metrics.observe(results)
+        app.state.metrics.observe(results, access_of(request), body.tenant)
         return JSONResponse({"results": [r.to_dict() for r in results]})
 
     search.__annotations__["body"] = search_body
