@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import hashlib
+import json
 import tempfile
 import time
 from collections import Counter
@@ -65,9 +67,15 @@ WRITE_PATHS = frozenset(p for p, g in GROUPS.items() if g in ("writes", "changes
 # Routes whose schema-valid bodies can still be refused (422), so schemathesis's "valid data is
 # accepted" check is off there: JSON Schema cannot say "each id once in the list" or bound the
 # depth and size of a free-form value (upserts), nor "a field the served version's documents
-# have" or "a threshold within the chosen mode's score range" (search filters, min_score).
+# have" or "a threshold within the chosen mode's score range" (search filters, min_score), nor
+# what a scoped key may name (a tenant outside it is a 403: search, upsert and delete).
 CHECKED_BEYOND_SCHEMA = frozenset(
-    {"/v1/collections/{alias}/documents", "/v1/search", "/v1/search/batch"}
+    {
+        "/v1/collections/{alias}/documents",
+        "/v1/collections/{alias}/documents:delete",
+        "/v1/search",
+        "/v1/search/batch",
+    }
 )
 # Distinct failure messages kept for the report (the first line of each).
 KEPT_FAILURES = 20
@@ -111,8 +119,11 @@ class Tally:
         }
 
 
-def build_app(encoder: Any, root: Path, *, write_key: str | None) -> FastAPI:
-    """The service over a fresh Qdrant Edge data dir holding DOCS as `kb`, the query log on."""
+def build_app(
+    encoder: Any, root: Path, *, write_key: str | None, keys_file: Path | None = None
+) -> FastAPI:
+    """The service over a fresh Qdrant Edge data dir holding DOCS as `kb`, the query log on
+    (with `keys_file`, its scoped keys too)."""
     store = EdgeStore(root / "edge")
     ingest_documents(
         LoadedCorpus(DOCS, 0, "fuzz"), alias=ALIAS, encoder=encoder, store=store, lock_dir=root
@@ -121,6 +132,7 @@ def build_app(encoder: Any, root: Path, *, write_key: str | None) -> FastAPI:
     config = Settings(
         data_dir=root,
         write_api_key=write_key,
+        keys_file=keys_file,
         write_window_ms=0,
         query_log=root / "log",
         compaction="inline",
@@ -132,6 +144,19 @@ def build_app(encoder: Any, root: Path, *, write_key: str | None) -> FastAPI:
         max_batch_size=3,
     )
     return create_app(retriever, config)
+
+
+TENANT_KEY = "fuzz-tenant-key"
+
+
+def scoped_keys(root: Path) -> Path:
+    """A keys file with one key: tenant `acme`, read and write, of every collection."""
+    root.mkdir(parents=True, exist_ok=True)
+    digest = hashlib.sha256(TENANT_KEY.encode()).hexdigest()
+    line = {"name": "acme", "sha256": digest, "tenants": ["acme"], "access": ["read", "write"]}
+    path = root / "keys.jsonl"
+    path.write_text(json.dumps(line) + "\n", encoding="utf-8")
+    return path
 
 
 def fuzz(
@@ -245,6 +270,17 @@ def run(examples: int = 150, model: str = "all-MiniLM-L6-v2", rng_seed: int = 0)
         )
         plain = build_app(encoder, Path(tmp) / "plain", write_key=None)
         fuzz(plain, tally, setup="no write routes", examples=examples, rng_seed=rng_seed)
+        scoped = build_app(
+            encoder, Path(tmp) / "scoped", write_key=None, keys_file=scoped_keys(Path(tmp))
+        )
+        fuzz(
+            scoped,
+            tally,
+            setup="tenant key",
+            examples=examples,
+            headers={"Authorization": f"Bearer {TENANT_KEY}"},
+            rng_seed=rng_seed,
+        )
         versions = len(keyed.state.retriever.store.versions(ALIAS))
     return {
         "examples": examples,

@@ -54,11 +54,12 @@ def test_every_route_with_and_without_the_write_key_keeps_the_word_of_its_schema
     """The whole schema (search, writes, changes, feedback, collections) on Qdrant Edge, fuzzed
     as bench/bench_fuzz.py does at a large count: the write key sent, missing, and a server
     without write routes; positive and negative bodies. No 5xx, no broken check."""
-    from bench.bench_fuzz import WRITE_KEY, Tally, build_app, fuzz
+    from bench.bench_fuzz import TENANT_KEY, WRITE_KEY, Tally, build_app, fuzz, scoped_keys
 
     tally = Tally()
     keyed = build_app(tiny_encoder, tmp_path / "keyed", write_key=WRITE_KEY)
     sent = {"Authorization": f"Bearer {WRITE_KEY}"}
+    tenant = {"Authorization": f"Bearer {TENANT_KEY}"}
     fuzz(keyed, tally, setup="key sent", examples=12, headers=sent)
     fuzz(keyed, tally, setup="key missing", examples=12, only_writes=True)
     fuzz(
@@ -67,6 +68,10 @@ def test_every_route_with_and_without_the_write_key_keeps_the_word_of_its_schema
         setup="plain",
         examples=8,
     )
+    scoped = build_app(
+        tiny_encoder, tmp_path / "scoped", write_key=None, keys_file=scoped_keys(tmp_path)
+    )
+    fuzz(scoped, tally, setup="tenant key", examples=8, headers=tenant)
     assert tally.failures == [] and tally.failed == 0
     assert sum(tally.server_errors.values()) == 0
     groups = {group for _, group in tally.requests}

@@ -496,3 +496,25 @@ def test_the_cli_writes_and_searches_one_tenant(
     assert (
         main(["search", "alpha", "--mode", "bm25", "--tenant", "Acme", "--collection", "kb"]) == 2
     )
+
+
+def test_the_clients_and_langchain_pass_the_key_and_the_tenant(
+    tmp_path: Path, tiny_encoder: Encoder, edge: Store, keys_file: Path
+) -> None:
+    from rag_retriever.client import Forbidden, RetrieverClient
+    from rag_retriever.langchain import RagRetrieverLangChain
+    from rag_retriever.service.server import serve_in_thread
+
+    retriever = build(edge, tiny_encoder, tmp_path)
+    settings = Settings(data_dir=tmp_path, keys_file=keys_file, write_window_ms=10)
+    with serve_in_thread(create_app(retriever, settings)) as url:
+        with RetrieverClient(url, api_key="k-admin", write_api_key="k-admin") as admin:
+            hits = admin.search("alpha refunds", mode="bm25", k=10, tenant="globex")
+            assert {(h.metadata["tenant"], h.doc_id) for h in hits} == {("globex", "faq")}
+            gone = admin.delete_documents(["faq"], collection="kb", tenant="globex")
+            assert gone.report is not None and gone.report["deleted"] == 1
+        with RetrieverClient(url, api_key="k-acme-public") as reader:
+            lc = RagRetrieverLangChain(backend=reader, mode="bm25", k=10)
+            assert {d.metadata["doc_id"] for d in lc.invoke("alpha notes")} == {"pub"}
+            with pytest.raises(Forbidden, match="tenant 'globex'"):
+                lc.invoke("alpha", tenant="globex")

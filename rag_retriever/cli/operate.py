@@ -70,11 +70,14 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     doctor = Doctor(retriever, collection=settings.collection, thresholds=thresholds)
     checks = doctor.run(log=args.log or (), questions=args.questions)
     failed = [c.name for c in checks if not c.ok]
+    # an operator's view: every tenant's chunks and queries (docs/tenants.md)
+    tenants = "tenant" in (doctor.record.fields or {})
     if args.json:
         print(
             json.dumps(
                 {
                     "collection": doctor.name,
+                    "reads": "every tenant" if tenants else "every document",
                     "ok": not failed,
                     "checks": [c.__dict__ for c in checks],
                 },
@@ -83,6 +86,8 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         )
     else:
         print(f"doctor of {settings.collection} -> {doctor.name}")
+        if tenants:
+            print("(reading every tenant's chunks and logged queries)")
         for c in checks:
             verdict = f"{c.verdict()}: " if c.verdict() else ""
             print(f"{'ok  ' if c.ok else 'FAIL'}  {c.name:<16} {verdict}{c.summary}")

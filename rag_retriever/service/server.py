@@ -265,7 +265,9 @@ def _errors(*statuses: int) -> dict[int | str, dict[str, Any]]:
     """The OpenAPI description of the error answers a route can send."""
     meaning = {
         400: "malformed body: not valid JSON (or not UTF-8 text)",
-        401: "missing or wrong API key (when RAG_API_KEY is set)",
+        401: "missing or wrong API key (when RAG_API_KEY or RAG_KEYS_FILE is set)",
+        403: "the key's scope does not allow it (another tenant or collection, a filter that "
+        "reaches outside the scope); the detail names what the key lacks",
         404: "unknown collection or route",
         409: "the collection was embedded with another model, or written under another scheme",
         413: "body over RAG_MAX_BODY_BYTES",
@@ -277,7 +279,7 @@ def _errors(*statuses: int) -> dict[int | str, dict[str, Any]]:
     return {s: {"model": ErrorBody, "description": meaning[s]} for s in statuses}
 
 
-_SEARCH_ERRORS = _errors(400, 401, 404, 409, 413, 415, 422, 500, 503)
+_SEARCH_ERRORS = _errors(400, 401, 403, 404, 409, 413, 415, 422, 500, 503)
 
 
 # -- the app -----------------------------------------------------------------------------------
@@ -398,7 +400,7 @@ def _add_feedback_and_metrics(app: FastAPI, retriever: Retriever) -> None:
     @app.post(
         "/v1/feedback",
         summary="Judge a returned chunk or document of a logged query (needs RAG_QUERY_LOG)",
-        responses=_errors(400, 401, 404, 413, 415, 422, 500),
+        responses=_errors(400, 401, 403, 404, 413, 415, 422, 500),
     )
     def feedback(body: FeedbackBody, request: Request) -> JSONResponse:
         if retriever.query_log is None:
@@ -421,7 +423,7 @@ def _add_feedback_and_metrics(app: FastAPI, retriever: Retriever) -> None:
                 "description": "the Prometheus text exposition format",
                 "content": {"text/plain": {"schema": {"type": "string"}}},
             },
-            **_errors(401),
+            **_errors(401, 403),
         },
     )
     def metrics(request: Request) -> Response:
@@ -438,7 +440,7 @@ def _add_collections_route(app: FastAPI, retriever: Retriever) -> None:
     @app.get(
         "/v1/collections",
         summary="Aliases, the collection each serves, all versions",
-        responses=_errors(401, 500, 503),
+        responses=_errors(401, 403, 500, 503),
     )
     def collections(request: Request) -> JSONResponse:
         access = access_of(request)

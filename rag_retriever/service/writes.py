@@ -298,6 +298,8 @@ _WRITE_ERRORS: dict[int | str, dict[str, Any]] = {
         202: "accepted, not yet committed: poll /v1/changes/{change_id}",
         400: "malformed body: not valid JSON (or not UTF-8 text)",
         401: "missing or wrong write key (RAG_WRITE_API_KEY; the read key does not allow writes)",
+        403: "a key that cannot write, or not this alias, or a document of a tenant outside its "
+        "scope: nothing of the request is written",
         404: "unknown alias",
         409: "the alias cannot take a delta (no live version, another model): run ingest",
         413: "body over RAG_MAX_BODY_BYTES",
