@@ -23,6 +23,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +33,15 @@ from bench.bench_bm25 import synthetic_chunks
 from bench.bench_common import percentile, read_jsonl, real_sentences, shared_path
 from rag_retriever.models.bm25 import BM25Model, Tokenizer
 from rag_retriever.records import SearchFilter
-from rag_retriever.store import DENSE, SPARSE, EdgeStore, ServerStore, StageQuery, Store
+from rag_retriever.store import (
+    DENSE,
+    SPARSE,
+    EdgeStore,
+    IndexKind,
+    ServerStore,
+    StageQuery,
+    Store,
+)
 from rag_retriever.store.record import bare_record
 
 DIM = 384
@@ -58,7 +67,17 @@ def _open(engine: str, root: Path) -> Store:
     return ServerStore(QdrantClient(path=str(root)))
 
 
-def build(engine: str, root: Path, n: int, seed: int = 0) -> dict[str, Any]:
+def build(
+    engine: str,
+    root: Path,
+    n: int,
+    seed: int = 0,
+    *,
+    metadata: Callable[[int], dict[str, Any]] = lambda i: {"group": i % 10},
+    indexes: Mapping[str, IndexKind] | None = None,
+) -> dict[str, Any]:
+    """Version NAME of `n` chunks under `root`; `metadata(i)` is the i-th chunk's, `indexes`
+    the payload indexes of the seal (default: doc_id and metadata.group)."""
     tok = Tokenizer()
     texts = synthetic_chunks(n, real_sentences())
     t0 = time.perf_counter()
@@ -82,14 +101,14 @@ def build(engine: str, root: Path, n: int, seed: int = 0) -> dict[str, Any]:
                 {
                     "doc_id": f"d{(start + i) // 5}",
                     "text": t,
-                    "metadata": {"group": (start + i) % 10},
+                    "metadata": metadata(start + i),
                 }
                 for i, t in enumerate(part)
             ],
         )
     write_s = time.perf_counter() - t0
     t0 = time.perf_counter()
-    store.seal(NAME, {"doc_id": "keyword", "metadata.group": "integer"})
+    store.seal(NAME, indexes or {"doc_id": "keyword", "metadata.group": "integer"})
     seal_s = time.perf_counter() - t0
     store.close()
     return {

@@ -171,7 +171,7 @@ def fuzz(
 ) -> None:
     """Fuzz every operation of `app`'s schema (or only the write routes), positive and negative,
     into `tally`: a failed check is counted and kept, never raised (every example runs)."""
-    schema: Any = schemathesis.openapi.from_asgi("/openapi.json", app)
+    schema: Any = schemathesis.openapi.from_asgi("/openapi.json", app, headers=headers or {})
     fixed = {"alias": ALIAS, "change_id": _a_change(app, headers)}
     for result in schema.get_all_operations():
         operation = result.ok()

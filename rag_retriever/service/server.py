@@ -69,6 +69,7 @@ from rag_retriever.records import (
     TENANT_SCHEMA_PATTERN,
     Mode,
     SearchFilter,
+    SearchResult,
     check_collection,
     check_tenant,
 )
@@ -325,18 +326,16 @@ def _add_search_routes(app: FastAPI, retriever: Retriever, settings: Settings) -
     the server enforces (see `_documented`)."""
     search_body, batch_body = _documented(settings, retriever)
 
-    def scoped_filter(body: _Options, request: Request) -> SearchFilter | None:
-        """The request's filter within its key's scope (Forbidden when it reaches outside)."""
+    def answer(queries: list[str], body: _Options, request: Request) -> list[SearchResult]:
+        """The results of `queries` under `body`'s options, within the key's scope (the
+        filter narrowed to it; Forbidden when the request reaches outside it)."""
         access = access_of(request)
         alias = body.collection or retriever.default_collection
         access.check_collection(parsed[0] if (parsed := parse_collection_name(alias)) else alias)
-        return access.narrow(_filter(body.filter), body.tenant)
-
-    def search(body: SearchBody, request: Request) -> JSONResponse:
-        flt = scoped_filter(body, request)
-        with serving(access_of(request), body.tenant):
-            result = retriever.retrieve(
-                body.query,
+        flt = access.narrow(_filter(body.filter), body.tenant)
+        with serving(access, body.tenant):
+            results = retriever.retrieve_batch(
+                queries,
                 k=body.k,
                 mode=body.mode,
                 filter=flt,
@@ -346,8 +345,11 @@ def _add_search_routes(app: FastAPI, retriever: Retriever, settings: Settings) -
                 expand_tokens=body.expand_tokens,
                 min_score=body.min_score,
             )
-        app.state.metrics.observe([result], access_of(request), body.tenant)
-        return JSONResponse(result.to_dict())
+        app.state.metrics.observe(results, access, body.tenant)
+        return results
+
+    def search(body: SearchBody, request: Request) -> JSONResponse:
+        return JSONResponse(answer([body.query], body, request)[0].to_dict())
 
     def search_batch(body: BatchBody, request: Request) -> JSONResponse:
         if len(body.queries) > settings.max_batch_size:
@@ -355,20 +357,7 @@ def _add_search_routes(app: FastAPI, retriever: Retriever, settings: Settings) -
                 f"the batch has {len(body.queries)} queries; the limit is "
                 f"{settings.max_batch_size} (RAG_MAX_BATCH_SIZE); split it"
             )
-        flt = scoped_filter(body, request)
-        with serving(access_of(request), body.tenant):
-            results = retriever.retrieve_batch(
-                body.queries,
-                k=body.k,
-                mode=body.mode,
-                filter=flt,
-                collection=body.collection,
-                diversity=body.diversity,
-                expand=body.expand,
-                expand_tokens=body.expand_tokens,
-                min_score=body.min_score,
-            )
-        app.state.metrics.observe(results, access_of(request), body.tenant)
+        results = answer(body.queries, body, request)
         return JSONResponse({"results": [r.to_dict() for r in results]})
 
     search.__annotations__["body"] = search_body
@@ -423,7 +412,14 @@ def _add_feedback_and_metrics(app: FastAPI, retriever: Retriever) -> None:
                 "description": "the Prometheus text exposition format",
                 "content": {"text/plain": {"schema": {"type": "string"}}},
             },
-            **_errors(401, 403),
+            # errors are JSON, not the route's text/plain
+            **{
+                status: {
+                    **error,
+                    "content": {"application/json": {"schema": ErrorBody.model_json_schema()}},
+                }
+                for status, error in _errors(401, 403).items()
+            },
         },
     )
     def metrics(request: Request) -> Response:
