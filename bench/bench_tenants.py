@@ -109,7 +109,11 @@ class _Tally:
         self.statuses[str(status)] = self.statuses.get(str(status), 0) + 1
 
 
-def leakage(n_requests: int, n_tenants: int, seed: int = 0) -> dict[str, Any]:
+def leakage(
+    n_requests: int, n_tenants: int, seed: int = 0, *, encoder: Any = None
+) -> dict[str, Any]:
+    """The leakage run (the module docstring); `encoder`: the model (default: RAG_EMBED_MODEL's,
+    all-MiniLM-L6-v2)."""
     rng = random.Random(seed)
     paragraphs = [
         (doc["title"], p)
@@ -145,7 +149,7 @@ def leakage(n_requests: int, n_tenants: int, seed: int = 0) -> dict[str, Any]:
         settings = Settings(
             data_dir=root / "data", keys_file=root / "keys.jsonl", write_window_ms=10
         )
-        encoder = load_encoder(settings)
+        encoder = encoder or load_encoder(settings)
         store = EdgeStore(root / "data")
         t0 = time.perf_counter()
         ingest_documents(

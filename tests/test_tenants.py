@@ -518,3 +518,24 @@ def test_the_clients_and_langchain_pass_the_key_and_the_tenant(
             assert {d.metadata["doc_id"] for d in lc.invoke("alpha notes")} == {"pub"}
             with pytest.raises(Forbidden, match="tenant 'globex'"):
                 lc.invoke("alpha", tenant="globex")
+
+
+@pytest.mark.data
+def test_random_requests_of_scoped_keys_read_and_write_nothing_outside_their_scope(
+    tiny_encoder: Encoder,
+) -> None:
+    """bench/bench_tenants.py's leakage run, small: 8 tenants of SQuAD paragraphs, 17 keys, 400
+    random requests (searches in every mode, with diversity, expansion and the cache; upserts,
+    deletes, feedback), each answer checked against a model of every document the service
+    accepted."""
+    from bench.bench_tenants import leakage
+    from tests.conftest import shared_data
+
+    shared_data("squad_v11_dev", "docs.jsonl")
+    result = leakage(400, 8, seed=3, encoder=tiny_encoder)
+    assert result["hits_checked"] > 300 and result["hits_outside_scope"] == 0
+    assert result["unexpected_statuses"] == 0, result["unexpected_examples"]
+    assert result["documents_differing_from_model"] == 0
+    assert {"search", "upsert", "delete", "feedback"} <= set(result["requests"])
+    assert {"200", "403", "404"} <= set(result["statuses"])
+    assert result["of_which_the_scope_removed"] > 0  # the scopes were not vacuous
