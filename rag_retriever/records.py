@@ -49,6 +49,11 @@ Mode = Literal["dense", "bm25", "hybrid", "rerank"]
 # here because the settings (below the fusion layer) validate the untuned one.
 FusionMethod = Literal["rrf", "dbsf", "minmax", "zscore", "adaptive"]
 MODES: tuple[Mode, ...] = ("dense", "bm25", "hybrid", "rerank")
+# How a version holds its dense vectors in memory (docs/versions.md "Quantized vectors"): float32
+# (none), int8 (4x smaller) or 1 bit a dimension (binary, 32x), the float32 originals on disk
+# rescoring the top candidates. Part of a version, like the model: never mixed inside one.
+Quantization = Literal["none", "int8", "binary"]
+QUANTIZATIONS: tuple[Quantization, ...] = ("none", "int8", "binary")
 
 
 # Collection (alias) names become file names of the embedded store and Qdrant collection names:

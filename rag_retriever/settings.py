@@ -25,7 +25,7 @@ from pydantic_settings import BaseSettings, NoDecode, PydanticBaseSettingsSource
 from pydantic_settings.sources import EnvSettingsSource
 
 from rag_retriever.errors import ConfigError
-from rag_retriever.records import FusionMethod, check_collection
+from rag_retriever.records import FusionMethod, Quantization, check_collection
 from rag_retriever.tracing import TracingMode
 
 Device = Literal["auto", "cpu", "cuda"]
@@ -184,6 +184,12 @@ class Settings(BaseSettings):
         0.02, "relative drift of the average chunk length after which an update rebuilds BM25 fully"
     )
     # When a delta's shards outgrow the base (embedded store), they are merged into a new base:
+    quantization: Quantization = _setting(
+        "none",
+        "how a new version holds its dense vectors in memory: none (float32), int8 (4x "
+        "smaller) or binary (32x), the float32 originals on disk rescoring the top candidates; "
+        "a change re-ingests in full, like a model change",
+    )
     # in a background thread (the CLI: a detached `rag-retriever compact`), left to the caller
     # (`deferred`: run `rag-retriever compact`), or inside the write itself (`inline`).
     compaction: Compaction = _setting(

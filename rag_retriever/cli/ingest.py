@@ -307,7 +307,7 @@ def add_ingest(sub: Any) -> None:
         help="no progress (a bar on a terminal, plain lines otherwise)",
     )
     # The gate evaluates in the query path's primary mode, so the query settings apply.
-    setting_flags(p, "collection", *WRITE, *MODEL, *QUERY, *STORE)
+    setting_flags(p, "collection", *WRITE, "quantization", *MODEL, *QUERY, *STORE)
     p.set_defaults(func=cmd_ingest)
 
 

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
+from rag_retriever.records import Quantization
 from rag_retriever.settings import Compaction as CompactionMode
 from rag_retriever.settings import Settings, default_of
 
@@ -124,6 +125,7 @@ class WriteOptions:
     # The longest document text a write takes (RAG_MAX_DOCUMENT_CHARS), checked with the rest of
     # validation.py's rules before anything is chunked.
     max_document_chars: int = default_of("max_document_chars")
+    quantization: Quantization = "none"  # RAG_QUANTIZATION
 
     @classmethod
     def from_settings(cls, settings: Settings, **overrides: Any) -> WriteOptions:
@@ -138,5 +140,6 @@ class WriteOptions:
             "lock_dir": settings.data_dir,
             "compaction": settings.compaction,
             "max_document_chars": settings.max_document_chars,
+            "quantization": settings.quantization,
         }
         return cls(**{**values, **overrides})

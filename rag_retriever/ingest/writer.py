@@ -147,6 +147,7 @@ def ingest_documents(
     if not corpus.documents:
         raise DocumentError(f"{corpus.source}: no document with text to ingest")
     opts = dataclasses.replace(options or WriteOptions(), **option_values)
+    store.check_quantization(opts.quantization)  # before anything is chunked or embedded
     # a corpus built in code gets the checks a loaded file got (nothing reaches the engine that
     # it cannot store: issue 39)
     validate_documents(
@@ -351,9 +352,11 @@ class _Job:
         tracing.finished_span(f"rag.ingest.{stage}", now - self._clock, **attributes)
         self._clock = now
 
-    def _delta_refusal(self, *, model: bool = True) -> str | None:
+    def _delta_refusal(self, *, model: bool = True, quantization: bool = False) -> str | None:
         """Why the live version cannot be extended with this encoder and chunking (or None);
-        without `model`, only whether there is a live version this job can read."""
+        without `model`, only whether there is a live version this job can read; with
+        `quantization`, also whether the live version holds its vectors as the options ask (an
+        ingest; an update keeps the live version's)."""
         live = self.live
         if self.live_problem is not None:
             return str(self.live_problem)
@@ -368,12 +371,17 @@ class _Job:
             )
         if dict(live.chunking) != dataclasses.asdict(self.chunking):
             return f"{self.live_name} was chunked with {dict(live.chunking)}, not {dataclasses.asdict(self.chunking)}"
+        if quantization and live.quantization != self.opts.quantization:
+            return (
+                f"{self.live_name} holds its vectors as {live.quantization!r}, "
+                f"RAG_QUANTIZATION asks for {self.opts.quantization!r}"
+            )
         return None
 
     # -- entry points -------------------------------------------------------------------------
 
     def ingest(self, corpus: LoadedCorpus, *, full: bool) -> IngestReport:
-        refusal = "--full was asked" if full else self._delta_refusal()
+        refusal = "--full was asked" if full else self._delta_refusal(quantization=True)
         if refusal is not None:
             first = self.live is None and self.live_problem is None
             return self._full(corpus, reason=None if first else refusal)
@@ -395,7 +403,9 @@ class _Job:
 
     def update(self, upsert: list[Document], delete: list[DocKey], *, source: str) -> IngestReport:
         self._refuse_update(self._delta_refusal(model=False))
-        assert self.live_name is not None
+        assert self.live_name is not None and self.live is not None
+        # an update keeps the live version's quantization (a re-base by drift too)
+        self.opts = dataclasses.replace(self.opts, quantization=self.live.quantization)
         live = self._read_live_docs([d.key for d in upsert] + delete)
         self.lap("read_live")
         upsert = [_kept_provenance(d, live) for d in upsert]
@@ -653,6 +663,7 @@ class _Job:
             model_source=getattr(self._encoder.loaded, "source", None)
             or (same.model_source if same else None),
             created_at=stamp(),
+            quantization=same.quantization if same else self.opts.quantization,
             # a delta keeps what was tuned for the version it extends
             fusion=live.fusion if live is not None and lineage.base else None,
             reranker=live.reranker if live is not None and lineage.base else None,

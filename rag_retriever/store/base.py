@@ -41,7 +41,7 @@ from rag_retriever.errors import (
     VersionIncompatible,
 )
 from rag_retriever.models.bm25 import SparseVector
-from rag_retriever.records import SearchFilter
+from rag_retriever.records import Quantization, SearchFilter
 from rag_retriever.store.record import STATUS_COMPLETE, VersionRecord
 
 log = logging.getLogger(__name__)
@@ -58,6 +58,9 @@ _PLAIN_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_-]*$")
 # default ef, 100 neighbours lost 0.0074 of SciFact's dense recall@100 (12,382 chunks) against
 # an exact search; with 4x it equals the exact search's 0.9153, for ~1.7 ms more at 100k points.
 HNSW_EF_PER_RESULT = 4
+# A quantized version's dense search scores this many times the candidates asked for with the
+# quantized vectors, then rescores them with the float32 originals (docs/versions.md).
+QUANTIZATION_OVERSAMPLING = 2.0
 
 # The payload index type of each kind of filterable value (Qdrant's exact match takes these).
 IndexKind = Literal["keyword", "integer", "bool"]
@@ -247,6 +250,10 @@ class Store(ABC):
     @abstractmethod
     def scroll(self, name: str, *, flt: SearchFilter | None = None) -> Iterator[Record]:
         """Every point's payload (of those the filter keeps), in no particular order."""
+
+    def check_quantization(self, quantization: Quantization) -> None:  # noqa: B027
+        """ConfigError when this engine cannot hold a version's vectors as `quantization`
+        (checked before anything of a build is done)."""
 
     def close(self) -> None:  # noqa: B027 - optional for subclasses
         """Release what the store holds open."""

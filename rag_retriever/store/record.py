@@ -26,6 +26,7 @@ from typing import Any, Literal
 from rag_retriever.errors import VersionIncompatible
 from rag_retriever.models.bm25 import BM25Stats
 from rag_retriever.models.profiles import Fingerprint
+from rag_retriever.records import QUANTIZATIONS, Quantization
 
 # 1: the untyped metadata dict of rag-retriever 0.2 (IDF on the document side); 2: this record.
 SCHEMA_VERSION = 2
@@ -89,6 +90,8 @@ class VersionRecord:
     # The documents' metadata fields and the kind of their values (field_kinds): what a filter
     # may name. None: not recorded (a version written before 0.3), filters are not checked.
     fields: Mapping[str, str] | None = None
+    # How the dense vectors are held (records.Quantization); a version written before 0.3: none.
+    quantization: Quantization = "none"
     schema: int = SCHEMA_VERSION
 
     def to_json(self) -> dict[str, Any]:
@@ -111,6 +114,7 @@ class VersionRecord:
             "fusion": dict(self.fusion) if self.fusion is not None else None,
             "reranker": dict(self.reranker) if self.reranker is not None else None,
             "fields": dict(self.fields) if self.fields is not None else None,
+            "quantization": self.quantization,
         }
 
     @classmethod
@@ -128,6 +132,11 @@ class VersionRecord:
             status = str(data["status"])
             if status not in (STATUS_BUILDING, STATUS_COMPLETE):
                 raise ValueError(f"unknown status {status!r}")
+            quantization = data.get("quantization") or "none"
+            if quantization not in QUANTIZATIONS:
+                raise ValueError(
+                    f"unknown quantization {quantization!r} (this one knows {QUANTIZATIONS})"
+                )
             return cls(
                 alias=str(data["alias"]),
                 version=int(data["version"]),
@@ -146,6 +155,7 @@ class VersionRecord:
                 fusion=data.get("fusion"),
                 reranker=data.get("reranker"),
                 fields=data.get("fields"),
+                quantization=quantization,
             )
         except VersionIncompatible:
             raise

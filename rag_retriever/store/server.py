@@ -26,10 +26,11 @@ import numpy as np
 from rag_retriever import conditions
 from rag_retriever.errors import CollectionNotFound, StoreUnavailable
 from rag_retriever.models.bm25 import SparseVector
-from rag_retriever.records import TENANT_FIELD, SearchFilter
+from rag_retriever.records import TENANT_FIELD, Quantization, SearchFilter
 from rag_retriever.store.base import (
     DENSE,
     HNSW_EF_PER_RESULT,
+    QUANTIZATION_OVERSAMPLING,
     SPARSE,
     IndexKind,
     Record,
@@ -145,8 +146,15 @@ class ServerStore(Store):
         with self._call():
             self.client.create_collection(
                 name,
-                vectors_config={DENSE: qm.VectorParams(size=dim, distance=qm.Distance.COSINE)},
+                vectors_config={
+                    DENSE: qm.VectorParams(
+                        size=dim,
+                        distance=qm.Distance.COSINE,
+                        on_disk=True if record.quantization != "none" else None,
+                    )
+                },
                 sparse_vectors_config={SPARSE: qm.SparseVectorParams()},
+                quantization_config=_server_quantization(record.quantization),
                 shard_number=self.shard_number,
                 replication_factor=self.replication_factor,
                 write_consistency_factor=self.write_consistency_factor,
@@ -264,7 +272,12 @@ class ServerStore(Store):
                     limit=q.limit,
                     filter=self._filter(q.flt),
                     # local mode searches exactly (and warns about HNSW parameters)
-                    params=qm.SearchParams(hnsw_ef=HNSW_EF_PER_RESULT * q.limit)
+                    params=qm.SearchParams(
+                        hnsw_ef=HNSW_EF_PER_RESULT * q.limit,
+                        quantization=qm.QuantizationSearchParams(
+                            rescore=True, oversampling=QUANTIZATION_OVERSAMPLING
+                        ),
+                    )
                     if q.using == DENSE and not self.embedded
                     else None,
                     with_payload=False,
@@ -360,3 +373,16 @@ def _server_condition(condition: conditions.Condition) -> Any:
     if isinstance(condition, conditions.All):
         return qm.Filter(must=parts)
     return qm.Filter(should=parts)
+
+
+def _server_quantization(quantization: Quantization) -> Any:
+    """The Qdrant server's quantization config of a version's dense vectors (None: float32)."""
+    from qdrant_client import models as qm
+
+    if quantization == "int8":
+        return qm.ScalarQuantization(
+            scalar=qm.ScalarQuantizationConfig(type=qm.ScalarType.INT8, always_ram=True)
+        )
+    if quantization == "binary":
+        return qm.BinaryQuantization(binary=qm.BinaryQuantizationConfig(always_ram=True))
+    return None

@@ -1,0 +1,156 @@
+"""Quantized dense vectors (RAG_QUANTIZATION): part of a version like its model, applied by the
+engine, searched with rescoring from the float32 originals.
+
+Oracles: the engine's own files (a binary version's shard holds quantized vectors, a float32 one
+does not), a brute-force cosine ranking of the stored vectors, and the version records. Real
+Qdrant Edge and qdrant-client's in-process server API, the tiny encoder.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from rag_retriever.errors import ConfigError, VersionIncompatible
+from rag_retriever.ingest.loaders import LoadedCorpus
+from rag_retriever.ingest.writer import ingest_documents, update_documents
+from rag_retriever.models.encoder import Encoder
+from rag_retriever.query.retriever import Retriever
+from rag_retriever.records import Document
+from rag_retriever.settings import Settings
+from rag_retriever.store import EdgeStore, Store
+from rag_retriever.store.record import VersionRecord
+
+WORDS = [
+    "alpha",
+    "bravo",
+    "charlie",
+    "delta",
+    "echo",
+    "foxtrot",
+    "golf",
+    "hotel",
+    "india",
+    "juliet",
+    "kilo",
+    "lima",
+]
+DOCS = tuple(
+    Document(f"d{i}", f"doc {i}", " ".join(WORDS[(i * j) % len(WORDS)] for j in range(1, 9)))
+    for i in range(60)
+)
+
+
+def ingest(store: Store, encoder: Encoder, tmp_path: Path, quantization: str, **kw: object) -> str:
+    ingest_documents(
+        LoadedCorpus(DOCS, 0, "t"),
+        alias="kb",
+        encoder=encoder,
+        store=store,
+        lock_dir=tmp_path,
+        quantization=quantization,
+        **kw,  # type: ignore[arg-type]
+    )
+    return store.resolve("kb")
+
+
+def quantized_files(root: Path) -> list[Path]:
+    return [p for p in root.rglob("quantized*") if p.is_file()]
+
+
+def test_a_binary_version_is_quantized_by_the_engine_and_searched_with_rescoring(
+    tmp_path: Path, tiny_encoder: Encoder
+) -> None:
+    plain, binary = EdgeStore(tmp_path / "plain"), EdgeStore(tmp_path / "binary")
+    names = {
+        "none": ingest(plain, tiny_encoder, tmp_path, "none"),
+        "binary": ingest(binary, tiny_encoder, tmp_path, "binary"),
+    }
+    assert plain.record(names["none"]).quantization == "none"
+    assert binary.record(names["binary"]).quantization == "binary"
+    assert quantized_files(tmp_path / "binary") and not quantized_files(tmp_path / "plain")
+    # the oracle: cosine of the stored float32 vectors, every chunk
+    every = [r.id for r in plain.scroll(names["none"])]
+    records = plain.retrieve(names["none"], every, with_dense=True)
+    ids = [r.id for r in records]
+    matrix = np.stack([np.asarray(r.dense) for r in records])
+    for query in ("alpha bravo", "kilo lima golf", "echo"):
+        vector = tiny_encoder.encode_queries([query]).vectors[0]
+        exact = [ids[i] for i in np.argsort(-(matrix @ vector), kind="stable")[:5]]
+        for store in (plain, binary):
+            hits = Retriever(encoder=tiny_encoder, store=store, collection="kb").search(
+                query, k=5, mode="dense"
+            )
+            # rescored with the originals: the exact top 5 (the same chunk ids in both stores)
+            assert len(set(h.chunk_id for h in hits) & set(exact)) >= 4, (query, store)
+    plain.close()
+    binary.close()
+
+
+def test_a_change_of_quantization_is_a_full_build_and_an_update_keeps_the_live_one(
+    tmp_path: Path, tiny_encoder: Encoder
+) -> None:
+    store = EdgeStore(tmp_path / "edge")
+    first = ingest(store, tiny_encoder, tmp_path, "none")
+    second = ingest(store, tiny_encoder, tmp_path, "binary", rebase_drift=1.0)
+    assert store.record(second).lineage.base is None  # a full build, not a delta of `first`
+    assert store.record(second).quantization == "binary" and first != second
+    update_documents(
+        [Document("new", "new", "alpha mike november")],
+        alias="kb",
+        encoder=tiny_encoder,
+        store=store,
+        lock_dir=tmp_path,
+        quantization="none",  # the setting: an update keeps the live version's
+        rebase_drift=1.0,
+    )
+    third = store.resolve("kb")
+    assert store.record(third).lineage.base == second
+    assert store.record(third).quantization == "binary"
+    store.close()
+
+
+def test_quantization_names_and_engines_that_cannot_hold_it_are_refused(
+    tmp_path: Path, tiny_encoder: Encoder
+) -> None:
+    with pytest.raises(ConfigError, match="RAG_QUANTIZATION must be one of none, int8, binary"):
+        Settings(quantization="fp8")
+    store = EdgeStore(tmp_path / "edge")
+    with pytest.raises(ConfigError, match="int8 is not applied by the embedded engine"):
+        ingest(store, tiny_encoder, tmp_path, "int8")
+    assert store.aliases() == {} and not any((tmp_path / "edge").glob("kb__*"))
+    # a record naming a quantization this version of rag-retriever cannot read
+    good = ingest(store, tiny_encoder, tmp_path, "binary")
+    data = {**store.record(good).to_json(), "quantization": "int4"}
+    with pytest.raises(VersionIncompatible, match="unknown quantization 'int4'"):
+        VersionRecord.from_json(data, name=good)
+    store.close()
+
+
+def test_the_server_path_asks_the_server_for_the_quantized_collection(
+    server_store: Store, tiny_encoder: Encoder, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """qdrant-client's in-process implementation drops a collection's quantization config (it
+    searches exactly), so what the server is asked for is read from the call itself: a spy on
+    create_collection, which still runs. What a Qdrant server then builds is not run here."""
+    client = server_store.client  # type: ignore[attr-defined]
+    real = client.create_collection
+    asked: list[dict[str, Any]] = []
+
+    def spy(*args: Any, **kwargs: Any) -> Any:
+        asked.append(kwargs)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(client, "create_collection", spy)
+    name = ingest(server_store, tiny_encoder, tmp_path, "int8")
+    assert server_store.record(name).quantization == "int8"
+    config = asked[0]["quantization_config"]
+    assert config.scalar.type == "int8" and config.scalar.always_ram is True
+    assert asked[0]["vectors_config"]["dense"].on_disk is True  # the originals, for rescoring
+    hits = Retriever(encoder=tiny_encoder, store=server_store, collection="kb").search(
+        "alpha", k=3, mode="dense"
+    )
+    assert len(hits) == 3
