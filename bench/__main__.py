@@ -3,7 +3,7 @@ the ratio. Results go to `<out>/bench.json` and `<out>/bench.txt`.
 
 Usage:
     python -m bench [--out bench-out] [--only bm25 engine ingest update query load operate training
-        fusion context few_labels stop tracing writes tenants fuzz gpu improve] [--reranker DIR]
+        fusion context few_labels stop tracing writes tenants quantization fuzz gpu improve] [--reranker DIR]
         [--context-questions N] [--fuzz-examples N]
 
 Needs ../shared/data (SQuAD and SciFact). Takes about an hour on 2 CPU cores: the engine at 100k
@@ -16,7 +16,8 @@ SciFact's labelled claims, judged on folds by document) about 7 minutes; `stop`
 3 minutes; `writes` (bench/bench_writes.py: a delete and a one-document upsert from the CLI,
 Python and HTTP) about 3 minutes; `tenants` (bench/bench_tenants.py: 10,000 requests of 101 scoped
 keys in 50 tenants checked for leaks, one BM25 table vs per-tenant tables, a scoped query at 100k
-chunks) about 15 minutes; `fuzz` (bench/bench_fuzz.py: schemathesis over every HTTP route, the write key sent
+chunks) about 15 minutes; `quantization` (bench/bench_quantization.py: each setting's dense recall
+against exact search and the gold chunk's recall on SQuAD) about 5 minutes; `fuzz` (bench/bench_fuzz.py: schemathesis over every HTTP route, the write key sent
 and missing, counting requests and 5xx) about 10 minutes at the default 150 examples. `gpu`
 (bench/bench_gpu.py) says "skipped" in one line without a CUDA device.
 `improve` (bench/bench_improve.py: `improve` cross-validated on SciFact and on 800 SQuAD train
@@ -49,6 +50,7 @@ BENCHES = (
     "tracing",
     "writes",
     "tenants",
+    "quantization",
     "fuzz",
     "gpu",
 )
@@ -215,6 +217,12 @@ def _run_standalone(args: argparse.Namespace, report: _Report) -> dict[str, Any]
 
         results["tenants"] = bench_tenants.run()
         report.emit(bench_tenants.report(results["tenants"]))
+
+    if "quantization" in args.only:
+        from bench import bench_quantization
+
+        results["quantization"] = bench_quantization.run()
+        report.emit(bench_quantization.report(results["quantization"]))
 
     if "fuzz" in args.only:
         from bench import bench_fuzz

@@ -1,0 +1,140 @@
+"""What quantized vectors cost in recall: each RAG_QUANTIZATION the embedded engine applies,
+against exact search and against float32, on the same vectors, in one run.
+
+Usage:
+    python -m bench.bench_quantization [--questions 1000]
+
+SQuAD's 48 articles are ingested once with the default model (float32, Qdrant Edge); the same
+points (vectors, BM25 weights, payloads) are then written into a version of each other setting
+(binary; int8 is refused by Qdrant Edge 0.9, docs/versions.md). For `--questions` SQuAD dev
+questions: dense recall@10 and @100 against an exact search (brute-force cosine over the stored
+float32 vectors), and the gold chunk's recall@10 in dense and hybrid mode, for each setting. The
+peer is float32 (`none`), the engine's own HNSW with the same ef. Disk: the version's directory.
+Latency is not reported: the index is small enough to be scanned (under the engine's indexing
+threshold), so it says nothing of the scale the brief needs (issue 37).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from bench.bench_common import read_jsonl, shared_path
+from rag_retriever import Settings
+from rag_retriever.ingest.loaders import LoadedCorpus
+from rag_retriever.ingest.writer import ingest_documents
+from rag_retriever.models.encoder import load_encoder
+from rag_retriever.query.retriever import Retriever
+from rag_retriever.records import Document, Quantization
+from rag_retriever.store import EdgeStore
+
+SETTINGS: tuple[Quantization, ...] = ("none", "binary")
+
+
+def run(n_questions: int = 1000) -> dict[str, Any]:
+    articles = read_jsonl(shared_path("squad_v11_dev", "docs.jsonl"))
+    questions = read_jsonl(shared_path("squad_v11_dev", "questions_dev.jsonl"), n_questions)
+    docs = tuple(Document(a["id"], a["title"], a["text"]) for a in articles)
+    out: dict[str, Any] = {"questions": len(questions)}
+    with tempfile.TemporaryDirectory(prefix="bench-quant-") as tmp:
+        root = Path(tmp)
+        encoder = load_encoder(Settings(data_dir=root))
+        base = EdgeStore(root / "none")
+        ingest_documents(
+            LoadedCorpus(docs, 0, "squad"), alias="kb", encoder=encoder, store=base, lock_dir=root
+        )
+        name = base.resolve("kb")
+        ids = [r.id for r in base.scroll(name)]
+        points = base.retrieve(name, ids, with_dense=True, with_sparse=True)
+        matrix = np.stack([np.asarray(p.dense, dtype=np.float32) for p in points])
+        point_ids = [p.id for p in points]
+        stores: dict[str, EdgeStore] = {"none": base}
+        for setting in SETTINGS[1:]:
+            store = EdgeStore(root / setting)
+            record = dataclasses.replace(base.record(name), quantization=setting)
+            store.create(name, matrix.shape[1], record)
+            store.put_doc_freqs(name, base.doc_freqs(name))
+            for at in range(0, len(points), 256):
+                part = points[at : at + 256]
+                store.upsert(
+                    name,
+                    [p.id for p in part],
+                    matrix[at : at + 256],
+                    [p.sparse for p in part if p.sparse is not None],
+                    [dict(p.payload) for p in part],
+                )
+            store.seal(name, {"doc_id": "keyword"})
+            store.point_alias("kb", name)
+            stores[setting] = store
+        vectors = encoder.encode_queries([q["question"] for q in questions]).vectors
+        exact = np.argsort(-(vectors @ matrix.T), axis=1, kind="stable")[:, :100]
+        for label, served in stores.items():
+            retriever = Retriever(encoder=encoder, store=served, collection="kb")
+            found = {"dense@10": 0.0, "dense@100": 0.0, "gold_dense@10": 0, "gold_hybrid@10": 0}
+            for i, q in enumerate(questions):
+                dense = retriever.retrieve(q["question"], k=100, mode="dense").hits
+                got = [h.chunk_id for h in dense]
+                top = [point_ids[j] for j in exact[i]]
+                found["dense@10"] += len(set(got[:10]) & set(top[:10])) / 10
+                found["dense@100"] += len(set(got) & set(top)) / 100
+                span = q["gold_spans"][0]
+                found["gold_dense@10"] += _has_gold(dense[:10], span)
+                hybrid = retriever.retrieve(q["question"], k=10, mode="hybrid").hits
+                found["gold_hybrid@10"] += _has_gold(hybrid, span)
+            out[label] = {k: v / len(questions) for k, v in found.items()}
+            out[label]["disk_mb"] = (
+                sum(p.stat().st_size for p in (root / label).rglob("*") if p.is_file()) / 2**20
+            )
+            served.close()
+    out["chunks"] = len(point_ids)
+    return out
+
+
+def _has_gold(hits: Sequence[Any], span: dict[str, Any]) -> int:
+    return int(
+        any(
+            h.doc_id == span["doc_id"] and h.start <= span["start"] and span["end"] <= h.end
+            for h in hits
+        )
+    )
+
+
+def report(result: dict[str, Any]) -> list[str]:
+    lines = [
+        f"== quantized vectors: SQuAD, {result['chunks']:,} chunks, {result['questions']:,} dev "
+        f"questions (Qdrant Edge, all-MiniLM-L6-v2) =="
+    ]
+    peer = result["none"]
+    for setting in SETTINGS:
+        r = result[setting]
+        lines.append(
+            f"{setting}: dense recall@10 / @100 of exact search {r['dense@10']:.4f} / "
+            f"{r['dense@100']:.4f}; gold chunk recall@10 dense {r['gold_dense@10']:.4f}, hybrid "
+            f"{r['gold_hybrid@10']:.4f} (vs none: {r['gold_dense@10'] - peer['gold_dense@10']:+.4f}"
+            f", {r['gold_hybrid@10'] - peer['gold_hybrid@10']:+.4f}); disk {r['disk_mb']:.1f} MB"
+        )
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.bench_quantization", description=__doc__)
+    parser.add_argument("--questions", type=int, default=1000)
+    parser.add_argument("--json", type=Path, help="also write the results here")
+    args = parser.parse_args(argv)
+    result = run(args.questions)
+    for text in report(result):
+        print(text, flush=True)
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
