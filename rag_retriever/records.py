@@ -54,6 +54,8 @@ MODES: tuple[Mode, ...] = ("dense", "bm25", "hybrid", "rerank")
 # rescoring the top candidates. Part of a version, like the model: never mixed inside one.
 Quantization = Literal["none", "int8", "binary"]
 QUANTIZATIONS: tuple[Quantization, ...] = ("none", "int8", "binary")
+# Vectors as the model gives them (what every version written before 0.3 holds).
+UNQUANTIZED: Quantization = "none"
 
 
 # Collection (alias) names become file names of the embedded store and Qdrant collection names:

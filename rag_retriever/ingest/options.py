@@ -104,6 +104,10 @@ class IngestReport:
         return out
 
 
+# RAG_QUANTIZATION's default (a typed constant: a dataclass field may not call default_of).
+DEFAULT_QUANTIZATION: Quantization = default_of("quantization")
+
+
 @dataclass(frozen=True)
 class WriteOptions:
     """How a write is made and kept; every default is the settings' (one declaration)."""
@@ -125,7 +129,7 @@ class WriteOptions:
     # The longest document text a write takes (RAG_MAX_DOCUMENT_CHARS), checked with the rest of
     # validation.py's rules before anything is chunked.
     max_document_chars: int = default_of("max_document_chars")
-    quantization: Quantization = "none"  # RAG_QUANTIZATION
+    quantization: Quantization = DEFAULT_QUANTIZATION
 
     @classmethod
     def from_settings(cls, settings: Settings, **overrides: Any) -> WriteOptions:

@@ -26,7 +26,7 @@ from typing import Any, Literal
 from rag_retriever.errors import VersionIncompatible
 from rag_retriever.models.bm25 import BM25Stats
 from rag_retriever.models.profiles import Fingerprint
-from rag_retriever.records import QUANTIZATIONS, Quantization
+from rag_retriever.records import QUANTIZATIONS, UNQUANTIZED, Quantization
 
 # 1: the untyped metadata dict of rag-retriever 0.2 (IDF on the document side); 2: this record.
 SCHEMA_VERSION = 2
@@ -91,7 +91,7 @@ class VersionRecord:
     # may name. None: not recorded (a version written before 0.3), filters are not checked.
     fields: Mapping[str, str] | None = None
     # How the dense vectors are held (records.Quantization); a version written before 0.3: none.
-    quantization: Quantization = "none"
+    quantization: Quantization = UNQUANTIZED
     schema: int = SCHEMA_VERSION
 
     def to_json(self) -> dict[str, Any]:
@@ -132,7 +132,7 @@ class VersionRecord:
             status = str(data["status"])
             if status not in (STATUS_BUILDING, STATUS_COMPLETE):
                 raise ValueError(f"unknown status {status!r}")
-            quantization = data.get("quantization") or "none"
+            quantization = data.get("quantization") or UNQUANTIZED
             if quantization not in QUANTIZATIONS:
                 raise ValueError(
                     f"unknown quantization {quantization!r} (this one knows {QUANTIZATIONS})"
