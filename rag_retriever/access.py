@@ -73,10 +73,9 @@ class Scope:
     def write_tenant(self, tenant: str) -> str:
         """The tenant a document written with this key belongs to: the one it names, or the
         key's own when the key has exactly one; Forbidden outside the scope."""
-        if not tenant and self.tenants is not None and len(self.tenants) == 1:
-            return next(iter(self.tenants))
-        self.check_tenant(tenant, "write")
-        return tenant
+        chosen = tenant or single_tenant(self, None) or ""
+        self.check_tenant(chosen, "write")
+        return chosen
 
     def narrow(self, flt: SearchFilter | None, tenant: str | None) -> SearchFilter | None:
         """The filter a search runs with: the request's (`flt`, and `tenant` when it names one)
