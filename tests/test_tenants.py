@@ -486,6 +486,10 @@ def test_the_cli_writes_and_searches_one_tenant(
         ("globex", "faq", "alpha refunds within a day")
     }
     assert main([*args, "--tenant", "../globex"]) == 2
+    out = tmp_path / "q.jsonl"
+    assert main(["questions", "--from-log", str(tmp_path), "--out", str(out), "--tenant", "A"]) == 2
+    assert "--tenant: tenant 'A' is not a tenant name" in capsys.readouterr().err
+    assert not out.exists()
     other = tmp_path / "other.jsonl"
     other.write_text(json.dumps({"id": "x", "text": "alpha", "tenant": "acme"}) + "\n")
     assert main(["update", "--upsert", str(other), "--collection", "kb", "--tenant", "globex"]) == 2

@@ -9,11 +9,18 @@ from pathlib import Path
 from typing import Any
 
 from rag_retriever.cli.common import LIMITS, MODEL, QUERY, STORE, command_settings, setting_flags
+from rag_retriever.errors import ConfigError
 
 
 def cmd_questions(args: argparse.Namespace) -> int:
     from rag_retriever.query.querylog import questions_from_log
+    from rag_retriever.records import check_tenant
 
+    if args.tenant is not None:
+        try:
+            check_tenant(args.tenant)
+        except ValueError as exc:
+            raise ConfigError(f"--tenant: {exc}") from None
     rows, report = questions_from_log(args.from_log, alias=args.collection, tenant=args.tenant)
     where = ", ".join(str(d) for d in args.from_log)
     if args.tenant is None and report.tenants > 1:
@@ -199,4 +206,81 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from rag_retriever.service import server  # FastAPI and the models load only for this command
 
     server.serve(command_settings(args), host=args.host, port=args.port)
+    return 0
+
+
+def add_plan(sub: Any) -> None:
+    """`plan`: memory, disk, build time, latency and edit cost of a brief, per quantization."""
+    from rag_retriever.ops.plan import CONSTANTS, Brief
+
+    default = Brief(chunks=1)
+    p = sub.add_parser(
+        "plan",
+        help="memory, disk, build time, latency and edit cost of a corpus and a load, per "
+        "quantization setting, from measured constants (docs/operating.md)",
+    )
+    size = p.add_mutually_exclusive_group(required=True)
+    size.add_argument("--chunks", type=int, help="chunks in the corpus")
+    size.add_argument(
+        "--documents", type=int, help="documents in the corpus (see --chunks-per-document)"
+    )
+    p.add_argument(
+        "--chunks-per-document", type=float, default=4.0, help="chunks a document makes (4)"
+    )
+    p.add_argument(
+        "--qps", type=float, default=default.qps, help=f"queries/s at peak ({default.qps:g})"
+    )
+    p.add_argument(
+        "--p95-ms", type=float, default=default.p95_ms, help=f"latency target ({default.p95_ms:g})"
+    )
+    p.add_argument(
+        "--edits-per-day",
+        type=int,
+        default=default.edits_per_day,
+        help=f"document edits a day ({default.edits_per_day:,})",
+    )
+    p.add_argument(
+        "--nodes",
+        type=int,
+        default=default.nodes,
+        help=f"nodes of the cluster compared ({default.nodes})",
+    )
+    p.add_argument("--memory-gb", type=float, help="memory of a machine (default: this one's)")
+    p.add_argument("--cores", type=int, help="cores of a machine (default: this one's)")
+    p.add_argument(
+        "--constants",
+        type=Path,
+        help=f"measured constants (default: {CONSTANTS.name}, measured on the development machine; "
+        f"write your own with `python -m bench.bench_engine --constants-out FILE`)",
+    )
+    p.add_argument("--json", action="store_true", help="print the plan as JSON")
+    p.set_defaults(func=cmd_plan)
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    import os
+
+    from rag_retriever.ops.plan import Brief, describe, load_constants, make_plan
+
+    if args.chunks_per_document <= 0:
+        raise ConfigError("--chunks-per-document must be > 0")
+    chunks = (
+        args.chunks if args.chunks is not None else round(args.documents * args.chunks_per_document)
+    )
+    memory_gb = args.memory_gb or os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    brief = Brief(
+        chunks=chunks,
+        qps=args.qps,
+        p95_ms=args.p95_ms,
+        edits_per_day=args.edits_per_day,
+        chunks_per_edit=args.chunks_per_document,
+        nodes=args.nodes,
+        memory_gb=round(memory_gb, 1),
+        cores=args.cores or os.cpu_count() or 1,
+    )
+    plan = make_plan(brief, load_constants(args.constants))
+    if args.json:
+        print(json.dumps(plan.to_dict(), indent=2))
+    else:
+        print("\n".join(describe(plan)))
     return 0
