@@ -41,6 +41,7 @@ import hashlib
 import json
 import os
 import random
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -367,17 +368,21 @@ def _run_size(
     return row
 
 
-def run_server(n: int = 10_000) -> dict[str, Any]:
-    """The server code path (a delta = a new collection filled by copying the live points) on
-    qdrant-client's in-process implementation of the server API: full build vs 10-doc delta."""
+def run_server(n: int = 100_000, repeats: int = 3) -> dict[str, Any]:
+    """The server code path on qdrant-client's in-process implementation of the server API: a
+    10-document edit (versions as filters over one physical collection, store/server.py) against
+    the peer, what an edit cost before: a new collection receiving a copy of every point of the
+    live version through the client (`copy_version`), measured side by side on the same store.
+    Each edit's points written are counted by a spy on the client."""
     from qdrant_client import QdrantClient
 
     from rag_retriever.store import ServerStore
 
     corpus = Corpus(n, seed=1)
     encoder = RandomEncoder()
+    store = ServerStore(QdrantClient(":memory:"))
+    written = _count_writes(store.client)
     with tempfile.TemporaryDirectory() as tmp:
-        store = ServerStore(QdrantClient(path=str(Path(tmp) / "local")))
         opts = WriteOptions(lock_dir=Path(tmp), retention_grace_s=0, rebase_drift=1.0)
         t0 = time.perf_counter()
         full = ingest_documents(
@@ -389,14 +394,123 @@ def run_server(n: int = 10_000) -> dict[str, Any]:
             options=opts,
         )
         full_s = time.perf_counter() - t0
-        upserts, deleted = corpus.change(10)
-        t0 = time.perf_counter()
-        update_documents(
-            upserts, deleted, alias="bench", encoder=encoder, store=store, options=opts
+        edits: list[dict[str, Any]] = []
+        copies: list[dict[str, Any]] = []
+        for _ in range(repeats):  # interleaved: an edit, then the peer's copy
+            upserts, deleted = corpus.change(10)
+            written["points"] = 0
+            t0 = time.perf_counter()
+            report = update_documents(
+                upserts, deleted, alias="bench", encoder=encoder, store=store, options=opts
+            )
+            edits.append(
+                {
+                    "s": time.perf_counter() - t0,
+                    "chunks": report.encoded,
+                    "points_written": written["points"],
+                }
+            )
+            written["points"] = 0
+            t0 = time.perf_counter()
+            copy_version(store, report.collection, "bench_copy")
+            copies.append({"s": time.perf_counter() - t0, "points_written": written["points"]})
+            store.client.delete_collection("bench_copy")
+    store.close()
+    edit_s = statistics.median(e["s"] for e in edits)
+    copy_s = statistics.median(c["s"] for c in copies)
+    return {
+        "chunks": full.chunks,
+        "full_s": full_s,
+        "edits": edits,
+        "copies": copies,
+        "edit_s": edit_s,
+        "copy_s": copy_s,
+        "ratio": edit_s / copy_s,
+    }
+
+
+def edit_constants(n: int = 20_000, repeats: int = 3) -> dict[str, Any]:
+    """What `rag-retriever plan` needs of an edit: the median seconds of a 10-document delta on
+    Edge (from the command to the alias serving it; a delta's cost follows the change, not the
+    corpus, so a small corpus stands for a large one), and the points the server path writes per
+    changed chunk (`run_server`)."""
+    corpus = Corpus(n, seed=2)
+    encoder = RandomEncoder()
+    with tempfile.TemporaryDirectory() as tmp:
+        store = EdgeStore(Path(tmp) / "edge")
+        opts = WriteOptions(lock_dir=Path(tmp), retention_grace_s=0, rebase_drift=1.0)
+        ingest_documents(
+            LoadedCorpus(tuple(corpus.docs.values()), 0, "bench"),
+            alias="bench",
+            encoder=encoder,
+            store=store,
+            full=True,
+            options=opts,
         )
-        delta_s = time.perf_counter() - t0
+        seconds = []
+        for _ in range(repeats):
+            upserts, deleted = corpus.change(10)
+            t0 = time.perf_counter()
+            update_documents(
+                upserts, deleted, alias="bench", encoder=encoder, store=store, options=opts
+            )
+            seconds.append(time.perf_counter() - t0)
         store.close()
-    return {"chunks": full.chunks, "full_s": full_s, "delta_10_docs_s": delta_s}
+    server = run_server(n // 4, repeats=repeats)
+    written = sum(e["points_written"] for e in server["edits"])
+    changed = sum(e["chunks"] for e in server["edits"])
+    return {
+        "edge_edit_s": statistics.median(seconds),
+        "server_points_per_changed_chunk": written / changed,
+        "measured_at_chunks": n,
+    }
+
+
+def copy_version(store: Any, name: str, target: str, batch: int = 512) -> None:
+    """The peer: what a server-path delta did before (rag-retriever 0.3's `derive`), a new
+    collection filled with every point of the base collection, vectors and payloads, read with
+    `scroll` and written with `upsert` through the client in batches of 512, with no filter
+    (0.3 kept one collection a version). Here the base is the physical collection of `name`
+    (its points, and the few an edit marked removed); the delta's own points would come after
+    and are left out."""
+    from qdrant_client import models as qm
+
+    store.client.create_collection(
+        target,
+        vectors_config={"dense": qm.VectorParams(size=DIM, distance=qm.Distance.COSINE)},
+        sparse_vectors_config={"bm25": qm.SparseVectorParams()},
+    )
+    physical = store._entry(name).physical  # where the version's points are
+    offset: Any = None
+    while True:
+        points, offset = store.client.scroll(
+            physical, limit=batch, offset=offset, with_payload=True, with_vectors=True
+        )
+        store.client.upsert(
+            target,
+            points=[qm.PointStruct(id=p.id, vector=p.vector, payload=p.payload) for p in points],
+            wait=True,
+        )
+        if offset is None:
+            return
+
+
+def _count_writes(client: Any) -> dict[str, int]:
+    """A spy on the client's point writes: {"points": points upserted, or their payload set,
+    outside the catalog}; set it to 0 between the things measured."""
+    from rag_retriever.store.server import CATALOG
+
+    written = {"points": 0}
+    for method in ("upsert", "set_payload"):
+        real = getattr(client, method)
+
+        def spy(collection: str, *args: Any, _real: Any = real, **kw: Any) -> Any:
+            if collection != CATALOG:
+                written["points"] += len(kw["points"])
+            return _real(collection, *args, **kw)
+
+        setattr(client, method, spy)
+    return written
 
 
 def run_e2e() -> dict[str, Any]:
@@ -682,10 +796,14 @@ def report(
             f"  disk {r['disk_mb']:,.0f} MB (two kept versions), RSS {r['rss_mb']:,.0f} MB"
         )
     if server:
+        edits, copies = server["edits"], server["copies"]
         lines.append(
-            f"server code path (qdrant-client in-process, {server['chunks']:,} chunks): full build "
-            f"{server['full_s']:.1f} s, 10-document delta {server['delta_10_docs_s']:.1f} s (a copy "
-            f"of every point, no encoding) -> {server['full_s'] / server['delta_10_docs_s']:.1f}x"
+            f"server code path (qdrant-client in-process, {server['chunks']:,} chunks, full build "
+            f"{server['full_s']:.1f} s): a 10-document edit {server['edit_s']:.2f} s median "
+            f"({', '.join(str(e['points_written']) for e in edits)} points written for "
+            f"{', '.join(str(e['chunks']) for e in edits)} chunks) vs peer, a copy of the "
+            f"version's points as deltas were made before, {server['copy_s']:.2f} s "
+            f"({copies[0]['points_written']:,} points written) -> {server['ratio']:.4f}x"
         )
     for data, row in (delta_recall or {}).items():
         delta, full = row["delta"], row["full"]

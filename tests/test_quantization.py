@@ -147,9 +147,10 @@ def test_the_server_path_asks_the_server_for_the_quantized_collection(
     monkeypatch.setattr(client, "create_collection", spy)
     name = ingest(server_store, tiny_encoder, tmp_path, "int8")
     assert server_store.record(name).quantization == "int8"
-    config = asked[0]["quantization_config"]
+    [points] = [call for call in asked if "quantization_config" in call]  # not the catalog
+    config = points["quantization_config"]
     assert config.scalar.type == "int8" and config.scalar.always_ram is True
-    assert asked[0]["vectors_config"]["dense"].on_disk is True  # the originals, for rescoring
+    assert points["vectors_config"]["dense"].on_disk is True  # the originals, for rescoring
     hits = Retriever(encoder=tiny_encoder, store=server_store, collection="kb").search(
         "alpha", k=3, mode="dense"
     )

@@ -1,25 +1,55 @@
-"""A Qdrant server or cluster through qdrant-client (`RAG_QDRANT_URL`): one collection a version.
+"""A Qdrant server or cluster through qdrant-client (`RAG_QDRANT_URL`): versions as filters over
+one physical collection, so an edit writes only the points it changes.
 
 Example:
     >>> store = ServerStore(QdrantClient(url="http://qdrant:6333"))     # doctest: +SKIP
 
-Aliases move with one `update_collection_aliases` call (atomic on the server). Nothing is kept on
-the local disk: a version's record and document frequencies live in the collection's metadata.
-A version made from another (`derive`) is a new collection that receives the base's points
-(vectors and payloads copied through the API, nothing re-encoded) minus the dropped ids, then
-the delta; so on a server a delta costs a copy of the corpus's points but never its encoding or
-tokenising. A real cluster would rather snapshot the base and recover it under the new name
-(`create_snapshot` / `recover_snapshot`, no point transfer through the client); that path needs
-a server's snapshot storage and was never run here (qdrant-client's in-process implementation of
-the server API, which the tests use, has no snapshots).
+Layout on the server:
+
+    rag_retriever_catalog              one point a version (its record, BM25 document
+                                       frequencies, physical collection and visible versions),
+                                       one an alias (the version it serves), one an alias's
+                                       counter (the highest version number ever given)
+    <alias>__<slug>__v<N>__points      the points of version N, a full build, and of every
+                                       version derived from it (the same model, chunking and
+                                       quantization)
+
+Each point carries the logical id the writer gave it (`_rag_pid`), the version that added it
+(`_rag_added`) and the versions that removed it (`_rag_removed`); its physical id is made of
+both, so two versions can hold different texts of one chunk id. A version sees the points that
+one of its ancestors (itself included) added and none of them removed: its ancestry is a few
+runs of version numbers (one run while each version derives from the one before; a new run after
+a rollback or a failed build), so the visibility filter is a few integer ranges however many
+deltas there were. A delta (`derive`) writes its catalog point, marks the points it drops as
+removed by it (their payload only) and adds its own points: a 10-document edit writes about
+twice its chunks, never the corpus (bench/bench_update.py, docs/versions.md). Readers of other
+versions are not affected: the new version's number is outside their ancestry.
+
+Serving an alias is one catalog point replaced in one call, so a reader sees the old or the new
+version; a rollback moves it back. Deleting a version (retention, orphans) deletes its catalog
+point, then every point no remaining version sees (one delete by filter on the server, which
+leaves the points of versions numbered past the ones it listed: a writer in another process
+may be filling one); the physical collection goes with its last version. A process killed
+mid-write leaves a `building` version whose points the next write's orphan removal deletes the
+same way.
+
+On a real cluster (never run here; the tests use qdrant-client's in-process implementation of
+the server API, which has no payload indexes, replication or quantization): the visibility
+fields are integer and keyword payload indexes; a write waits for `write_consistency_factor`
+replicas; a catalog point is read on every query after ENTRY_TTL_S, so a deleted version stops
+answering within that time (retention's grace period is far longer). docs/versions.md says
+what would differ with shard keys and replication.
 """
 
 from __future__ import annotations
 
 import contextlib
 import threading
+import time
+import uuid
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Final
 
 import numpy as np
 
@@ -43,14 +73,73 @@ from rag_retriever.store.base import (
 )
 from rag_retriever.store.record import VersionRecord
 
-META_KEY = "rag_retriever"
-DOC_FREQS_KEY = "rag_retriever_doc_freqs"
-# Points per call when a version's points are copied into a derived one.
-COPY_BATCH = 512
+CATALOG: Final = "rag_retriever_catalog"
+# The visibility fields of a point (never a chunk record's own: those have no leading "_").
+PID: Final = "_rag_pid"
+ADDED: Final = "_rag_added"
+REMOVED: Final = "_rag_removed"
+_VISIBILITY_INDEXES: Final[dict[str, IndexKind]] = {
+    PID: "keyword",
+    ADDED: "integer",
+    REMOVED: "integer",
+}
+# How long a process trusts what it read of a version's catalog point before reading it again.
+ENTRY_TTL_S: Final = 1.0
+# Ids per call when points are looked up or marked by logical id.
+ID_BATCH: Final = 1024
+_NAMESPACE: Final = uuid.UUID("6f1c2a52-3d0e-4f39-9a53-7c0de1b2e7a4")
+
+Runs = tuple[tuple[int, int], ...]
+
+
+@dataclass(frozen=True)
+class _Version:
+    """What a query needs of a version: where its points are and which versions it sees."""
+
+    name: str
+    alias: str
+    physical: str
+    number: int
+    runs: Runs
+
+
+def _catalog_id(kind: str, name: str) -> str:
+    return str(uuid.uuid5(_NAMESPACE, f"{kind}:{name}"))
+
+
+def point_id(pid: str, number: int) -> str:
+    """The physical id of logical point `pid` as version `number` wrote it."""
+    return str(uuid.uuid5(_NAMESPACE, f"{pid}@{number}"))
+
+
+def ancestry(base: Runs, base_number: int, number: int) -> Runs:
+    """The runs a version derived from `base` sees: the base's, and its own number.
+
+    >>> ancestry(((3, 7),), 7, 8), ancestry(((3, 7),), 7, 10)
+    (((3, 8),), ((3, 7), (10, 10)))
+    """
+    lo, hi = base[-1]
+    if hi == base_number and number == base_number + 1:
+        return (*base[:-1], (lo, number))
+    return (*base, (number, number))
+
+
+def visible(runs: Runs) -> Any:
+    """The points a version with these runs sees: added in one of them, removed in none."""
+    from qdrant_client import models as qm
+
+    def within(key: str) -> list[Any]:
+        return [qm.FieldCondition(key=key, range=qm.Range(gte=lo, lte=hi)) for lo, hi in runs]
+
+    return qm.Filter(should=within(ADDED), must_not=[qm.Filter(should=within(REMOVED))])
+
+
+def _strip(payload: Mapping[str, Any] | None) -> dict[str, Any]:
+    return {k: v for k, v in (payload or {}).items() if k not in _VISIBILITY_INDEXES}
 
 
 class ServerStore(Store):
-    """Collections on a Qdrant server or cluster; stateless on the local machine."""
+    """Versions on a Qdrant server or cluster; stateless on the local machine."""
 
     def __init__(
         self,
@@ -60,6 +149,7 @@ class ServerStore(Store):
         replication_factor: int | None = None,
         write_consistency_factor: int | None = None,
         where: str | None = None,
+        catalog: str = CATALOG,
     ) -> None:
         from qdrant_client.local.qdrant_local import QdrantLocal
 
@@ -72,10 +162,12 @@ class ServerStore(Store):
         self.shard_number = shard_number
         self.replication_factor = replication_factor
         self.write_consistency_factor = write_consistency_factor
+        self.catalog = catalog
         # qdrant-client's in-process implementation is not thread-safe; a server is.
         self._lock: contextlib.AbstractContextManager[Any] = (
             threading.RLock() if self.embedded else contextlib.nullcontext()
         )
+        self._entries: dict[str, tuple[float, _Version]] = {}
 
     @property
     def where(self) -> str:
@@ -108,44 +200,173 @@ class ServerStore(Store):
                     f"that the Qdrant server at RAG_QDRANT_URL is running"
                 ) from exc
 
-    def collection_names(self) -> list[str]:
+    # -- the catalog --------------------------------------------------------------------------
+
+    def _has_catalog(self) -> bool:
         with self._call():
-            return sorted(c.name for c in self.client.get_collections().collections)
+            return bool(self.client.collection_exists(self.catalog))
 
-    def exists(self, name: str) -> bool:
-        with self._call():
-            return bool(self.client.collection_exists(name))
-
-    def aliases(self) -> dict[str, str]:
-        with self._call():
-            return {a.alias_name: a.collection_name for a in self.client.get_aliases().aliases}
-
-    def _metadata(self, name: str) -> Mapping[str, Any]:
-        with self._call(name):
-            config = self.client.get_collection(name).config
-        return getattr(config, "metadata", None) or {}
-
-    def read_meta(self, name: str) -> dict[str, Any]:
-        meta = self._metadata(name).get(META_KEY)
-        return dict(meta) if isinstance(meta, Mapping) else {}
-
-    def write_meta(self, name: str, meta: Mapping[str, Any]) -> None:
-        with self._call(name):
-            self.client.update_collection(name, metadata={META_KEY: dict(meta)})
-
-    def doc_freqs(self, name: str) -> dict[str, int]:
-        return dict(self._metadata(name).get(DOC_FREQS_KEY) or {})
-
-    def put_doc_freqs(self, name: str, doc_freqs: Mapping[str, int]) -> None:
-        with self._call(name):
-            self.client.update_collection(name, metadata={DOC_FREQS_KEY: dict(doc_freqs.items())})
-
-    def create(self, name: str, dim: int, record: VersionRecord) -> None:
+    def _ensure_catalog(self) -> None:
+        if self._has_catalog():
+            return
         from qdrant_client import models as qm
 
         with self._call():
             self.client.create_collection(
-                name,
+                self.catalog,
+                vectors_config={},
+                replication_factor=self.replication_factor,
+                write_consistency_factor=self.write_consistency_factor,
+            )
+        if not self.embedded:
+            for key in ("kind", "alias", "physical"):
+                with self._call():
+                    self.client.create_payload_index(
+                        self.catalog, key, qm.PayloadSchemaType.KEYWORD, wait=True
+                    )
+
+    def _catalog_scroll(self, kind: str, fields: Sequence[str], **match: str) -> Iterator[Any]:
+        from qdrant_client import models as qm
+
+        if not self._has_catalog():
+            return
+        must: list[Any] = [
+            qm.FieldCondition(key=k, match=qm.MatchValue(value=v))
+            for k, v in {"kind": kind, **match}.items()
+        ]
+        offset: Any = None
+        while True:
+            with self._call():
+                points, offset = self.client.scroll(
+                    self.catalog,
+                    scroll_filter=qm.Filter(must=must),
+                    limit=1024,
+                    offset=offset,
+                    with_payload=list(fields),
+                )
+            yield from (p.payload or {} for p in points)
+            if offset is None:
+                return
+
+    def _catalog_get(self, kind: str, name: str, fields: Sequence[str]) -> dict[str, Any] | None:
+        if not self._has_catalog():
+            return None
+        with self._call():
+            found = self.client.retrieve(
+                self.catalog, ids=[_catalog_id(kind, name)], with_payload=list(fields)
+            )
+        return dict(found[0].payload or {}) if found else None
+
+    def _catalog_put(self, kind: str, name: str, payload: Mapping[str, Any]) -> None:
+        """Replace one catalog point: one call, so a reader sees it whole or not at all."""
+        from qdrant_client import models as qm
+
+        self._ensure_catalog()
+        with self._call():
+            self.client.upsert(
+                self.catalog,
+                points=[
+                    qm.PointStruct(
+                        id=_catalog_id(kind, name), vector={}, payload={"kind": kind, **payload}
+                    )
+                ],
+                wait=True,
+            )
+
+    def _catalog_set(self, name: str, payload: Mapping[str, Any]) -> None:
+        """Set some keys of a version's catalog point (the others are kept)."""
+        self._entry(name, fresh=True)  # CollectionNotFound when it is gone
+        with self._call(name):
+            self.client.set_payload(
+                self.catalog,
+                payload=dict(payload),
+                points=[_catalog_id("version", name)],
+                wait=True,
+            )
+
+    def _entry(self, name: str, *, fresh: bool = False) -> _Version:
+        cached = self._entries.get(name)
+        if cached is not None and not fresh and time.monotonic() - cached[0] < ENTRY_TTL_S:
+            return cached[1]
+        found = self._catalog_get("version", name, ("alias", "physical", "number", "runs"))
+        if found is None:
+            self._entries.pop(name, None)
+            raise CollectionNotFound(f"collection {name!r} no longer exists")
+        entry = _Version(
+            name,
+            found["alias"],
+            found["physical"],
+            int(found["number"]),
+            tuple((int(lo), int(hi)) for lo, hi in found["runs"]),
+        )
+        self._entries[name] = (time.monotonic(), entry)
+        return entry
+
+    def _new_version(self, name: str, record: VersionRecord, physical: str, runs: Runs) -> None:
+        counter = self._catalog_get("counter", record.alias, ("number",)) or {}
+        self._catalog_put(
+            "counter", record.alias, {"number": max(record.version, int(counter.get("number", 0)))}
+        )
+        self._catalog_put(
+            "version",
+            name,
+            {
+                "name": name,
+                "alias": record.alias,
+                "physical": physical,
+                "number": record.version,
+                "runs": [list(r) for r in runs],
+                "meta": record.to_json(),
+                "doc_freqs": {},
+            },
+        )
+        self._entries.pop(name, None)
+
+    # -- the Store contract -------------------------------------------------------------------
+
+    def collection_names(self) -> list[str]:
+        return sorted(p["name"] for p in self._catalog_scroll("version", ("name",)))
+
+    def exists(self, name: str) -> bool:
+        return self._catalog_get("version", name, ("name",)) is not None
+
+    def aliases(self) -> dict[str, str]:
+        return {p["alias"]: p["name"] for p in self._catalog_scroll("alias", ("alias", "name"))}
+
+    def next_version(self, alias: str) -> int:
+        """Past every number ever given: a deleted version's removal marks stay on points, so
+        its number is never given again."""
+        counter = self._catalog_get("counter", alias, ("number",)) or {}
+        return max(super().next_version(alias), int(counter.get("number", 0)) + 1)
+
+    def read_meta(self, name: str) -> dict[str, Any]:
+        found = self._catalog_get("version", name, ("meta",))
+        if found is None:
+            raise CollectionNotFound(f"collection {name!r} no longer exists")
+        return dict(found.get("meta") or {})
+
+    def write_meta(self, name: str, meta: Mapping[str, Any]) -> None:
+        self._catalog_set(name, {"meta": dict(meta)})
+
+    def doc_freqs(self, name: str) -> dict[str, int]:
+        found = self._catalog_get("version", name, ("doc_freqs",))
+        if found is None:
+            raise CollectionNotFound(f"collection {name!r} no longer exists")
+        return dict(found.get("doc_freqs") or {})
+
+    def put_doc_freqs(self, name: str, doc_freqs: Mapping[str, int]) -> None:
+        self._catalog_set(name, {"doc_freqs": dict(doc_freqs.items())})
+
+    def create(self, name: str, dim: int, record: VersionRecord) -> None:
+        """A full build: a new physical collection, which the versions derived from it share.
+        The catalog point comes first, so a build killed at any step is an orphan to remove."""
+        from qdrant_client import models as qm
+
+        physical = f"{name}__points"
+        self._new_version(name, record, physical, ((record.version, record.version),))
+        with self._call():
+            self.client.create_collection(
+                physical,
                 vectors_config={
                     DENSE: qm.VectorParams(
                         size=dim,
@@ -158,34 +379,57 @@ class ServerStore(Store):
                 shard_number=self.shard_number,
                 replication_factor=self.replication_factor,
                 write_consistency_factor=self.write_consistency_factor,
-                metadata={META_KEY: record.to_json()},
             )
+        self._index(physical, _VISIBILITY_INDEXES)
 
     def derive(self, name: str, base: str, record: VersionRecord, drop: Iterable[str]) -> None:
-        """A new collection with `base`'s points minus `drop`, copied in batches (see the module
-        docstring for what a cluster would do instead)."""
-        drop = set(drop)
-        self.create(name, record.fingerprint.dim, record)
-        offset: Any = None
-        while True:
-            with self._call(base):
-                points, offset = self.client.scroll(
-                    base, limit=COPY_BATCH, offset=offset, with_payload=True, with_vectors=True
-                )
-            kept = [p for p in points if str(p.id) not in drop]
-            if kept:
-                records = [
-                    make_record(p.id, p.payload, p.vector, dense=True, sparse=True) for p in kept
-                ]
-                self.upsert(
-                    name,
-                    [r.id for r in records],
-                    np.stack([r.dense for r in records if r.dense is not None]),
-                    [r.sparse for r in records if r.sparse is not None],
-                    [r.payload for r in records],
-                )
-            if offset is None:
-                return
+        """A version over `base`'s physical collection: its catalog point, then a removal mark
+        on the points it drops. Nothing of the base is copied."""
+        parent = self._entry(base, fresh=True)
+        runs = ancestry(parent.runs, parent.number, record.version)
+        self._new_version(name, record, parent.physical, runs)
+        self._mark_removed(parent.physical, parent.runs, record.version, sorted(set(drop)))
+
+    def _mark_removed(
+        self, physical: str, runs: Runs, number: int, pids: Sequence[str], *, skip_own: bool = False
+    ) -> None:
+        """Mark the points with these logical ids that `runs` sees as removed by `number`."""
+        from qdrant_client import models as qm
+
+        for start in range(0, len(pids), ID_BATCH):
+            # the selective condition first: an engine without indexes checks it first
+            must = [
+                qm.FieldCondition(
+                    key=PID, match=qm.MatchAny(any=list(pids[start : start + ID_BATCH]))
+                ),
+                visible(runs),
+            ]
+            must_not: list[Any] = (
+                [qm.FieldCondition(key=ADDED, match=qm.MatchValue(value=number))]
+                if skip_own
+                else []
+            )
+            marks: dict[tuple[int, ...], list[str]] = {}
+            offset: Any = None
+            while True:
+                with self._call(physical):
+                    points, offset = self.client.scroll(
+                        physical,
+                        scroll_filter=qm.Filter(must=must, must_not=must_not),
+                        limit=ID_BATCH,
+                        offset=offset,
+                        with_payload=[REMOVED],
+                    )
+                for p in points:
+                    removed = tuple((p.payload or {}).get(REMOVED) or ())
+                    marks.setdefault(removed, []).append(str(p.id))
+                if offset is None:
+                    break
+            for removed, ids in marks.items():
+                with self._call(physical):
+                    self.client.set_payload(
+                        physical, payload={REMOVED: [*removed, number]}, points=ids, wait=True
+                    )
 
     def upsert(
         self,
@@ -198,65 +442,104 @@ class ServerStore(Store):
         from qdrant_client import models as qm
 
         check_lengths(ids, dense, sparse, payloads)
+        entry = self._entry(name)
+        if entry.runs != ((entry.number, entry.number),):
+            # a derived version replaces what its ancestors hold under these ids
+            self._mark_removed(entry.physical, entry.runs, entry.number, list(ids), skip_own=True)
         points = [
             qm.PointStruct(
-                id=pid,
+                id=point_id(pid, entry.number),
                 vector={
                     DENSE: vec.tolist(),
                     SPARSE: qm.SparseVector(indices=list(sp.indices), values=list(sp.values)),
                 },
-                payload=dict(payload),
+                payload={**payload, PID: pid, ADDED: entry.number, REMOVED: []},
             )
             for pid, vec, sp, payload in zip(ids, dense, sparse, payloads, strict=True)
         ]
         with self._call(name):
-            self.client.upsert(name, points=points, wait=True)
+            self.client.upsert(entry.physical, points=points, wait=True)
 
     def seal(self, name: str, indexes: Mapping[str, IndexKind], *, merge_base: bool = True) -> None:
+        self._index(self._entry(name).physical, indexes)
+
+    def _index(self, physical: str, indexes: Mapping[str, IndexKind]) -> None:
+        """Payload indexes (path -> kind) the physical collection does not have yet."""
         from qdrant_client import models as qm
 
+        if self.embedded:  # qdrant-client's local mode has no payload indexes (it warns)
+            return
         kinds = {
             "keyword": qm.PayloadSchemaType.KEYWORD,
             "integer": qm.PayloadSchemaType.INTEGER,
             "bool": qm.PayloadSchemaType.BOOL,
         }
-        if self.embedded:  # qdrant-client's local mode has no payload indexes (it warns)
-            return
+        with self._call(physical):
+            have = set(self.client.get_collection(physical).payload_schema or {})
         for path, kind in indexes.items():
+            if path in have:
+                continue
             schema: Any = kinds[kind]
             if path == metadata_path(TENANT_FIELD) and kind == "keyword":
                 # Qdrant's tenant index: points of one tenant stored together, so a tenant's
                 # search reads its own points (docs/tenants.md)
                 schema = qm.KeywordIndexParams(type=qm.KeywordIndexType.KEYWORD, is_tenant=True)
-            with self._call(name):
-                self.client.create_payload_index(name, path, schema, wait=True)
+            with self._call(physical):
+                self.client.create_payload_index(physical, path, schema, wait=True)
 
     def delete(self, name: str) -> None:
+        """The version's catalog point, then the points no remaining version sees."""
+        try:
+            entry = self._entry(name, fresh=True)
+        except CollectionNotFound:
+            return
         with self._call():
-            self.client.delete_collection(name)
+            self.client.delete(
+                self.catalog, points_selector=[_catalog_id("version", name)], wait=True
+            )
+        self._entries.pop(name, None)
+        self._sweep(entry.physical)
 
-    def point_alias(self, alias: str, name: str) -> None:
-        """Delete + create in one request: atomic on the server."""
+    def _sweep(self, physical: str) -> None:
         from qdrant_client import models as qm
 
-        ops: list[Any] = []
-        if alias in self.aliases():
-            ops.append(qm.DeleteAliasOperation(delete_alias=qm.DeleteAlias(alias_name=alias)))
-        ops.append(
-            qm.CreateAliasOperation(
-                create_alias=qm.CreateAlias(collection_name=name, alias_name=alias)
-            )
+        kept = [
+            (int(p["number"]), tuple((int(lo), int(hi)) for lo, hi in p["runs"]))
+            for p in self._catalog_scroll("version", ("number", "runs"), physical=physical)
+        ]
+        if not kept:
+            with self._call():
+                self.client.delete_collection(physical)
+            return
+        # Points of versions numbered past these (a writer filling one now) are left alone.
+        newest = max(number for number, _ in kept)
+        unseen = qm.Filter(
+            must=[qm.FieldCondition(key=ADDED, range=qm.Range(lte=newest))],
+            must_not=[visible(runs) for _, runs in kept],
         )
-        with self._call(name):
-            self.client.update_collection_aliases(change_aliases_operations=ops)
+        with self._call(physical):
+            self.client.delete(
+                physical, points_selector=qm.FilterSelector(filter=unseen), wait=True
+            )
+
+    def point_alias(self, alias: str, name: str) -> None:
+        """One catalog point replaced in one call: a reader sees the old or the new target."""
+        self._entry(name, fresh=True)
+        self._catalog_put("alias", alias, {"alias": alias, "name": name})
 
     def count(self, name: str) -> int:
+        entry = self._entry(name)
         with self._call(name):
-            return int(self.client.count(name, exact=True).count)
+            return int(
+                self.client.count(
+                    entry.physical, count_filter=visible(entry.runs), exact=True
+                ).count
+            )
 
     def search(self, name: str, queries: Sequence[StageQuery]) -> list[list[tuple[str, float]]]:
         from qdrant_client import models as qm
 
+        entry = self._entry(name)
         requests = []
         for q in queries:
             if isinstance(q.vector, SparseVector):
@@ -270,7 +553,7 @@ class ServerStore(Store):
                     query=vector,
                     using=q.using,
                     limit=q.limit,
-                    filter=self._filter(q.flt),
+                    filter=self._scope(entry, q.flt),
                     # local mode searches exactly (and warns about HNSW parameters)
                     params=qm.SearchParams(
                         hnsw_ef=HNSW_EF_PER_RESULT * q.limit,
@@ -280,15 +563,18 @@ class ServerStore(Store):
                     )
                     if q.using == DENSE and not self.embedded
                     else None,
-                    with_payload=False,
+                    with_payload=[PID],
                     with_vector=False,
                 )
             )
         if not requests:
             return []
         with self._call(name):
-            responses = self.client.query_batch_points(name, requests=requests)
-        return [best_first((str(p.id), float(p.score)) for p in r.points) for r in responses]
+            responses = self.client.query_batch_points(entry.physical, requests=requests)
+        return [
+            best_first((str((p.payload or {})[PID]), float(p.score)) for p in r.points)
+            for r in responses
+        ]
 
     def retrieve(
         self,
@@ -299,34 +585,67 @@ class ServerStore(Store):
         with_sparse: bool = False,
         with_payload: bool = True,
     ) -> list[Record]:
-        if not ids:
+        from qdrant_client import models as qm
+
+        wanted = sorted(set(ids))
+        if not wanted:
             return []
-        vectors = [v for v, wanted in ((DENSE, with_dense), (SPARSE, with_sparse)) if wanted]
-        with self._call(name):
-            records = self.client.retrieve(
-                name, ids=list(ids), with_payload=with_payload, with_vectors=vectors or False
-            )
-        return [
-            make_record(r.id, r.payload, r.vector, dense=with_dense, sparse=with_sparse)
-            for r in records
-        ]
+        entry = self._entry(name)
+        vectors = [v for v, asked in ((DENSE, with_dense), (SPARSE, with_sparse)) if asked]
+        out: list[Record] = []
+        for start in range(0, len(wanted), ID_BATCH):
+            batch = wanted[start : start + ID_BATCH]
+            with self._call(name):
+                points, _ = self.client.scroll(
+                    entry.physical,
+                    scroll_filter=qm.Filter(
+                        must=[
+                            qm.FieldCondition(key=PID, match=qm.MatchAny(any=batch)),
+                            visible(entry.runs),
+                        ]
+                    ),
+                    limit=len(batch),
+                    with_payload=True if with_payload else [PID],
+                    with_vectors=vectors or False,
+                )
+            for p in points:
+                payload = p.payload or {}
+                out.append(
+                    make_record(
+                        payload[PID],
+                        _strip(payload) if with_payload else {},
+                        p.vector,
+                        dense=with_dense,
+                        sparse=with_sparse,
+                    )
+                )
+        return out
 
     def scroll(self, name: str, *, flt: SearchFilter | None = None) -> Iterator[Record]:
+        entry = self._entry(name)
         offset: Any = None
         while True:
             with self._call(name):
                 records, offset = self.client.scroll(
-                    name,
+                    entry.physical,
                     limit=1024,
                     offset=offset,
-                    scroll_filter=self._filter(flt),
+                    scroll_filter=self._scope(entry, flt),
                     with_payload=True,
                     with_vectors=False,
                 )
             for r in records:
-                yield Record(str(r.id), dict(r.payload or {}))
+                payload = r.payload or {}
+                yield Record(str(payload[PID]), _strip(payload))
             if offset is None:
                 return
+
+    def _scope(self, entry: _Version, flt: SearchFilter | None) -> Any:
+        """The version's visibility AND the request's filter."""
+        from qdrant_client import models as qm
+
+        asked = self._filter(flt)
+        return qm.Filter(must=([asked] if asked is not None else []) + [visible(entry.runs)])
 
     @staticmethod
     def _filter(flt: SearchFilter | None) -> Any:

@@ -1,0 +1,332 @@
+"""The server path's versions: filters over one physical collection, so an edit writes what it
+changes (rag_retriever/store/server.py).
+
+Oracles: a model of what each version must serve (the documents written into it, by id and
+text), the points each engine call writes (a spy on the client, counting them), and the points
+the physical collection may hold (those some kept version sees). Runs on qdrant-client's
+in-process implementation of the server API: there is no Qdrant server on this machine.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from qdrant_client import QdrantClient
+
+from rag_retriever.ingest.loaders import LoadedCorpus
+from rag_retriever.ingest.writer import ingest_documents, update_documents
+from rag_retriever.models.encoder import Encoder
+from rag_retriever.query.retriever import Retriever
+from rag_retriever.records import Document
+from rag_retriever.store import ServerStore
+from rag_retriever.store.catalog import apply_retention, promote_version, rollback
+from rag_retriever.store.server import CATALOG
+
+WORDS = [
+    "alpha",
+    "bravo",
+    "charlie",
+    "delta",
+    "echo",
+    "foxtrot",
+    "golf",
+    "hotel",
+    "india",
+    "juliet",
+    "kilo",
+    "lima",
+]
+
+
+def doc(i: int, rng: random.Random, tag: str = "") -> Document:
+    return Document(f"d{i}", f"doc {i}", " ".join(rng.choice(WORDS) for _ in range(6)) + tag)
+
+
+def write(store: ServerStore, encoder: Encoder, tmp_path: Path, docs: list[Document], **kw: Any):
+    kw.setdefault("lock_dir", tmp_path)
+    kw.setdefault("retention_grace_s", 0)
+    return ingest_documents(
+        LoadedCorpus(tuple(docs), 0, "t"), alias="kb", encoder=encoder, store=store, **kw
+    )
+
+
+def edit(store: ServerStore, encoder: Encoder, tmp_path: Path, upsert=(), delete=(), **kw: Any):
+    kw.setdefault("lock_dir", tmp_path)
+    kw.setdefault("retention_grace_s", 0)
+    kw.setdefault("rebase_drift", 1.0)  # these tests follow deltas
+    return update_documents(
+        list(upsert), list(delete), alias="kb", encoder=encoder, store=store, **kw
+    )
+
+
+def served(store: ServerStore, name: str) -> dict[str, str]:
+    """{doc id: its text} of what version `name` serves (one chunk a document here)."""
+    texts = {str(r.payload["doc_id"]): str(r.payload["text"]) for r in store.scroll(name)}
+    assert store.count(name) == len(texts) == store.record(name).chunks
+    return texts
+
+
+def expected(docs: dict[str, Document]) -> dict[str, str]:
+    return {d.id: d.text for d in docs.values()}
+
+
+def physical_points(store: ServerStore) -> int:
+    return sum(
+        store.client.count(c.name, exact=True).count
+        for c in store.client.get_collections().collections
+        if c.name != CATALOG
+    )
+
+
+@pytest.fixture
+def server() -> Iterator[ServerStore]:
+    store = ServerStore(QdrantClient(":memory:"))
+    yield store
+    store.close()
+
+
+class Writes:
+    """A spy on the client's write calls: how many points each writes, data and catalog apart."""
+
+    def __init__(self, client: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.points = 0
+        self.catalog = 0
+        self.copied_reads = 0
+        for method, count in (
+            ("upsert", lambda kw: len(kw["points"])),
+            ("set_payload", lambda kw: len(kw["points"])),
+            (
+                "delete",
+                lambda kw: (
+                    len(kw["points_selector"]) if isinstance(kw["points_selector"], list) else 0
+                ),
+            ),
+        ):
+            self._wrap(client, method, count, monkeypatch)
+        real_scroll = client.scroll
+
+        def scroll(collection: str, *args: Any, **kw: Any) -> Any:
+            self.copied_reads += bool(kw.get("with_vectors"))
+            return real_scroll(collection, *args, **kw)
+
+        monkeypatch.setattr(client, "scroll", scroll)
+
+    def _wrap(self, client: Any, method: str, count: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+        real = getattr(client, method)
+
+        def spy(collection: str, *args: Any, **kw: Any) -> Any:
+            if collection == CATALOG:
+                self.catalog += 1
+            else:
+                self.points += count(kw)
+            return real(collection, *args, **kw)
+
+        monkeypatch.setattr(client, method, spy)
+
+
+@pytest.mark.parametrize("size", [40, 400])
+def test_a_ten_document_edit_writes_what_it_changes_whatever_the_corpus_size(
+    size: int,
+    server: ServerStore,
+    tiny_encoder: Encoder,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    rng = random.Random(3)
+    corpus = {f"d{i}": doc(i, rng) for i in range(size)}
+    first = write(server, tiny_encoder, tmp_path, list(corpus.values()))
+    before = served(server, first.collection)
+    changed = [doc(i, rng, " changed") for i in range(5)] + [doc(size + i, rng) for i in range(3)]
+    writes = Writes(server.client, monkeypatch)
+    report = edit(server, tiny_encoder, tmp_path, changed, ["d10", "d11"])
+    assert report.kind == "delta" and report.upserted == 8 and report.deleted == 2
+    corpus.update({d.id: d for d in changed})
+    del corpus["d10"], corpus["d11"]
+    assert served(server, report.collection) == expected(corpus)
+    # 8 chunks added, 7 marked removed (5 replaced, 2 deleted): never the corpus, never copied
+    assert writes.points == 15 and writes.copied_reads == 0
+    assert writes.points <= 10 * 10
+    assert writes.catalog <= 12  # the version's record, frequencies, counter, alias
+    assert served(server, first.collection) == before  # the base serves what it served
+    assert physical_points(server) == size + 8  # one collection, the base's points shared
+
+
+def test_a_reader_of_the_base_never_sees_a_delta_being_written(
+    server: ServerStore, tiny_encoder: Encoder, tmp_path: Path
+) -> None:
+    rng = random.Random(5)
+    corpus = {f"d{i}": doc(i, rng) for i in range(30)}
+    first = write(server, tiny_encoder, tmp_path, list(corpus.values()))
+    before = served(server, first.collection)
+    retriever = Retriever(encoder=tiny_encoder, store=server, collection="kb")
+    hits = [h.doc_id for h in retriever.search("alpha bravo", k=10, mode="bm25")]
+    # a delta written but not promoted
+    report = edit(
+        server, tiny_encoder, tmp_path, [doc(1, rng, " new"), doc(99, rng)], ["d2"], promote=False
+    )
+    assert report.kind == "delta" and not report.promoted
+    assert served(server, first.collection) == before
+    assert [h.doc_id for h in retriever.search("alpha bravo", k=10, mode="bm25")] == hits
+    assert server.aliases()["kb"] == first.collection
+    assert "d99" in served(server, report.collection) and "d2" not in served(
+        server, report.collection
+    )
+
+
+def test_rollback_then_an_edit_forks_and_every_version_keeps_what_it_served(
+    server: ServerStore, tiny_encoder: Encoder, tmp_path: Path
+) -> None:
+    """v1 full; v2 changes d0; rollback to v1; v3 (from v1) changes d1 and deletes d0: v3 sees
+    v1's d0 gone and never v2's text of it; v2 still serves its own. Then retention deletes v2
+    and the points only it saw."""
+    rng = random.Random(7)
+    corpus = {f"d{i}": doc(i, rng) for i in range(12)}
+    v1 = write(server, tiny_encoder, tmp_path, list(corpus.values()), keep_versions=5)
+    model = {v1.collection: expected(corpus)}
+    two = dict(corpus, d0=doc(0, rng, " two"))
+    v2 = edit(server, tiny_encoder, tmp_path, [two["d0"]], keep_versions=5)
+    model[v2.collection] = expected(two)
+    assert rollback(server, "kb") == v1.collection
+    three = dict(corpus, d1=doc(1, rng, " three"))
+    del three["d0"]
+    v3 = edit(server, tiny_encoder, tmp_path, [three["d1"]], ["d0"], keep_versions=5)
+    assert v3.base == v1.collection
+    model[v3.collection] = expected(three)
+    four = dict(three, d5=doc(5, rng, " four"))
+    v4 = edit(server, tiny_encoder, tmp_path, [four["d5"]], keep_versions=5)
+    model[v4.collection] = expected(four)
+    for name, texts in model.items():
+        assert served(server, name) == texts, name
+    promote_version(server, "kb", v2.version)  # a forked version is still served whole
+    assert served(server, server.aliases()["kb"]) == model[v2.collection]
+    promote_version(server, "kb", v4.version)
+    deleted = apply_retention(server, "kb", keep=1, grace_s=0)
+    assert sorted(deleted) == sorted([v1.collection, v2.collection, v3.collection])
+    assert served(server, v4.collection) == model[v4.collection]
+    assert physical_points(server) == len(model[v4.collection])  # nothing no version sees
+
+
+def test_a_number_once_given_is_never_given_again(
+    server: ServerStore, tiny_encoder: Encoder, tmp_path: Path
+) -> None:
+    """A deleted version's removal marks stay on points: its number must not name a new one."""
+    rng = random.Random(9)
+    corpus = {f"d{i}": doc(i, rng) for i in range(6)}
+    v1 = write(server, tiny_encoder, tmp_path, list(corpus.values()))
+    v2 = edit(server, tiny_encoder, tmp_path, [], ["d3"], promote=False)
+    server.delete(v2.collection)  # as orphan removal would
+    assert server.next_version("kb") == v2.version + 1
+    v3 = edit(server, tiny_encoder, tmp_path, [doc(7, rng)])
+    assert v3.version == v2.version + 1 and v3.base == v1.collection
+    assert set(served(server, v3.collection)) == set(corpus) | {"d7"}  # d3 is back
+
+
+# -- SIGKILL ------------------------------------------------------------------------------------
+
+KILLABLE = """
+import signal, sys, time, pathlib
+from qdrant_client import QdrantClient
+from rag_retriever.ingest.loaders import load_documents
+from rag_retriever.ingest.writer import update_documents
+from rag_retriever.models.encoder import Encoder
+from rag_retriever.store import ServerStore
+method, nth, when, root, model, change = sys.argv[1:7]
+calls = []
+original = getattr(ServerStore, method)
+def wrapped(self, *args, **kwargs):
+    calls.append(method)
+    if when == "before" and len(calls) == int(nth):
+        print("kill-point", file=sys.stderr, flush=True); time.sleep(3600)
+    out = original(self, *args, **kwargs)
+    if when == "after" and len(calls) == int(nth):
+        print("kill-point", file=sys.stderr, flush=True); time.sleep(3600)
+    return out
+setattr(ServerStore, method, wrapped)
+store = ServerStore(QdrantClient(path=root))
+docs = load_documents(pathlib.Path(change)).documents
+update_documents(
+    docs, ["d20"], alias="kb", encoder=Encoder.load(model, device="cpu"), store=store,
+    lock_dir=pathlib.Path(root).parent, keep_versions=1, retention_grace_s=0, rebase_drift=1.0,
+)
+print("finished", file=sys.stderr, flush=True)
+"""
+
+# (the ServerStore call, which call of it, before or after it, whether the alias moved then)
+SERVER_KILL_POINTS = [
+    ("derive", 1, "after", False),  # the catalog point written, removals marked
+    ("_mark_removed", 1, "before", False),  # the catalog point written, nothing marked
+    ("upsert", 1, "after", False),  # the delta's points written
+    ("seal", 1, "after", False),  # still building
+    ("point_alias", 1, "after", True),  # served; the old version not yet retired
+    ("_sweep", 1, "before", True),  # compaction: the old version's catalog point gone, its
+    # points not yet deleted
+]
+
+
+@pytest.mark.slow
+def test_sigkill_at_each_step_of_a_server_edit_and_its_compaction_keeps_a_complete_version(
+    tiny_encoder_dir: Path, tiny_encoder: Encoder, tmp_path: Path
+) -> None:
+    """A real process writing an edit on the server path, SIGKILLed at each step: the served
+    version stays complete, and the next edit succeeds and removes what the killed one left."""
+    root = tmp_path / "qdrant"
+    rng = random.Random(11)
+    corpus = {f"d{i}": doc(i, rng) for i in range(40)}
+    store = ServerStore(QdrantClient(path=str(root)))
+    write(store, tiny_encoder, tmp_path, list(corpus.values()), keep_versions=1)
+    store.close()
+    for i, (method, nth, when, moved) in enumerate(SERVER_KILL_POINTS):
+        store = ServerStore(QdrantClient(path=str(root)))
+        before = store.aliases()["kb"]
+        store.close()
+        change = tmp_path / f"change{i}.jsonl"
+        change.write_text(f'{{"id": "n{i}", "title": "t", "text": "new {i} alpha"}}\n')
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-c",
+                KILLABLE,
+                method,
+                str(nth),
+                when,
+                str(root),
+                str(tiny_encoder_dir),
+                str(change),
+            ],
+            stderr=subprocess.PIPE,
+            stdout=subprocess.DEVNULL,
+            text=True,
+            env={**os.environ, "RAG_LOG_LEVEL": "WARNING"},
+        )
+        assert proc.stderr is not None
+        lines = []
+        for line in proc.stderr:
+            lines.append(line)
+            if line.strip() in ("kill-point", "finished"):
+                break
+        assert lines and lines[-1].strip() == "kill-point", "".join(lines[-20:])
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        proc.stderr.close()
+        store = ServerStore(QdrantClient(path=str(root)))
+        now = store.aliases()["kb"]
+        assert (now != before) == moved, method
+        record = store.record(now)
+        assert record.status == "complete"
+        assert len(served(store, now)) == record.chunks
+        assert (f"n{i}" in served(store, now)) == moved
+        # the next edit succeeds, removes what the killed one left, and leaves only the points
+        # the one kept version sees
+        report = edit(store, tiny_encoder, tmp_path, [doc(100 + i, rng)], keep_versions=1)
+        assert report.promoted and f"d{100 + i}" in served(store, report.collection)
+        assert [v.name for v in store.versions("kb")] == [report.collection]
+        assert physical_points(store) == store.count(report.collection)
+        store.close()
