@@ -30,7 +30,7 @@ the last version opened for a query (its terms' IDF read term by term) against e
 computed at open, as versions were opened before.
 
 Usage: python -m bench.bench_update [--sizes 100000] [--deltas 100] [--rebuild] [--cold-reopen]
-[--server 10000] [--e2e] [--delta-recall] [--vocabulary 54000 500000 2000000]   (`--sizes` with
+[--server 100000] [--e2e] [--delta-recall] [--vocabulary 54000 500000 2000000]   (`--sizes` with
 no number skips part 1; `--cold-reopen` drops the page cache before a second reopen: root only)
 """
 
