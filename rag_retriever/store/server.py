@@ -168,6 +168,7 @@ class ServerStore(Store):
             threading.RLock() if self.embedded else contextlib.nullcontext()
         )
         self._entries: dict[str, tuple[float, _Version]] = {}
+        self._catalog_seen = False
 
     @property
     def where(self) -> str:
@@ -203,21 +204,31 @@ class ServerStore(Store):
     # -- the catalog --------------------------------------------------------------------------
 
     def _has_catalog(self) -> bool:
-        with self._call():
-            return bool(self.client.collection_exists(self.catalog))
+        """Whether the catalog exists; once seen, it is taken to stay (one request less on
+        every query's alias lookup)."""
+        if not self._catalog_seen:
+            with self._call():
+                self._catalog_seen = bool(self.client.collection_exists(self.catalog))
+        return self._catalog_seen
 
     def _ensure_catalog(self) -> None:
         if self._has_catalog():
             return
         from qdrant_client import models as qm
 
-        with self._call():
-            self.client.create_collection(
-                self.catalog,
-                vectors_config={},
-                replication_factor=self.replication_factor,
-                write_consistency_factor=self.write_consistency_factor,
-            )
+        try:
+            with self._call():
+                self.client.create_collection(
+                    self.catalog,
+                    vectors_config={},
+                    replication_factor=self.replication_factor,
+                    write_consistency_factor=self.write_consistency_factor,
+                )
+        except StoreUnavailable:
+            with self._call():  # another writer made it first
+                if not self.client.collection_exists(self.catalog):
+                    raise
+        self._catalog_seen = True
         if not self.embedded:
             for key in ("kind", "alias", "physical"):
                 with self._call():
@@ -332,6 +343,11 @@ class ServerStore(Store):
 
     def aliases(self) -> dict[str, str]:
         return {p["alias"]: p["name"] for p in self._catalog_scroll("alias", ("alias", "name"))}
+
+    def resolve(self, alias_or_name: str) -> str:
+        """One catalog point read by id for an alias (a query's lookup), else the contract's."""
+        found = self._catalog_get("alias", alias_or_name, ("name",))
+        return str(found["name"]) if found is not None else super().resolve(alias_or_name)
 
     def next_version(self, alias: str) -> int:
         """Past every number ever given: a deleted version's removal marks stay on points, so
