@@ -38,6 +38,7 @@ from rag_retriever.errors import (
     FingerprintMismatch,
     InvalidRequest,
 )
+from rag_retriever.models.batching import QueryBatcher
 from rag_retriever.models.bm25 import BM25Model, Tokenizer
 from rag_retriever.query.cache import CacheKey, SemanticCache
 from rag_retriever.query.chunk_table import BoundedReads, ChunkCache, VectorCache
@@ -120,6 +121,7 @@ class Retriever:
         self.cache = cache
         # query vectors a cache lookup made, for the search of its misses (per thread)
         self._encoded_here = threading.local()
+        self._query_batcher = QueryBatcher(lambda texts: self.encoder.encode_queries(texts))
         self.store = store
         self.reranker = reranker
         self.config = config or RetrievalConfig()
@@ -544,7 +546,8 @@ class Retriever:
         known = getattr(self._encoded_here, "vectors", None)  # see _cached
         if known is not None and all(q in known for q in queries):
             return np.stack([known[q][0] for q in queries]), [known[q][1] for q in queries]
-        encoded = self.encoder.encode_queries(list(queries))
+        # concurrent requests (the HTTP service's threads) share one forward pass
+        encoded = self._query_batcher.encode(queries)
         if not encoded.truncated:
             return encoded.vectors, [False] * len(queries)
         lengths = self.encoder.count_tokens(
