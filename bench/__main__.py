@@ -3,7 +3,8 @@ the ratio. Results go to `<out>/bench.json` and `<out>/bench.txt`.
 
 Usage:
     python -m bench [--out bench-out] [--only bm25 engine ingest update query load operate training
-        fusion context few_labels stop tracing writes tenants quantization fuzz gpu improve] [--reranker DIR]
+        fusion context few_labels stop tracing writes tenants quantization brief fuzz gpu improve]
+        [--reranker DIR]
         [--context-questions N] [--fuzz-examples N]
 
 Needs ../shared/data (SQuAD and SciFact). Takes about an hour on 2 CPU cores: the engine at 100k
@@ -17,7 +18,9 @@ SciFact's labelled claims, judged on folds by document) about 7 minutes; `stop`
 Python and HTTP) about 3 minutes; `tenants` (bench/bench_tenants.py: 10,000 requests of 101 scoped
 keys in 50 tenants checked for leaks, one BM25 table vs per-tenant tables, a scoped query at 100k
 chunks) about 15 minutes; `quantization` (bench/bench_quantization.py: each setting's dense recall
-against exact search and the gold chunk's recall on SQuAD) about 5 minutes; `fuzz` (bench/bench_fuzz.py: schemathesis over every HTTP route, the write key sent
+against exact search and the gold chunk's recall on SQuAD) about 5 minutes; `brief`
+(bench/bench_brief.py: 50 queries/s offered to the HTTP service, without edits and with edits at
+20,000 and 200,000 a day) about 6 minutes; `fuzz` (bench/bench_fuzz.py: schemathesis over every HTTP route, the write key sent
 and missing, counting requests and 5xx) about 10 minutes at the default 150 examples. `gpu`
 (bench/bench_gpu.py) says "skipped" in one line without a CUDA device.
 `improve` (bench/bench_improve.py: `improve` cross-validated on SciFact and on 800 SQuAD train
@@ -51,6 +54,7 @@ BENCHES = (
     "writes",
     "tenants",
     "quantization",
+    "brief",
     "fuzz",
     "gpu",
 )
@@ -223,6 +227,12 @@ def _run_standalone(args: argparse.Namespace, report: _Report) -> dict[str, Any]
 
         results["quantization"] = bench_quantization.run()
         report.emit(bench_quantization.report(results["quantization"]))
+
+    if "brief" in args.only:
+        from bench import bench_brief
+
+        results["brief"] = bench_brief.run()
+        report.emit(bench_brief.report(results["brief"]))
 
     if "fuzz" in args.only:
         from bench import bench_fuzz

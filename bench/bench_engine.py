@@ -11,13 +11,22 @@ process (what a serving replica pays): reopen time, p50/p95 per query for dense,
 (both lists in one batched call) and hybrid filtered on a keyword field (10% selectivity), the
 process's peak RSS, and the size on disk. Engine only: no query encoding.
 
+With `--quantization none binary`, each size is also built with binary vectors (float32
+originals on disk, rescored), beside float32; `--constants-out FILE` writes every Edge run's
+figures per size as the constants `rag-retriever plan` reads (rag_retriever/ops/capacity.json
+holds this machine's).
+
 Usage: python -m bench.bench_engine [--sizes 100000 1000000] [--peer-max 100000]
+    [--quantization none binary] [--constants-out FILE]
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import datetime
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -32,7 +41,7 @@ import numpy as np
 from bench.bench_bm25 import synthetic_chunks
 from bench.bench_common import percentile, read_jsonl, real_sentences, shared_path
 from rag_retriever.models.bm25 import BM25Model, Tokenizer
-from rag_retriever.records import SearchFilter
+from rag_retriever.records import QUANTIZATIONS, Quantization, SearchFilter
 from rag_retriever.store import (
     DENSE,
     SPARSE,
@@ -75,9 +84,11 @@ def build(
     *,
     metadata: Callable[[int], dict[str, Any]] = lambda i: {"group": i % 10},
     indexes: Mapping[str, IndexKind] | None = None,
+    quantization: Quantization = "none",
 ) -> dict[str, Any]:
-    """Version NAME of `n` chunks under `root`; `metadata(i)` is the i-th chunk's, `indexes`
-    the payload indexes of the seal (default: doc_id and metadata.group)."""
+    """Version NAME of `n` chunks under `root`, its dense vectors held as `quantization`;
+    `metadata(i)` is the i-th chunk's, `indexes` the payload indexes of the seal (default:
+    doc_id and metadata.group)."""
     tok = Tokenizer()
     texts = synthetic_chunks(n, real_sentences())
     t0 = time.perf_counter()
@@ -85,7 +96,10 @@ def build(
     stats_s = time.perf_counter() - t0
     rng = np.random.default_rng(seed)
     store = _open(engine, root)
-    store.create(NAME, DIM, bare_record(NAME, dim=DIM, bm25=model.stats))
+    record = dataclasses.replace(
+        bare_record(NAME, dim=DIM, bm25=model.stats), quantization=quantization
+    )
+    store.create(NAME, DIM, record)
     store.put_doc_freqs(NAME, model.doc_freqs)
     t0 = time.perf_counter()
     for start in range(0, n, BATCH):
@@ -190,46 +204,130 @@ def _probe_in_subprocess(engine: str, root: Path) -> dict[str, Any]:
     return dict(json.loads(done.stdout.strip().splitlines()[-1]))
 
 
-def run(sizes: tuple[int, ...] = (100_000,), peer_max: int = 100_000) -> dict[str, Any]:
+def run(
+    sizes: tuple[int, ...] = (100_000,),
+    peer_max: int = 100_000,
+    quantizations: tuple[Quantization, ...] = ("none",),
+) -> dict[str, Any]:
+    """{size: {engine: figures}}; a quantized Edge build is the engine "edge-<quantization>"."""
     results: dict[str, Any] = {}
     for n in sizes:
         row: dict[str, Any] = {}
-        for engine in ("edge", "local") if n <= peer_max else ("edge",):
+        runs: list[tuple[str, Quantization, str]] = (
+            [("edge", "none", "edge")] if "none" in quantizations else []
+        )
+        runs += [(f"edge-{q}", q, "edge") for q in quantizations if q != "none"]
+        if n <= peer_max:
+            runs.append(("local", "none", "local"))
+        for label, quantization, engine in runs:
             with tempfile.TemporaryDirectory() as tmp:
                 root = Path(tmp) / engine
-                row[engine] = build(engine, root, n)
-                row[engine].update(_probe_in_subprocess(engine, root))
+                row[label] = build(engine, root, n, quantization=quantization)
+                row[label].update(_probe_in_subprocess(engine, root))
                 shutil.rmtree(root, ignore_errors=True)
         results[str(n)] = row
     return results
 
 
+# The figures `rag-retriever plan` reads, per engine run and size (rag_retriever/ops/plan.py).
+CONSTANT_FIGURES = (
+    "write_s",
+    "seal_s",
+    "reopen_s",
+    "disk_mb",
+    "rss_mb",
+    "rss_anon_mb",
+    "dense_p50_ms",
+    "dense_p95_ms",
+    "hybrid_p50_ms",
+    "hybrid_p95_ms",
+    "hybrid_filtered_p50_ms",
+    "hybrid_filtered_p95_ms",
+)
+
+
+def constants(
+    results: dict[str, Any],
+    command: str,
+    *,
+    query_encode_ms: float | None = None,
+    edits: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The plan's constants from a run: each quantization's figures at each size measured, with
+    where and how they were measured; the query encoding's p50 and an edit's cost when given."""
+    settings: dict[str, list[dict[str, float]]] = {}
+    for n, row in sorted(results.items(), key=lambda item: int(item[0])):
+        for label, figures in row.items():
+            if not label.startswith("edge"):
+                continue
+            quantization = label.partition("-")[2] or "none"
+            point = {"chunks": int(n)} | {k: float(figures[k]) for k in CONSTANT_FIGURES}
+            settings.setdefault(quantization, []).append(point)
+    return {
+        "measured": {
+            "date": datetime.date.today().isoformat(),
+            "command": command,
+            "cores": os.cpu_count(),
+            "memory_gb": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30),
+            "engine": "Qdrant Edge (embedded), 384-d vectors, BM25 of real text, no encoder",
+        },
+        "settings": settings,
+        "query_encode_ms": query_encode_ms,
+        "edits": edits or {},
+    }
+
+
+def query_encode_ms(n: int = 200) -> float:
+    """p50 of encoding one question with all-MiniLM-L6-v2 (the default model) on this machine."""
+    from rag_retriever.models.encoder import Encoder
+
+    encoder = Encoder.load("all-MiniLM-L6-v2", device="cpu")
+    rows = read_jsonl(shared_path("squad_v11_dev", "questions_dev.jsonl"), n)
+    timings = []
+    for row in rows:
+        t0 = time.perf_counter()
+        encoder.encode_queries([row["question"]])
+        timings.append((time.perf_counter() - t0) * 1000)
+    return percentile(timings[10:], 50)
+
+
 def report(results: dict[str, Any]) -> list[str]:
     lines = []
     for n, row in results.items():
-        edge = row["edge"]
-        peer = row.get("local")
-        lines.append(f"engine at {int(n):,} chunks (384-d random vectors + BM25 of real text):")
-        for key, label, fmt in [
-            ("points_per_s", "write points/s", "{:,.0f}"),
-            ("seal_s", "seal (index+optimize) s", "{:.1f}"),
-            ("reopen_s", "reopen s", "{:.2f}"),
-            ("dense_p50_ms", "dense p50 ms", "{:.2f}"),
-            ("bm25_p50_ms", "bm25 p50 ms", "{:.2f}"),
-            ("hybrid_p50_ms", "hybrid p50 ms", "{:.2f}"),
-            ("hybrid_p95_ms", "hybrid p95 ms", "{:.2f}"),
-            ("hybrid_filtered_p50_ms", "filtered hybrid p50 ms", "{:.2f}"),
-            ("rss_mb", "serving peak RSS MB", "{:,.0f}"),
-            ("rss_anon_mb", "  of which private MB", "{:,.0f}"),
-            ("disk_mb", "disk MB", "{:,.0f}"),
-        ]:
-            text = f"  {label:<26} Qdrant Edge {fmt.format(edge[key]):>10}"
-            if peer is not None:
-                ratio = peer[key] / edge[key] if edge[key] else float("nan")
-                text += (
-                    f"   qdrant-client local mode {fmt.format(peer[key]):>10}   ratio {ratio:.2f}"
-                )
-            lines.append(text)
+        for label, figures in row.items():
+            if label.startswith("edge-"):
+                lines += _lines(n, figures, row.get("edge"), label.partition("-")[2])
+        if "edge" in row:
+            lines += _lines(n, row["edge"], row.get("local"))
+    return lines
+
+
+def _lines(
+    n: str, edge: dict[str, Any], peer: dict[str, Any] | None, quantization: str | None = None
+) -> list[str]:
+    """One run's figures, beside its peer's (float32 for a quantized run, else local mode)."""
+    lines = []
+    what = f", {quantization} vectors vs float32" if quantization else ""
+    peer_name = "float32" if quantization else "qdrant-client local mode"
+    lines.append(f"engine at {int(n):,} chunks (384-d random vectors + BM25 of real text{what}):")
+    for key, label, fmt in [
+        ("points_per_s", "write points/s", "{:,.0f}"),
+        ("seal_s", "seal (index+optimize) s", "{:.1f}"),
+        ("reopen_s", "reopen s", "{:.2f}"),
+        ("dense_p50_ms", "dense p50 ms", "{:.2f}"),
+        ("bm25_p50_ms", "bm25 p50 ms", "{:.2f}"),
+        ("hybrid_p50_ms", "hybrid p50 ms", "{:.2f}"),
+        ("hybrid_p95_ms", "hybrid p95 ms", "{:.2f}"),
+        ("hybrid_filtered_p50_ms", "filtered hybrid p50 ms", "{:.2f}"),
+        ("rss_mb", "serving peak RSS MB", "{:,.0f}"),
+        ("rss_anon_mb", "  of which private MB", "{:,.0f}"),
+        ("disk_mb", "disk MB", "{:,.0f}"),
+    ]:
+        text = f"  {label:<26} Qdrant Edge {fmt.format(edge[key]):>10}"
+        if peer is not None:
+            ratio = peer[key] / edge[key] if edge[key] else float("nan")
+            text += f"   {peer_name} {fmt.format(peer[key]):>10}   ratio {ratio:.2f}"
+        lines.append(text)
     return lines
 
 
@@ -237,9 +335,31 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--sizes", type=int, nargs="+", default=[100_000])
     parser.add_argument("--peer-max", type=int, default=100_000)
+    parser.add_argument(
+        "--quantization",
+        nargs="+",
+        choices=QUANTIZATIONS,
+        default=["none"],
+        help="dense vectors held as each of these (Edge refuses int8)",
+    )
+    parser.add_argument(
+        "--constants-out",
+        type=Path,
+        help="write the figures `rag-retriever plan --constants` reads to this JSON file",
+    )
     args = parser.parse_args(argv)
-    for text in report(run(tuple(args.sizes), args.peer_max)):
+    results = run(tuple(args.sizes), args.peer_max, tuple(args.quantization))
+    for text in report(results):
         print(text, flush=True)
+    if args.constants_out:
+        from bench.bench_update import edit_constants
+
+        command = "python -m bench.bench_engine " + " ".join(argv or sys.argv[1:])
+        made = constants(
+            results, command, query_encode_ms=query_encode_ms(), edits=edit_constants()
+        )
+        args.constants_out.write_text(json.dumps(made, indent=1) + "\n")
+        print(f"plan constants written to {args.constants_out}", flush=True)
     return 0
 
 

@@ -30,6 +30,7 @@ def test_a_built_wheel_imports_the_evaluation_library_from_another_directory(
     (wheel,) = (tmp_path / "dist").glob("rag_retriever-*.whl")
     with zipfile.ZipFile(wheel) as zf:
         top = {name.split("/")[0] for name in zf.namelist()}
+        assert "rag_retriever/ops/capacity.json" in zf.namelist()  # what `plan` reads
     assert {t for t in top if not t.endswith(".dist-info")} == {"rag_retriever"}
 
     elsewhere = tmp_path / "elsewhere"

@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from rag_retriever import __version__, tracing
 from rag_retriever.cli.common import command_settings
 from rag_retriever.cli.ingest import add_ingest, add_update
-from rag_retriever.cli.operate import add_doctor, add_questions, add_serve
+from rag_retriever.cli.operate import add_doctor, add_plan, add_questions, add_serve
 from rag_retriever.cli.query import add_search, add_versions, format_result
 from rag_retriever.cli.train import (
     EXIT_WORSE,
@@ -60,6 +60,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_tune_fusion(sub)
     add_improve(sub)
     add_serve(sub)
+    add_plan(sub)
     return parser
 
 

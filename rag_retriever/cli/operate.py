@@ -225,19 +225,22 @@ def add_plan(sub: Any) -> None:
         "--documents", type=int, help="documents in the corpus (see --chunks-per-document)"
     )
     p.add_argument(
-        "--chunks-per-document", type=float, default=4.0, help="chunks a document makes (4)"
+        "--chunks-per-document", type=float, default=4.0, help="chunks a document makes (4.0)"
     )
     p.add_argument(
-        "--qps", type=float, default=default.qps, help=f"queries/s at peak ({default.qps:g})"
+        "--qps", type=float, default=default.qps, help=f"queries/s at peak ({default.qps})"
     )
     p.add_argument(
-        "--p95-ms", type=float, default=default.p95_ms, help=f"latency target ({default.p95_ms:g})"
+        "--p95-ms",
+        type=float,
+        default=default.p95_ms,
+        help=f"p95 latency target in ms ({default.p95_ms})",
     )
     p.add_argument(
         "--edits-per-day",
         type=int,
         default=default.edits_per_day,
-        help=f"document edits a day ({default.edits_per_day:,})",
+        help=f"document edits a day ({default.edits_per_day})",
     )
     p.add_argument(
         "--nodes",
@@ -248,12 +251,16 @@ def add_plan(sub: Any) -> None:
     p.add_argument("--memory-gb", type=float, help="memory of a machine (default: this one's)")
     p.add_argument("--cores", type=int, help="cores of a machine (default: this one's)")
     p.add_argument(
+        "--dim", type=int, default=default.dim, help=f"the model's dimensions ({default.dim})"
+    )
+    p.add_argument(
         "--constants",
         type=Path,
         help=f"measured constants (default: {CONSTANTS.name}, measured on the development machine; "
         f"write your own with `python -m bench.bench_engine --constants-out FILE`)",
     )
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
+    setting_flags(p, "log_level")
     p.set_defaults(func=cmd_plan)
 
 
@@ -277,6 +284,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         nodes=args.nodes,
         memory_gb=round(memory_gb, 1),
         cores=args.cores or os.cpu_count() or 1,
+        dim=args.dim,
     )
     plan = make_plan(brief, load_constants(args.constants))
     if args.json:

@@ -1,0 +1,381 @@
+"""`rag-retriever plan`: memory, disk, build time, latency and edit cost of a corpus size and a
+load, per quantization setting, from constants a benchmark measured.
+
+Example:
+    >>> plan = make_plan(Brief(chunks=20_000_000, qps=50, p95_ms=150, edits_per_day=20_000),
+    ...                  load_constants())                             # doctest: +SKIP
+
+The constants (capacity.json beside this module, or `--constants FILE`) are what
+`python -m bench.bench_engine --sizes ... --quantization none binary --constants-out FILE`
+measured on one machine: per setting and size, build (write + seal) time, disk, the serving
+process's peak RSS, and single-client engine latency; plus the query encoding time and the cost
+of an edit. Each figure is fitted as a power of the chunk count through the measured sizes
+(y = c * n^e; e is printed), so a size between them is interpolated and one past the largest is
+extrapolated, and the plan says by how far. What the fit cannot know is said beside it: latency
+under load is a queueing estimate (a query holds one core for its service time), not a
+measurement; a cluster's per-node figures are the corpus divided by its nodes, its network and
+fan-out are not measured.
+
+Nothing here reads a collection or loads a model.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Final
+
+from rag_retriever.errors import ConfigError
+
+CONSTANTS: Final = Path(__file__).with_name("capacity.json")
+# The utilisation a machine is planned at: queues stay short below it.
+TARGET_UTILISATION: Final = 0.7
+# The share of a machine's memory the index may use (the rest: models, the OS, the page cache).
+MEMORY_SHARE: Final = 0.8
+SECONDS_A_DAY: Final = 86_400
+# What must stay in memory a point, besides its payload: the vectors HNSW reads (bytes a
+# dimension as held) and its level-0 links (Qdrant's default m=16: 2m links of 4 bytes).
+BYTES_PER_DIMENSION: Final = {"none": 4.0, "int8": 1.0, "binary": 1 / 8}
+HNSW_LINK_BYTES: Final = 128
+
+
+@dataclass(frozen=True)
+class Brief:
+    """What a deployment must take: corpus size, load and edits, and its machines."""
+
+    chunks: int
+    qps: float = 50.0
+    p95_ms: float = 150.0
+    edits_per_day: int = 20_000
+    chunks_per_edit: float = 4.0
+    nodes: int = 3
+    memory_gb: float = 24.0
+    cores: int = 2
+    dim: int = 384  # the model's (all-MiniLM-L6-v2's)
+
+    def check(self) -> None:
+        for name in (
+            "chunks",
+            "qps",
+            "p95_ms",
+            "chunks_per_edit",
+            "nodes",
+            "memory_gb",
+            "cores",
+            "dim",
+        ):
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"--{name.replace('_', '-')} must be > 0")
+        if self.edits_per_day < 0:
+            raise ConfigError("--edits-per-day must be >= 0")
+
+
+@dataclass(frozen=True)
+class Fit:
+    """y = c * n^e through measured (n, y) points."""
+
+    c: float
+    e: float
+    sizes: tuple[int, ...]
+
+    @classmethod
+    def through(cls, points: list[tuple[int, float]], *, single_exponent: float) -> Fit:
+        """Least squares in log-log space; one point gets `single_exponent` (1: grows with the
+        corpus; 0: constant)."""
+        points = [(n, y) for n, y in points if n > 0 and y > 0]
+        if not points:
+            raise ConfigError("the plan constants hold no positive figure to fit")
+        sizes = tuple(n for n, _ in points)
+        if len({n for n, _ in points}) == 1:
+            n, y = points[0]
+            return cls(y / n**single_exponent, single_exponent, sizes)
+        xs = [math.log(n) for n, _ in points]
+        ys = [math.log(y) for _, y in points]
+        mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
+        e = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sum(
+            (x - mx) ** 2 for x in xs
+        )
+        return cls(math.exp(my - e * mx), e, sizes)
+
+    def at(self, n: float) -> float:
+        return self.c * n**self.e
+
+
+@dataclass(frozen=True)
+class SettingPlan:
+    """One quantization setting's figures for the brief, one machine and a cluster."""
+
+    quantization: str
+    memory_gb: float  # the larger of the fitted peak RSS and the resident floor
+    resident_floor_gb: float
+    disk_gb: float
+    build_h: float
+    p50_ms: float
+    p95_ms: float
+    p95_at_load_ms: float | None  # one machine taking the whole load (None: overloaded)
+    p95_replicated_ms: float  # the load spread over `machines_for_qps` replicas
+    machine_qps: float
+    fits_one_machine: bool
+    machines_for_qps: int
+    node_memory_gb: float
+    node_disk_gb: float
+    node_p95_ms: float
+    exponents: dict[str, float]
+    meets: dict[str, bool] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Plan:
+    brief: Brief
+    measured: dict[str, Any]
+    largest_measured: int
+    extrapolated_by: float  # the brief's chunks / the largest measured size (<= 1: within)
+    settings: list[SettingPlan]
+    edits: dict[str, float]
+    recommended: str | None
+    served: dict[str, Any] = field(default_factory=dict)  # the HTTP service measured at load
+    overhead_ms: float = 0.0  # a query's cost through the service beyond encoding and engine
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "brief": self.brief.__dict__,
+            "measured": self.measured,
+            "largest_measured_chunks": self.largest_measured,
+            "extrapolated_by": self.extrapolated_by,
+            "settings": [s.__dict__ for s in self.settings],
+            "edits": self.edits,
+            "recommended": self.recommended,
+            "served": self.served,
+            "overhead_ms": self.overhead_ms,
+        }
+
+
+def load_constants(path: Path | None = None) -> dict[str, Any]:
+    """The constants file (default: this machine's, beside this module), checked."""
+    path = path or CONSTANTS
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ConfigError(f"cannot read the plan constants {path}: {exc.strerror}") from None
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"{path} is not JSON: {exc}") from None
+    if not isinstance(data, dict) or not isinstance(data.get("settings"), dict):
+        raise ConfigError(
+            f"{path} holds no measured settings: write it with `python -m bench.bench_engine "
+            f"--quantization none binary --constants-out {path}`"
+        )
+    for name, points in data["settings"].items():
+        if not points or not all(isinstance(p, dict) and p.get("chunks") for p in points):
+            raise ConfigError(f"{path}: setting {name!r} has no measured size")
+    return data
+
+
+def make_plan(brief: Brief, constants: dict[str, Any]) -> Plan:
+    brief.check()
+    measured = dict(constants.get("measured") or {})
+    measured_cores = int(measured.get("cores") or brief.cores)
+    encode_ms = float(constants.get("query_encode_ms") or 0.0)
+    served = constants.get("served") or {}
+    # what a query costs through the HTTP service beyond its encoding and the engine: measured
+    # alone at the served size, less the float32 engine's fitted p50 there
+    overhead_ms = 0.0
+    if served and "none" in constants["settings"]:
+        engine = Fit.through(
+            [(int(p["chunks"]), float(p["hybrid_p50_ms"])) for p in constants["settings"]["none"]],
+            single_exponent=0.0,
+        )
+        at = _rising(engine).at(float(served["chunks"]))
+        overhead_ms = max(0.0, float(served["single_p50_ms"]) - encode_ms - at)
+    largest = max(int(p["chunks"]) for pts in constants["settings"].values() for p in pts)
+    plans = []
+    for name, points in constants["settings"].items():
+        plans.append(_setting(brief, name, points, encode_ms + overhead_ms, measured_cores))
+    # the least memory that fits a machine and, replicated for the load, meets the p95
+    fitting = [p for p in plans if p.fits_one_machine and p.meets.get("p95", False)]
+    recommended = min(fitting, key=lambda p: p.memory_gb).quantization if fitting else None
+    return Plan(
+        brief,
+        measured,
+        largest,
+        brief.chunks / largest,
+        plans,
+        _edits(brief, constants.get("edits") or {}),
+        recommended,
+        dict(served),
+        overhead_ms,
+    )
+
+
+def _setting(
+    brief: Brief,
+    name: str,
+    points: list[dict[str, Any]],
+    encode_ms: float,
+    measured_cores: int,
+) -> SettingPlan:
+    def fit(key: str, single: float) -> Fit:
+        return Fit.through(
+            [(int(p["chunks"]), float(p[key])) for p in points], single_exponent=single
+        )
+
+    memory = fit("rss_mb", 1.0)
+    disk = fit("disk_mb", 1.0)
+    build = Fit.through(
+        [(int(p["chunks"]), float(p["write_s"]) + float(p["seal_s"])) for p in points],
+        single_exponent=1.0,
+    )
+    # latency is not taken to fall with size: a fitted negative exponent is noise
+    p50, p95 = (_rising(fit(key, 0.0)) for key in ("hybrid_p50_ms", "hybrid_p95_ms"))
+    n = brief.chunks
+    service_ms = p50.at(n) + encode_ms
+    machine_qps = brief.cores * 1000.0 / service_ms
+    load = brief.qps / machine_qps
+    # M/M/1-style stretch of the single-client p95 at this utilisation; None: overloaded
+    p95_at_load = (p95.at(n) + encode_ms) / (1 - load) if load < 1 else None
+    replicas = math.ceil(brief.qps / (machine_qps * TARGET_UTILISATION))
+    p95_replicated = (p95.at(n) + encode_ms) / (1 - load / replicas)
+    node_chunks = n / brief.nodes
+
+    def resident_gb(chunks: float) -> float:
+        held = brief.dim * BYTES_PER_DIMENSION.get(name, 4.0) + HNSW_LINK_BYTES
+        return chunks * held / 2**30
+
+    # The peak RSS measured counts the pages 200 queries touched; what HNSW reads must all
+    # stay resident for its latency to hold, whatever a short probe touched.
+    memory_gb = max(memory.at(n) / 1024, resident_gb(n))
+    plan = SettingPlan(
+        quantization=name,
+        memory_gb=memory_gb,
+        resident_floor_gb=resident_gb(n),
+        disk_gb=disk.at(n) / 1024,
+        # the seal's HNSW build uses every core: scaled from the measuring machine's cores
+        build_h=build.at(n) / 3600 * measured_cores / brief.cores,
+        p50_ms=p50.at(n) + encode_ms,
+        p95_ms=p95.at(n) + encode_ms,
+        p95_at_load_ms=p95_at_load,
+        p95_replicated_ms=p95_replicated,
+        machine_qps=machine_qps,
+        fits_one_machine=memory_gb <= brief.memory_gb * MEMORY_SHARE,
+        machines_for_qps=replicas,
+        node_memory_gb=max(memory.at(node_chunks) / 1024, resident_gb(node_chunks)),
+        node_disk_gb=disk.at(node_chunks) / 1024,
+        node_p95_ms=p95.at(node_chunks) + encode_ms,
+        exponents={
+            "memory": memory.e,
+            "disk": disk.e,
+            "build": build.e,
+            "p50": p50.e,
+            "p95": p95.e,
+        },
+    )
+    plan.meets.update(
+        memory=plan.fits_one_machine,
+        p95=p95_replicated <= brief.p95_ms,
+    )
+    return plan
+
+
+def _rising(fit: Fit) -> Fit:
+    return fit if fit.e >= 0 else Fit(fit.at(max(fit.sizes)), 0.0, fit.sizes)
+
+
+def _edits(brief: Brief, edits: dict[str, Any]) -> dict[str, float]:
+    """An edit's cost: Edge writes a delta (its measured seconds); the server path writes the
+    changed chunks and marks the ones they replace (points written per changed chunk)."""
+    chunks_a_day = brief.edits_per_day * brief.chunks_per_edit
+    out: dict[str, float] = {"chunks_changed_per_day": chunks_a_day}
+    if "edge_edit_s" in edits:
+        busy = brief.edits_per_day * float(edits["edge_edit_s"])
+        out["edge_edit_s"] = float(edits["edge_edit_s"])
+        out["edge_writer_busy_share"] = busy / SECONDS_A_DAY
+    if "server_points_per_changed_chunk" in edits:
+        per_chunk = float(edits["server_points_per_changed_chunk"])
+        out["server_points_written_per_day"] = chunks_a_day * per_chunk
+    return out
+
+
+def describe(plan: Plan) -> list[str]:
+    """The plan as lines for a terminal."""
+    b = plan.brief
+    m = plan.measured
+    lines = [
+        f"brief: {b.chunks:,} chunks, {b.qps:g} queries/s at p95 <= {b.p95_ms:g} ms, "
+        f"{b.edits_per_day:,} edits a day of ~{b.chunks_per_edit:g} chunks; machines of "
+        f"{b.memory_gb:g} GB and {b.cores} cores; a cluster of {b.nodes} nodes",
+        f"constants: measured {m.get('date', '?')} on {m.get('cores', '?')} cores / "
+        f"{m.get('memory_gb', '?')} GB with `{m.get('command', '?')}`",
+    ]
+    if plan.extrapolated_by > 1:
+        lines.append(
+            f"EXTRAPOLATED: {b.chunks:,} chunks is {plan.extrapolated_by:.1f}x the largest size "
+            f"measured ({plan.largest_measured:,}); each figure follows its fitted growth n^e"
+        )
+    else:
+        lines.append(f"within the measured sizes (largest {plan.largest_measured:,} chunks)")
+    header = (
+        f"{'setting':<8} {'memory':>8} {'fits':>4} {'disk':>8} {'build':>7} {'p50':>8} "
+        f"{'p95':>8} {'p95@load':>9} {'q/s/mach':>8} {'machines':>8}  "
+        f"per node of {b.nodes}: memory, disk, p95"
+    )
+    lines += [
+        "",
+        f"one machine (engine + query encoding + {plan.overhead_ms:.1f} ms of the HTTP service a "
+        f"query; no reranker):",
+        header,
+    ]
+    for s in plan.settings:
+        at_load = f"{s.p95_at_load_ms:.1f}ms" if s.p95_at_load_ms is not None else "overload"
+        lines.append(
+            f"{s.quantization:<8} {s.memory_gb:>6.1f}GB {'yes' if s.fits_one_machine else 'no':>4} "
+            f"{s.disk_gb:>6.1f}GB {s.build_h:>6.1f}h {s.p50_ms:>6.1f}ms {s.p95_ms:>6.1f}ms "
+            f"{at_load:>9} {s.machine_qps:>8.0f} {s.machines_for_qps:>8}  "
+            f"{s.node_memory_gb:.1f}GB, {s.node_disk_gb:.1f}GB, {s.node_p95_ms:.1f}ms"
+        )
+    lines.append("")
+    for s in plan.settings:
+        growth = ", ".join(f"{k} n^{v:.2f}" for k, v in s.exponents.items())
+        lines.append(
+            f"{s.quantization}: fitted growth {growth}; resident floor (vectors HNSW reads + "
+            f"links) {s.resident_floor_gb:.1f} GB"
+        )
+    e = plan.edits
+    lines.append("")
+    lines.append(f"edits: {e['chunks_changed_per_day']:,.0f} chunks changed a day")
+    if "edge_writer_busy_share" in e:
+        lines.append(
+            f"  embedded (Edge): a delta each, {e['edge_edit_s']:.2f} s measured: the writer is "
+            f"busy {e['edge_writer_busy_share']:.1%} of the day"
+        )
+    if "server_points_written_per_day" in e:
+        lines.append(
+            f"  Qdrant server: {e['server_points_written_per_day']:,.0f} points written a day "
+            f"(changed chunks and the marks on the ones they replace; nothing copied)"
+        )
+    lines.append("")
+    if plan.recommended:
+        best = next(s for s in plan.settings if s.quantization == plan.recommended)
+        lines.append(
+            f"recommended: {plan.recommended} (the least memory that fits a machine), on "
+            f"{best.machines_for_qps} machine(s) each holding the whole index for "
+            f"{b.qps:g} q/s: p95 ~{best.p95_replicated_ms:.0f} ms estimated"
+        )
+    else:
+        lines.append(
+            f"no setting fits one machine's memory and meets p95 <= {b.p95_ms:g} ms: use the "
+            f"cluster figures (per node of {b.nodes})"
+        )
+    if plan.served:
+        v = plan.served
+        lines.append(
+            f"measured through the HTTP service on the constants' machine at {v['chunks']:,} "
+            f"chunks: {v['qps']:g} queries/s offered -> p50 {v['load_p50_ms']:.0f} ms, p95 "
+            f"{v['load_p95_ms']:.0f} ms, {v['load_failed']} of {v['load_sent']} failed "
+            f"(`{v['command']}`)"
+        )
+    lines.append(
+        "not measured: p95 under load at this size is a queueing estimate from single-client "
+        "latency; a cluster's network and fan-out; the reranker's cost"
+    )
+    return lines

@@ -1,0 +1,167 @@
+"""`rag-retriever plan`: fitted growth from measured constants, checked against hand-computed
+cases; the shipped constants are the benchmark's own output format."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bench.bench_engine import CONSTANT_FIGURES, constants
+from rag_retriever.cli import main
+from rag_retriever.errors import ConfigError
+from rag_retriever.ops.plan import CONSTANTS, Brief, Fit, load_constants, make_plan
+
+
+def figures(n: int, rss_mb: float, p50: float, p95: float) -> dict[str, float]:
+    """A run's figures at n chunks: memory and disk proportional, build n^1.2, latency given."""
+    return {
+        "chunks": n,
+        "write_s": n / 10_000,
+        "seal_s": (n / 10_000) ** 1.2,
+        "reopen_s": 0.1,
+        "disk_mb": 2 * rss_mb,
+        "rss_mb": rss_mb,
+        "rss_anon_mb": rss_mb / 2,
+        "dense_p50_ms": p50,
+        "dense_p95_ms": p95,
+        "hybrid_p50_ms": p50,
+        "hybrid_p95_ms": p95,
+        "hybrid_filtered_p50_ms": p50,
+        "hybrid_filtered_p95_ms": p95,
+    }
+
+
+CASE: dict[str, Any] = {
+    "measured": {"date": "2026-12-03", "command": "hand-made", "cores": 2, "memory_gb": 24},
+    "query_encode_ms": 10.0,
+    "edits": {"edge_edit_s": 0.1, "server_points_per_changed_chunk": 2.0},
+    "settings": {
+        # float32: 1 KB a chunk; latency 2 ms at 100k, 4 ms at 1M (n^0.301)
+        "none": [figures(100_000, 100.0, 2.0, 4.0), figures(1_000_000, 1000.0, 4.0, 8.0)],
+        # binary: a quarter of the memory, the same latency
+        "binary": [figures(100_000, 25.0, 2.0, 4.0), figures(1_000_000, 250.0, 4.0, 8.0)],
+    },
+}
+
+
+def test_a_power_fit_goes_through_its_points_and_one_point_takes_the_given_exponent() -> None:
+    fit = Fit.through([(100, 10.0), (10_000, 1000.0)], single_exponent=0)
+    assert fit.e == pytest.approx(1.0) and fit.at(1_000) == pytest.approx(100.0)
+    assert Fit.through([(100, 3.0)], single_exponent=1).at(1_000) == pytest.approx(30.0)
+    assert Fit.through([(100, 3.0)], single_exponent=0).at(1_000) == pytest.approx(3.0)
+
+
+def test_the_plan_of_a_brief_past_the_measured_sizes_says_how_far_it_extrapolates() -> None:
+    # dim 8: a resident floor far below the fitted memory, so the fit decides here
+    brief = Brief(chunks=20_000_000, qps=50, p95_ms=150, edits_per_day=20_000, nodes=4, dim=8)
+    plan = make_plan(brief, CASE)
+    assert plan.largest_measured == 1_000_000 and plan.extrapolated_by == 20
+    none, binary = plan.settings
+    # memory: 1 KB a chunk -> 20M chunks = 20,000 MB
+    assert none.memory_gb == pytest.approx(20_000 / 1024) and none.exponents["memory"] == 1
+    assert binary.memory_gb == pytest.approx(5_000 / 1024)
+    assert none.node_memory_gb == pytest.approx(5_000 / 1024)  # a quarter on each of 4 nodes
+    # latency doubles each 10x: 4 ms at 1M -> 8 ms at 10M -> 8 * 2^log10(2) at 20M
+    p50 = 4.0 * 2 ** math.log10(20)
+    assert none.p50_ms == pytest.approx(p50 + 10.0)  # plus the query's encoding
+    # two cores, each query holds one: capacity 2000 / service ms
+    assert none.machine_qps == pytest.approx(2000 / (p50 + 10))
+    load = 50 / none.machine_qps
+    assert none.p95_at_load_ms == pytest.approx((2 * p50 + 10) / (1 - load))
+    assert none.machines_for_qps == math.ceil(50 / (none.machine_qps * 0.7))
+    # 20,000 MB does not fit 80% of 24 GB; 5,000 MB does: binary is recommended
+    assert not none.fits_one_machine and binary.fits_one_machine
+    assert plan.recommended == "binary"
+    # build: write n/10^4 s + seal (n/10^4)^1.2 s, fitted as one power through both sizes
+    assert none.build_h > (2_000 + 2_000**1.2) / 3600 * 0.9
+    assert plan.edits["server_points_written_per_day"] == 20_000 * 4 * 2
+    assert plan.edits["edge_writer_busy_share"] == pytest.approx(20_000 * 0.1 / 86_400)
+
+
+def test_memory_is_never_below_what_hnsw_must_keep_resident() -> None:
+    """A short probe touches few pages: 1M float32 384-d vectors and their links are 1.55 GB
+    however little RSS it measured; binary vectors hold 48 bytes a point instead of 1,536."""
+    plan = make_plan(Brief(chunks=1_000_000, dim=384), CASE)
+    none, binary = plan.settings
+    assert none.resident_floor_gb == pytest.approx(1_000_000 * (1536 + 128) / 2**30)
+    assert binary.resident_floor_gb == pytest.approx(1_000_000 * (48 + 128) / 2**30)
+    assert none.memory_gb == pytest.approx(none.resident_floor_gb)  # above the fitted 1,000 MB
+    assert binary.memory_gb == pytest.approx(250 / 1024)  # the fit, above its floor
+
+
+def test_latency_is_not_extrapolated_downwards() -> None:
+    falling = dict(
+        CASE,
+        settings={
+            "none": [figures(100_000, 100.0, 4.0, 8.0), figures(1_000_000, 1000.0, 3.0, 6.0)]
+        },
+    )
+    [none] = make_plan(Brief(chunks=20_000_000), falling).settings
+    assert none.p50_ms == pytest.approx(3.0 + 10.0) and none.exponents["p50"] == 0
+
+
+def test_bad_briefs_and_constants_are_clear_errors(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="--qps must be > 0"):
+        make_plan(Brief(chunks=10, qps=0), CASE)
+    bad = tmp_path / "c.json"
+    bad.write_text("{")
+    with pytest.raises(ConfigError, match="is not JSON"):
+        load_constants(bad)
+    bad.write_text("{}")
+    with pytest.raises(ConfigError, match="--constants-out"):
+        load_constants(bad)
+    with pytest.raises(ConfigError, match="cannot read"):
+        load_constants(tmp_path / "missing.json")
+
+
+def test_the_benchmark_writes_what_the_plan_reads(tmp_path: Path) -> None:
+    row = {k: 1.0 for k in CONSTANT_FIGURES}
+    results = {"100000": {"edge": row, "edge-binary": row, "local": row}, "300000": {"edge": row}}
+    made = constants(results, "python -m bench.bench_engine --sizes 100000 300000")
+    assert [p["chunks"] for p in made["settings"]["none"]] == [100_000, 300_000]
+    assert [p["chunks"] for p in made["settings"]["binary"]] == [100_000]
+    path = tmp_path / "c.json"
+    path.write_text(json.dumps(made))
+    assert load_constants(path)["settings"].keys() == {"none", "binary"}
+
+
+def test_the_cli_plans_the_brief_from_the_shipped_constants(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    shipped = load_constants()
+    assert shipped["measured"]["command"].startswith("python -m bench.bench_engine")
+    args = ["plan", "--documents", "5000000", "--qps", "50", "--p95-ms", "150"]
+    assert main([*args, "--edits-per-day", "20000", "--memory-gb", "24", "--cores", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "brief: 20,000,000 chunks" in out and "EXTRAPOLATED" in out
+    assert all(name in out for name in shipped["settings"])
+    case = tmp_path / "case.json"
+    case.write_text(json.dumps(CASE))
+    assert main(["plan", "--chunks", "500000", "--constants", str(case), "--json"]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    assert plan["extrapolated_by"] == 0.5 and plan["brief"]["chunks"] == 500_000
+    assert main(["plan", "--chunks", "10", "--constants", str(tmp_path / "none.json")]) == 2
+    assert "cannot read the plan constants" in capsys.readouterr().err
+    assert CONSTANTS.is_file()
+
+
+def test_the_served_figures_add_the_http_services_own_cost_to_each_query() -> None:
+    served = {
+        "command": "python -m bench.bench_brief",
+        "chunks": 100_000,
+        "single_p50_ms": 40.0,  # engine 2 ms + encoding 10 ms at 100k: the service adds 28 ms
+        "qps": 50,
+        "load_p50_ms": 200.0,
+        "load_p95_ms": 500.0,
+        "load_failed": 0,
+        "load_sent": 900,
+    }
+    plan = make_plan(Brief(chunks=1_000_000), dict(CASE, served=served))
+    assert plan.overhead_ms == pytest.approx(28.0)
+    none = plan.settings[0]
+    assert none.p50_ms == pytest.approx(4.0 + 10.0 + 28.0)
+    assert none.machine_qps == pytest.approx(2000 / 42.0)
