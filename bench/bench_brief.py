@@ -40,6 +40,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +52,29 @@ ALIAS = "squad"
 WRITE_KEY = "bench-write-key"
 QUERY_TIMEOUT_S = 10.0
 SECONDS_A_DAY = 86_400
+
+
+async def _on_schedule(
+    rate: float,
+    seconds: float,
+    rng: random.Random,
+    send: Callable[[int, float], Coroutine[Any, Any, None]],
+) -> int:
+    """Open loop: `send(n, scheduled time)` at Poisson arrivals of `rate` a second for
+    `seconds`, each as its own task, whether or not earlier ones are done; returns how many."""
+    tasks = []
+    start = time.perf_counter()
+    at = rng.expovariate(rate)
+    n = 0
+    while at < seconds:
+        delay = start + at - time.perf_counter()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        tasks.append(asyncio.create_task(send(n, start + at)))
+        n += 1
+        at += rng.expovariate(rate)
+    await asyncio.gather(*tasks)
+    return n
 
 
 async def _queries(url: str, rate: float, seconds: float, seed: int) -> dict[str, Any]:
@@ -80,20 +104,9 @@ async def _queries(url: str, rate: float, seconds: float, seed: int) -> dict[str
         timeout=QUERY_TIMEOUT_S,
         limits=httpx.Limits(max_connections=200, max_keepalive_connections=50),
     ) as client:
-        tasks = []
-        start = time.perf_counter()
-        at = rng.expovariate(rate)
-        i = 0
-        while at < seconds:
-            delay = start + at - time.perf_counter()
-            if delay > 0:
-                await asyncio.sleep(delay)
-            tasks.append(
-                asyncio.create_task(one(client, questions[i % len(questions)], start + at))
-            )
-            i += 1
-            at += rng.expovariate(rate)
-        await asyncio.gather(*tasks)
+        i = await _on_schedule(
+            rate, seconds, rng, lambda n, at: one(client, questions[n % len(questions)], at)
+        )
     return {"sent": i, "latencies_ms": latencies, "errors": errors}
 
 
@@ -130,18 +143,7 @@ async def _edits(url: str, rate: float, seconds: float, seed: int) -> dict[str, 
 
     committed = None
     async with httpx.AsyncClient(base_url=url, timeout=QUERY_TIMEOUT_S) as client:
-        tasks = []
-        start = time.perf_counter()
-        at = rng.expovariate(rate)
-        n = 0
-        while at < seconds:
-            delay = start + at - time.perf_counter()
-            if delay > 0:
-                await asyncio.sleep(delay)
-            tasks.append(asyncio.create_task(one(client, n)))
-            n += 1
-            at += rng.expovariate(rate)
-        await asyncio.gather(*tasks)
+        n = await _on_schedule(rate, seconds, rng, lambda n, _at: one(client, n))
         if last_change is not None:
             response = await client.get(
                 f"/v1/changes/{last_change}", params={"wait": 60}, headers=headers, timeout=90

@@ -29,21 +29,7 @@ from rag_retriever.records import Document
 from rag_retriever.store import ServerStore
 from rag_retriever.store.catalog import apply_retention, promote_version, rollback
 from rag_retriever.store.server import CATALOG
-
-WORDS = [
-    "alpha",
-    "bravo",
-    "charlie",
-    "delta",
-    "echo",
-    "foxtrot",
-    "golf",
-    "hotel",
-    "india",
-    "juliet",
-    "kilo",
-    "lima",
-]
+from tests.test_update import WORDS
 
 
 def doc(i: int, rng: random.Random, tag: str = "") -> Document:
