@@ -134,6 +134,26 @@ class Corpus:
         self.next_id += 1
         return Document(f"doc{self.next_id}", f"Document {self.next_id}", "\n\n".join(paragraphs))
 
+    def build(self, store: Any, encoder: Any, opts: WriteOptions) -> Any:
+        """A full build of the documents as they are now, as alias "bench" (its report)."""
+        return ingest_documents(
+            LoadedCorpus(tuple(self.docs.values()), 0, "bench"),
+            alias="bench",
+            encoder=encoder,
+            store=store,
+            full=True,
+            options=opts,
+        )
+
+    def edit(self, n_docs: int, store: Any, encoder: Any, opts: WriteOptions) -> tuple[float, Any]:
+        """`change(n_docs)` written as an update of "bench": (seconds, its report)."""
+        upserts, deleted = self.change(n_docs)
+        t0 = time.perf_counter()
+        report = update_documents(
+            upserts, deleted, alias="bench", encoder=encoder, store=store, options=opts
+        )
+        return time.perf_counter() - t0, report
+
     def change(self, n_docs: int) -> tuple[list[Document], list[str]]:
         """n_docs touched: half edited, a quarter new, a quarter deleted; applied to self.docs."""
         ids = self.rng.sample(sorted(self.docs), n_docs - n_docs // 4)
@@ -287,22 +307,10 @@ def _run_size(
         )
 
         def apply(n_docs: int) -> tuple[float, Any]:
-            upserts, deleted = corpus.change(n_docs)
-            t0 = time.perf_counter()
-            report = update_documents(
-                upserts, deleted, alias="bench", encoder=encoder, store=store, options=opts
-            )
-            return time.perf_counter() - t0, report
+            return corpus.edit(n_docs, store, encoder, opts)
 
         t0 = time.perf_counter()
-        full = ingest_documents(
-            LoadedCorpus(tuple(corpus.docs.values()), 0, "bench"),
-            alias="bench",
-            encoder=encoder,
-            store=store,
-            full=True,
-            options=opts,
-        )
+        full = corpus.build(store, encoder, opts)
         row: dict[str, Any] = {
             "chunks": full.chunks,
             "full_s": time.perf_counter() - t0,
@@ -351,14 +359,7 @@ def _run_size(
             # the same corpus built from scratch: after 100 deltas ~63% of the documents differ
             # from the first build's, which moves recall by itself
             again = EdgeStore(root / "rebuilt")
-            ingest_documents(
-                LoadedCorpus(tuple(corpus.docs.values()), 0, "bench"),
-                alias="bench",
-                encoder=encoder,
-                store=again,
-                full=True,
-                options=opts,
-            )
+            corpus.build(again, encoder, opts)
             row["rebuilt"] = _latency_and_recall(again, queries)
             # side by side: the version the deltas led to and the rebuilt corpus, interleaved
             after, fresh = _hybrid_p50([store, again], queries + queries)
@@ -385,27 +386,16 @@ def run_server(n: int = 100_000, repeats: int = 3) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as tmp:
         opts = WriteOptions(lock_dir=Path(tmp), retention_grace_s=0, rebase_drift=1.0)
         t0 = time.perf_counter()
-        full = ingest_documents(
-            LoadedCorpus(tuple(corpus.docs.values()), 0, "bench"),
-            alias="bench",
-            encoder=encoder,
-            store=store,
-            full=True,
-            options=opts,
-        )
+        full = corpus.build(store, encoder, opts)
         full_s = time.perf_counter() - t0
         edits: list[dict[str, Any]] = []
         copies: list[dict[str, Any]] = []
         for _ in range(repeats):  # interleaved: an edit, then the peer's copy
-            upserts, deleted = corpus.change(10)
             written["points"] = 0
-            t0 = time.perf_counter()
-            report = update_documents(
-                upserts, deleted, alias="bench", encoder=encoder, store=store, options=opts
-            )
+            seconds, report = corpus.edit(10, store, encoder, opts)
             edits.append(
                 {
-                    "s": time.perf_counter() - t0,
+                    "s": seconds,
                     "chunks": report.encoded,
                     "points_written": written["points"],
                 }
@@ -439,22 +429,8 @@ def edit_constants(n: int = 20_000, repeats: int = 3) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as tmp:
         store = EdgeStore(Path(tmp) / "edge")
         opts = WriteOptions(lock_dir=Path(tmp), retention_grace_s=0, rebase_drift=1.0)
-        ingest_documents(
-            LoadedCorpus(tuple(corpus.docs.values()), 0, "bench"),
-            alias="bench",
-            encoder=encoder,
-            store=store,
-            full=True,
-            options=opts,
-        )
-        seconds = []
-        for _ in range(repeats):
-            upserts, deleted = corpus.change(10)
-            t0 = time.perf_counter()
-            update_documents(
-                upserts, deleted, alias="bench", encoder=encoder, store=store, options=opts
-            )
-            seconds.append(time.perf_counter() - t0)
+        corpus.build(store, encoder, opts)
+        seconds = [corpus.edit(10, store, encoder, opts)[0] for _ in range(repeats)]
         store.close()
     server = run_server(n // 4, repeats=repeats)
     written = sum(e["points_written"] for e in server["edits"])
