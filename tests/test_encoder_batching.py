@@ -89,6 +89,19 @@ def test_vectors_and_counts_equal_the_reference(
     assert (ours.truncated, ours.n_tokens) == (truncated, n_tokens)
 
 
+@given(texts=TEXTS, batch_size=st.integers(1, 5))
+def test_prepared_encoding_is_encode_passages(
+    tiny_encoder_dir: Any, texts: list[str], batch_size: int
+) -> None:
+    """The ingest's two steps (tokenise in one stage, encode in the next) give the reference's
+    vectors and counts, as `encode_passages` does."""
+    encoder = Encoder.load(str(tiny_encoder_dir), device="cpu", dtype="fp32", batch_size=batch_size)
+    ours = encoder.encode_prepared(encoder.prepare_passages(texts))
+    vectors, truncated, n_tokens = _reference(encoder, texts)
+    np.testing.assert_allclose(ours.vectors, vectors, atol=1e-5)
+    assert (ours.truncated, ours.n_tokens) == (truncated, n_tokens)
+
+
 def test_many_sort_windows_keep_the_input_order(tiny_encoder: Encoder) -> None:
     """More texts than one sort window (batch 4 x 32): rows come back where they were."""
     rng = np.random.default_rng(0)

@@ -25,7 +25,8 @@ from tests.test_parallel_chunking import _alive, _wait_gone, start_with_workers
 
 
 def _stage_threads() -> list[threading.Thread]:
-    return [t for t in threading.enumerate() if t.name in ("ingest-chunk", "ingest-write")]
+    names = ("ingest-chunk", "ingest-tokenize", "ingest-write")
+    return [t for t in threading.enumerate() if t.name in names]
 
 
 def test_items_keep_their_order_and_the_write_queue_stays_bounded() -> None:
@@ -51,7 +52,37 @@ def test_items_keep_their_order_and_the_write_queue_stays_bounded() -> None:
     assert not _stage_threads()
 
 
-@pytest.mark.parametrize("stage", ["produce", "transform", "consume"])
+def test_the_prepare_stage_runs_apart_in_order_and_bounded() -> None:
+    """prepare runs in its own thread (not the producer's, not the caller's), items keep their
+    order through four stages, and prepare runs at most its queue's depth ahead of transform."""
+    pipeline: Pipeline[int, int] = Pipeline(depth=2)
+    prepared: list[int] = []
+    transformed: list[int] = []
+    ahead: list[int] = []
+    threads: set[str] = set()
+
+    def prepare(x: int) -> int:
+        threads.add(threading.current_thread().name)
+        prepared.append(x)
+        ahead.append(len(prepared) - len(transformed))
+        return x + 1
+
+    def transform(x: int) -> int:
+        time.sleep(0.005)  # the slowest stage, as the encoder is
+        transformed.append(x)
+        return x * 10
+
+    seen: list[int] = []
+    pipeline.run(iter(range(40)), transform, seen.append, prepare=prepare)
+    assert seen == [(x + 1) * 10 for x in range(40)]
+    assert threads == {"ingest-tokenize"}
+    # the one being transformed + `depth` queued + the one just prepared
+    assert max(ahead) <= 1 + 2 + 1
+    assert pipeline.busy_s["prepare"] > 0
+    assert not _stage_threads()
+
+
+@pytest.mark.parametrize("stage", ["produce", "prepare", "transform", "consume"])
 def test_an_error_in_any_stage_stops_all_and_is_raised_here(stage: str) -> None:
     closed = threading.Event()
     produced: list[int] = []
@@ -76,12 +107,17 @@ def test_an_error_in_any_stage_stops_all_and_is_raised_here(stage: str) -> None:
             raise RuntimeError("boom in consume")
         time.sleep(0.001)
 
+    def prepare(x: int) -> int:
+        if stage == "prepare" and x == 5:
+            raise RuntimeError("boom in prepare")
+        return x
+
     with pytest.raises(RuntimeError, match=f"boom in {stage}"):
         pipeline: Pipeline[int, int] = Pipeline(depth=2, produce_ahead=4)
-        pipeline.run(produce(), transform, consume)
+        pipeline.run(produce(), transform, consume, prepare=prepare)
     # The other stages stopped instead of running the producer dry: past the failing item, at
     # most what the bounded queues hold was produced (however slow the machine).
-    assert len(produced) <= 5 + 1 + 2 + 4 + 2, len(produced)
+    assert len(produced) <= 5 + 1 + 2 + 2 + 4 + 2, len(produced)
     assert closed.wait(60)  # a hang guard, not a time limit
     assert not _stage_threads()
 

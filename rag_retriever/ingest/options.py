@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
 from rag_retriever.records import Quantization
 from rag_retriever.settings import Compaction as CompactionMode
@@ -39,6 +39,16 @@ class PassageEncoder(Protocol):
     def count_tokens(self, texts: Sequence[str]) -> list[int]: ...
 
     def encode_passages(self, passages: Sequence[str], *, progress: bool = False) -> Encoded: ...
+
+
+@runtime_checkable
+class PreparingEncoder(Protocol):
+    """An encoder whose tokenising can run apart from its forward passes (a real `Encoder`):
+    the writer tokenises in its own pipeline stage. Others are called with the texts."""
+
+    def prepare_passages(self, passages: Sequence[str]) -> Any: ...
+
+    def encode_prepared(self, prepared: Any, *, progress: bool = False) -> Encoded: ...
 
 
 @dataclass(frozen=True)

@@ -1,26 +1,28 @@
-"""Three ingest stages at once: produce (chunk) -> transform (encode) -> consume (write), in order,
-with bounded queues between them.
+"""Ingest stages at once: produce (chunk) -> prepare (tokenise) -> transform (encode) -> consume
+(write), in order, with bounded queues between them.
 
 Example:
     >>> pipeline = Pipeline(depth=2)
     >>> out = []
-    >>> pipeline.run(iter([1, 2, 3]), lambda x: x * 10, out.append)
+    >>> pipeline.run(iter([1, 2, 3]), lambda x: x * 10, out.append, prepare=lambda x: x + 1)
     >>> out, sorted(pipeline.busy_s)
-    ([10, 20, 30], ['consume', 'produce', 'transform'])
+    ([20, 30, 40], ['consume', 'prepare', 'produce', 'transform'])
 
-`produce` runs in a thread, `transform` in the calling thread (the encoder and its device stay
-where they were, and Ctrl-C, which Python delivers to the main thread, interrupts it there), and
-`consume` in a thread. While item n is transformed, item n+1 is produced and item n-1 consumed;
-the queue to `consume` holds at most `depth` items (encoded vectors: memory stays flat however
-slow the writes), the queue from `produce` at most `produce_ahead` (None: the producer never
-waits; the writer's producer keeps every chunk anyway, for the version's BM25 statistics, and a
-write stage that waits for those statistics must not stop the chunking that makes them). Items
-reach `consume` in the order `produce` made them.
+`produce` runs in a thread, `prepare` (optional) in a thread, `transform` in the calling thread
+(the encoder and its device stay where they were, and Ctrl-C, which Python delivers to the main
+thread, interrupts it there), and `consume` in a thread. While item n is transformed, item n+1
+is prepared, item n+2 produced and item n-1 consumed, so the device (or the CPU encoder) does not
+wait for the tokenizer; the queues after `produce` hold at most `depth` items each (tokenised
+texts, encoded vectors: memory stays flat however slow the writes), the queue from `produce` at
+most `produce_ahead` (None: the producer never waits; the writer's producer keeps every chunk
+anyway, for the version's BM25 statistics, and a write stage that waits for those statistics
+must not stop the chunking that makes them). Items reach `consume` in the order `produce` made
+them.
 
 Stopping: an exception in any stage, or a KeyboardInterrupt / SystemExit (the CLI's SIGTERM) in
 the calling thread, sets `stop`; the other stages see it within `POLL_S` between items, the
 producer's iterator is closed in its own thread (so a generator's `finally` runs there: worker
-pools are terminated), both threads are joined, and the first error is raised in the calling
+pools are terminated), the stage threads are joined, and the first error is raised in the calling
 thread. The caller then cleans up (the writer deletes the partial version) knowing no stage is
 still writing. `busy_s` holds each stage's own time (they overlap: their sum exceeds the wall
 time).
@@ -68,7 +70,12 @@ class Pipeline(Generic[A, B]):
         self.depth = depth
         self.produce_ahead = produce_ahead
         self.stop = threading.Event()
-        self.busy_s: dict[str, float] = {"produce": 0.0, "transform": 0.0, "consume": 0.0}
+        self.busy_s: dict[str, float] = {
+            "produce": 0.0,
+            "prepare": 0.0,
+            "transform": 0.0,
+            "consume": 0.0,
+        }
         self._errors: list[BaseException] = []
 
     def wait(self, event: threading.Event) -> None:
@@ -82,20 +89,37 @@ class Pipeline(Generic[A, B]):
         produce: Iterator[A],
         transform: Callable[[A], B],
         consume: Callable[[B], None],
+        *,
+        prepare: Callable[[A], A] | None = None,
     ) -> None:
         inbox: queue.Queue[Any] = queue.Queue(self.produce_ahead or 0)
+        prepared: queue.Queue[Any] = queue.Queue(self.depth) if prepare else inbox
         outbox: queue.Queue[Any] = queue.Queue(self.depth)
-        producer = threading.Thread(
-            target=self._produce, args=(produce, inbox), name="ingest-chunk", daemon=True
-        )
-        consumer = threading.Thread(
-            target=self._consume, args=(consume, outbox), name="ingest-write", daemon=True
-        )
-        producer.start()
-        consumer.start()
+        threads = [
+            threading.Thread(
+                target=self._produce, args=(produce, inbox), name="ingest-chunk", daemon=True
+            ),
+            threading.Thread(
+                target=self._stage,
+                args=("consume", consume, outbox, None),
+                name="ingest-write",
+                daemon=True,
+            ),
+        ]
+        if prepare is not None:
+            threads.append(
+                threading.Thread(
+                    target=self._stage,
+                    args=("prepare", prepare, inbox, prepared),
+                    name="ingest-tokenize",
+                    daemon=True,
+                )
+            )
+        for thread in threads:
+            thread.start()
         try:
             while True:
-                item = self._get(inbox)
+                item = self._get(prepared)
                 if item is _DONE:
                     break
                 began = time.perf_counter()
@@ -103,16 +127,16 @@ class Pipeline(Generic[A, B]):
                 self.busy_s["transform"] += time.perf_counter() - began
                 self._put(outbox, result)
             self._put(outbox, _DONE)
-            while consumer.is_alive():
-                consumer.join(POLL_S)
+            while threads[1].is_alive():  # the consumer
+                threads[1].join(POLL_S)
                 self._raise_errors()
         except BaseException:
             self.stop.set()
             raise
         finally:
             self.stop.set()  # the producer may still run if the consumer failed
-            producer.join(JOIN_S)
-            consumer.join(JOIN_S)
+            for thread in threads:
+                thread.join(JOIN_S)
         self._raise_errors()
 
     # -- the calling thread -----------------------------------------------------------------
@@ -165,20 +189,31 @@ class Pipeline(Generic[A, B]):
                 except BaseException as exc:  # raised again in the calling thread
                     self._fail(exc)
 
-    def _consume(self, consume: Callable[[B], None], outbox: queue.Queue[Any]) -> None:
+    def _stage(
+        self,
+        name: str,
+        work: Callable[[Any], Any],
+        inbox: queue.Queue[Any],
+        outbox: queue.Queue[Any] | None,
+    ) -> None:
+        """`work` on each item of `inbox`, in order, its results to `outbox` (if any)."""
         try:
             while not self.stop.is_set():
                 try:
-                    item = outbox.get(timeout=POLL_S)
+                    item = inbox.get(timeout=POLL_S)
                 except queue.Empty:
                     continue
                 if item is _DONE:
+                    if outbox is not None:
+                        self._offer(outbox, _DONE)
                     return
                 began = time.perf_counter()
                 try:
-                    consume(item)
+                    result = work(item)
                 finally:
-                    self.busy_s["consume"] += time.perf_counter() - began
+                    self.busy_s[name] += time.perf_counter() - began
+                if outbox is not None and not self._offer(outbox, result):
+                    return
         except StageStopped:
             pass
         except BaseException as exc:  # raised again in the calling thread

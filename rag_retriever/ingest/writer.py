@@ -25,12 +25,13 @@ removed); `update_documents` takes only documents to upsert and ids to delete. B
 Steps: lock the alias -> remove orphans -> read the live record -> chunk -> BM25 statistics ->
 create or derive `<alias>__<model>-<dim>__v<N>` marked `building` -> encode (or reuse) and upsert
 in blocks -> seal -> check that the engine holds every chunk -> mark `complete` -> optional gate ->
-swap the alias in one atomic step -> retention. Chunking, encoding and upserting overlap
-(rag_retriever/ingest/pipeline.py): a full build encodes the first block while the rest is chunked, and every
-write upserts block n-1 while block n encodes; the first upsert waits for the last chunk, since
-the document side of BM25 needs the corpus's average length (a delta's chunks are all cut first:
-whether it re-bases depends on them). `timings_s` then holds each stage's own time (`chunk`,
-`encode`, `write`; they overlap) and `pipeline`, their wall time together. Any exception (or Ctrl-C) before the swap deletes
+swap the alias in one atomic step -> retention. Chunking, tokenising, encoding and upserting
+overlap (rag_retriever/ingest/pipeline.py): a full build encodes the first block while the rest
+is chunked, and every write tokenises block n+1 and upserts block n-1 while block n encodes; the
+first upsert waits for the last chunk, since the document side of BM25 needs the corpus's
+average length (a delta's chunks are all cut first: whether it re-bases depends on them).
+`timings_s` then holds each stage's own time (`chunk`, `tokenize`, `encode`, `write`; they
+overlap) and `pipeline`, their wall time together. Any exception (or Ctrl-C) before the swap deletes
 the new version and leaves the alias as it was; a process killed outright leaves a `building`
 version that the next write of the alias removes.
 
@@ -70,6 +71,7 @@ from rag_retriever.ingest.options import (
     IngestReport,
     Kind,
     PassageEncoder,
+    PreparingEncoder,
     WriteOptions,
 )
 from rag_retriever.ingest.parallel_chunking import iter_chunk_documents
@@ -276,10 +278,15 @@ class _Delta:
 
 @dataclass(frozen=True)
 class _Block:
-    """Chunks to encode and write together, with their BM25 terms."""
+    """Chunks to encode and write together, with their BM25 terms; once prepared, the vectors
+    reused from the live version, the rows still to encode and what the encoder is given for
+    them (tokens, or their texts)."""
 
     chunks: list[Chunk]
     terms: list[list[str]]
+    vectors: np.ndarray | None = None
+    todo: list[int] = field(default_factory=list)
+    prepared: Any = None
 
 
 @dataclass(frozen=True)
@@ -717,27 +724,42 @@ class _Job:
             for position, stage in ((1, "embedding"), (2, "writing"))
         ]
 
-        def encode(block: _Block) -> _Encoded:
-            began = time.perf_counter()
-            # (blocks come only with chunks to embed, so the encoder is loaded by now)
-            vectors = np.empty((len(block.chunks), self.encoder.fingerprint.dim), np.float32)
+        # (blocks come only with chunks to embed, so the encoder is loaded by now)
+        encoder = self.encoder
+        preparing = encoder if isinstance(encoder, PreparingEncoder) else None
+
+        def tokenize(block: _Block) -> _Block:
+            """The tokenise stage: vectors reused from the live version, and the rest
+            tokenised (by an encoder that can) while the previous block is encoded."""
+            vectors = np.empty((len(block.chunks), encoder.fingerprint.dim), np.float32)
             with self._store_lock:
                 found = self._vectors(reuse_from, reusable, [c.content_hash for c in block.chunks])
             todo = []
             for i, c in enumerate(block.chunks):
                 if c.content_hash in found:
                     vectors[i] = found[c.content_hash]
-                    counts["reused"] += 1
                 else:
                     todo.append(i)
-            if todo:
-                result = self.encoder.encode_passages([block.chunks[i].embed_text for i in todo])
-                vectors[todo] = result.vectors
-                counts["encoded"] += len(todo)
+            texts = [block.chunks[i].embed_text for i in todo]
+            prepared = preparing.prepare_passages(texts) if preparing and todo else texts
+            return dataclasses.replace(block, vectors=vectors, todo=todo, prepared=prepared)
+
+        def encode(block: _Block) -> _Encoded:
+            began = time.perf_counter()
+            assert block.vectors is not None, "blocks are prepared before they are encoded"
+            counts["reused"] += len(block.chunks) - len(block.todo)
+            if block.todo:
+                result = (
+                    preparing.encode_prepared(block.prepared)
+                    if preparing
+                    else encoder.encode_passages(block.prepared)
+                )
+                block.vectors[block.todo] = result.vectors
+                counts["encoded"] += len(block.todo)
                 counts["truncated"] += result.truncated
             bars[0].update(len(block.chunks))
             busy["encode"] += time.perf_counter() - began
-            return _Encoded(block, vectors)
+            return _Encoded(block, block.vectors)
 
         def write(item: _Encoded) -> None:
             if not models:
@@ -762,16 +784,22 @@ class _Job:
             busy["write"] += time.perf_counter() - began
 
         try:
-            pipeline.run(blocks, encode, write)
+            pipeline.run(blocks, encode, write, prepare=tokenize)
             if not models:  # no chunk to write (a delta that only deletes)
                 prepare()
         finally:
             for bar in bars:
                 bar.close()
+        self.timings["tokenize"] = round(pipeline.busy_s["prepare"], 3)
         self.timings["encode"] = round(busy["encode"], 3)
         self.timings["write"] = round(busy["write"], 3)
         # the stages overlap: their busy seconds are attributes of the pipeline's one span
-        self.lap("pipeline", encode_busy_s=self.timings["encode"], write_busy_s=busy["write"])
+        self.lap(
+            "pipeline",
+            tokenize_busy_s=self.timings["tokenize"],
+            encode_busy_s=self.timings["encode"],
+            write_busy_s=busy["write"],
+        )
         return counts["reused"], counts["encoded"], counts["truncated"]
 
     def _vectors(

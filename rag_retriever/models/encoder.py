@@ -210,14 +210,37 @@ class Encoder:
     def encode_passages(self, passages: Sequence[str], *, progress: bool = False) -> Encoded:
         return self._encode([self.profile.passage_prefix + p for p in passages], progress)
 
+    def prepare_passages(self, passages: Sequence[str]) -> Tokens:
+        """The first half of `encode_passages`, on the CPU: the passages tokenised (with the
+        passage prefix), for `encode_prepared`. The ingest runs it in its own pipeline stage, so
+        the device never waits for the tokenizer."""
+        texts = [self.profile.passage_prefix + p for p in passages]
+        return tokenize(self.tokenizer, texts, self.max_seq_length)
+
+    def encode_prepared(self, tokens: Tokens, *, progress: bool = False) -> Encoded:
+        """The second half: vectors of what `prepare_passages` tokenised (the same vectors as
+        `encode_passages` of the same passages)."""
+        counts = TokenCounts(tokens.truncated, tokens.n_tokens)
+        pin = self.precision.device.type == "cuda"
+        return self._run(
+            tokens.batches(self.batch_size, pin=pin), len(tokens.ids), counts, progress
+        )
+
     def _encode(self, texts: list[str], progress: bool) -> Encoded:
-        if not texts:
-            return Encoded(np.zeros((0, self.dim), dtype=np.float32), 0, 0)
-        out = np.empty((len(texts), self.dim), dtype=np.float32)
-        results = DeviceResults(out, self.precision.device)
         counts = TokenCounts()
-        prefetch = Prefetch(self._batches(texts, counts), depth=PREFETCH_BATCHES)
-        bar = progress_of(total=len(texts), desc="embedding", unit="text", enabled=progress)
+        return self._run(self._batches(texts, counts), len(texts), counts, progress)
+
+    def _run(
+        self, batches: Iterator[TokenBatch], n: int, counts: TokenCounts, progress: bool
+    ) -> Encoded:
+        """The forward passes over `batches` (prepared in a thread, `PREFETCH_BATCHES` ahead);
+        `counts` is complete once `batches` is exhausted."""
+        if not n:
+            return Encoded(np.zeros((0, self.dim), dtype=np.float32), 0, 0)
+        out = np.empty((n, self.dim), dtype=np.float32)
+        results = DeviceResults(out, self.precision.device)
+        prefetch = Prefetch(batches, depth=PREFETCH_BATCHES)
+        bar = progress_of(total=n, desc="embedding", unit="text", enabled=progress)
         try:
             with inference(self.precision, self.model):
                 for batch in prefetch:
@@ -229,9 +252,7 @@ class Encoder:
             bar.close()
         truncated, n_tokens = counts.truncated, counts.n_tokens
         if truncated:  # in the result, which callers report: a debug line here, not a second report
-            log.debug(
-                "%d of %d inputs exceeded %d tokens", truncated, len(texts), self.max_seq_length
-            )
+            log.debug("%d of %d inputs exceeded %d tokens", truncated, n, self.max_seq_length)
         return Encoded(out, truncated, n_tokens)
 
     def _batches(self, texts: list[str], counts: TokenCounts) -> Iterator[TokenBatch]:
