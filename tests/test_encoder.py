@@ -136,3 +136,21 @@ def test_minilm_matches_sentence_transformers(minilm: Encoder) -> None:
     np.testing.assert_allclose(ours, ref, atol=1e-5)
     # The default (bf16 on CPUs that have it) stays within rounding of fp32.
     assert np.min(np.sum(minilm.encode_passages(texts).vectors * ref, axis=1)) > 0.995
+
+
+def test_a_local_model_dir_needs_no_bundled_package(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A directory named after a known family resolves to that family's profile when the
+    packaged MiniLM is not installed (as on a machine given only the model's files); before,
+    comparing the path with the missing package's raised ConfigError."""
+
+    def not_installed() -> Path:
+        raise ConfigError("the default model comes from a package that is not installed")
+
+    monkeypatch.setattr("rag_retriever.models.profiles._bundled_minilm", not_installed)
+    directory = tmp_path / "all-MiniLM-L6-v2"
+    directory.mkdir()
+    resolved = resolve_model(str(directory))
+    assert resolved.profile.name == "all-MiniLM-L6-v2"
+    assert resolved.source == str(directory.resolve())

