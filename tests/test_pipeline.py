@@ -187,22 +187,31 @@ def test_the_pipelined_collection_is_the_sequential_one(
         assert dict(point.payload) == {**c.to_payload(), "doc_hash": hashes[c.doc_id]}
 
 
-def test_a_failing_write_stage_leaves_the_alias_and_no_partial_version(
-    store: Store, tiny_encoder: Encoder, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize(
+    ("owner", "method"),
+    [
+        ("store", "upsert"),  # the write stage
+        ("encoder", "prepare_passages"),  # the tokenise stage
+        ("encoder", "encode_prepared"),  # the encode stage
+    ],
+)
+def test_a_failing_stage_leaves_the_alias_and_no_partial_version(
+    store: Store, tiny_encoder: Encoder, monkeypatch: pytest.MonkeyPatch, owner: str, method: str
 ) -> None:
     corpus = LoadedCorpus(tuple(_docs(6)), 0, "test")
     good = ingest_documents(corpus, alias="kb", encoder=tiny_encoder, store=store)
     monkeypatch.setattr("rag_retriever.ingest.writer.ENCODE_BLOCK", 4)
     calls = []
-    upsert = type(store).upsert
+    target = type(store) if owner == "store" else type(tiny_encoder)
+    original = getattr(target, method)
 
     def failing(self, *args, **kwargs):
         calls.append(1)
         if len(calls) == 2:
             raise OSError("disk full (injected)")
-        return upsert(self, *args, **kwargs)
+        return original(self, *args, **kwargs)
 
-    monkeypatch.setattr(type(store), "upsert", failing)
+    monkeypatch.setattr(target, method, failing)
     with pytest.raises(OSError, match="injected"):
         ingest_documents(
             LoadedCorpus(tuple(_docs(30)), 0, "test"),
