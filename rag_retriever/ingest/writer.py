@@ -724,13 +724,13 @@ class _Job:
             for position, stage in ((1, "embedding"), (2, "writing"))
         ]
 
-        # (blocks come only with chunks to embed, so the encoder is loaded by now)
-        encoder = self.encoder
-        preparing = encoder if isinstance(encoder, PreparingEncoder) else None
-
         def tokenize(block: _Block) -> _Block:
             """The tokenise stage: vectors reused from the live version, and the rest
             tokenised (by an encoder that can) while the previous block is encoded."""
+            # blocks come only with chunks to embed: the encoder is loaded here, not before
+            # (a write that only deletes never loads it)
+            encoder = self.encoder
+            preparing = encoder if isinstance(encoder, PreparingEncoder) else None
             vectors = np.empty((len(block.chunks), encoder.fingerprint.dim), np.float32)
             with self._store_lock:
                 found = self._vectors(reuse_from, reusable, [c.content_hash for c in block.chunks])
@@ -749,9 +749,10 @@ class _Job:
             assert block.vectors is not None, "blocks are prepared before they are encoded"
             counts["reused"] += len(block.chunks) - len(block.todo)
             if block.todo:
+                encoder = self.encoder
                 result = (
-                    preparing.encode_prepared(block.prepared)
-                    if preparing
+                    encoder.encode_prepared(block.prepared)
+                    if isinstance(encoder, PreparingEncoder)
                     else encoder.encode_passages(block.prepared)
                 )
                 block.vectors[block.todo] = result.vectors
