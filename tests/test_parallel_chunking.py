@@ -18,12 +18,7 @@ from hypothesis import strategies as st
 
 from rag_retriever.ingest.chunking import Chunker, ChunkingConfig
 from rag_retriever.ingest.loaders import load_documents
-from rag_retriever.ingest.parallel_chunking import (
-    Analyzed,
-    chunk_documents,
-    iter_analyzed_documents,
-)
-from rag_retriever.models.bm25 import Tokenizer
+from rag_retriever.ingest.parallel_chunking import chunk_documents
 from rag_retriever.models.profiles import resolve_model
 from rag_retriever.models.token_counter import TokenizerCounter
 from rag_retriever.records import Chunk, Document
@@ -60,30 +55,6 @@ def test_batched_counting_gives_the_serial_chunks(docs: list[Document], counter)
 def test_workers_give_the_serial_chunks(docs: list[Document]) -> None:
     """Each example starts a pool (4 slices of at most 3 documents, 2 workers)."""
     assert chunk_documents(docs, words, CFG, workers=2, docs_per_task=3) == serial(docs, words, CFG)
-
-
-def _analyzed_oracle(docs: list[Document]) -> list[Analyzed]:
-    return [
-        Analyzed(chunks, [Tokenizer().tokenize(c.embed_text) for c in chunks])
-        for chunks in serial(docs, words, CFG)
-    ]
-
-
-@pytest.mark.slow
-@settings(max_examples=3)
-@given(docs=documents)
-def test_workers_analyse_as_the_serial_chunker_and_analyzer(docs: list[Document]) -> None:
-    """The BM25 terms computed in the workers are the analyzer's terms of each serial chunk."""
-    parts = iter_analyzed_documents(docs, words, CFG, workers=2, docs_per_task=3)
-    assert [a for part in parts for a in part] == _analyzed_oracle(docs)
-
-
-def test_analysing_in_this_process_gives_the_same() -> None:
-    docs = [
-        Document(f"d{i}", f"Title {i}", "Kings ran quickly to Paris. " * (i + 3)) for i in range(7)
-    ]
-    parts = iter_analyzed_documents(docs, words, CFG, workers=1, docs_per_task=2)
-    assert [a for part in parts for a in part] == _analyzed_oracle(docs)
 
 
 def test_few_documents_are_chunked_in_this_process() -> None:
@@ -133,12 +104,7 @@ def test_the_token_counter_counts_as_the_tokenizer_and_pickles() -> None:
 # raises like the CLI's handler (rag_retriever.cli._stop_on_sigterm).
 _SCRIPT = """
 import multiprocessing, signal, sys, threading, time
-from rag_retriever.ingest.parallel_chunking import (
-    Analyzed,
-    chunk_documents,
-    iter_analyzed_documents,
-)
-from rag_retriever.models.bm25 import Tokenizer
+from rag_retriever.ingest.parallel_chunking import chunk_documents
 from rag_retriever.records import Chunk, Document
 from tests.test_chunking import CFG
 from tests.word_counters import SlowWords

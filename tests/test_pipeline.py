@@ -9,12 +9,10 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pytest
 
-from rag_retriever.ingest import parallel_chunking
 from rag_retriever.ingest.chunking import Chunker
 from rag_retriever.ingest.loaders import LoadedCorpus
 from rag_retriever.ingest.pipeline import Pipeline
@@ -149,24 +147,11 @@ def _docs(n: int) -> list[Document]:
     ]
 
 
-@pytest.mark.parametrize("where", ["in process", "in a worker process"])
 def test_the_pipelined_collection_is_the_sequential_one(
-    store: Store, tiny_encoder: Encoder, monkeypatch: pytest.MonkeyPatch, where: str
+    store: Store, tiny_encoder: Encoder, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Oracle: the chunker, BM25 over every chunk, and the encoder called on the same blocks,
-    one after another; every point's dense vector, sparse vector and payload match, whether the
-    chunks and their BM25 terms were made here or in a chunking worker."""
-    pools: list[int] = []
-    if where == "in a worker process":
-        monkeypatch.setattr("rag_retriever.ingest.parallel_chunking.MAX_CORES_IN_PROCESS", 0)
-        monkeypatch.setattr("rag_retriever.ingest.parallel_chunking.MIN_TASKS_FOR_WORKERS", 0)
-        in_workers = parallel_chunking._in_workers
-
-        def counted(*args: Any, **kwargs: Any) -> Any:
-            pools.append(1)
-            return in_workers(*args, **kwargs)
-
-        monkeypatch.setattr(parallel_chunking, "_in_workers", counted)
+    one after another; every point's dense vector, sparse vector and payload match."""
     monkeypatch.setattr("rag_retriever.ingest.writer.ENCODE_BLOCK", 8)
     monkeypatch.setattr("rag_retriever.ingest.writer.UPSERT_BATCH", 3)
     docs = _docs(40)
@@ -184,7 +169,6 @@ def test_the_pipelined_collection_is_the_sequential_one(
         ]
     )
     assert report.chunks == len(chunks) > 16  # several blocks
-    assert len(pools) == (where == "in a worker process")
     assert store.record(report.collection).bm25 == bm25.stats
     points = {
         p.id: p

@@ -17,10 +17,7 @@ the CLI's SIGTERM exception), and on Linux receive SIGTERM if the parent dies wi
 (SIGKILL), so none outlives the command.
 
 `iter_chunk_documents` yields the chunks slice by slice, so the ingest pipeline
-(rag_retriever/ingest/pipeline.py) encodes the first ones while the workers cut the rest;
-`iter_analyzed_documents` also gives each chunk's BM25 terms, computed in the workers too (on an
-H200 machine the ingest's main process spent ~60 µs a chunk analysing while it held the lock
-every stage of the pipeline needs).
+(rag_retriever/ingest/pipeline.py) encodes the first ones while the workers cut the rest.
 """
 
 from __future__ import annotations
@@ -32,12 +29,9 @@ import os
 import signal
 import sys
 import threading
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
-from typing import Any, TypeVar
+from collections.abc import Iterator, Sequence
 
 from rag_retriever.ingest.chunking import Chunker, ChunkingConfig, TokenCounter
-from rag_retriever.models.bm25 import Tokenizer
 from rag_retriever.records import Chunk, Document
 
 # Documents per task: big enough that pickling and the task round trip stay small next to the
@@ -56,17 +50,6 @@ _POLL_S = 0.05
 _PR_SET_PDEATHSIG = 1
 
 _chunker: Chunker | None = None  # one per worker process, built by _start_worker
-_analyzer: Tokenizer | None = None  # likewise, for iter_analyzed_documents
-
-T = TypeVar("T")
-
-
-@dataclass(frozen=True)
-class Analyzed:
-    """One document's chunks and each chunk's BM25 terms (of its `embed_text`)."""
-
-    chunks: list[Chunk]
-    terms: list[list[str]]
 
 
 def cores() -> int:
@@ -117,38 +100,6 @@ def iter_chunk_documents(
     can encode the first chunks while the rest are cut. Closing the generator, or setting
     `stop` while it waits for a worker, ends the workers (the ingest pipeline does both from
     the thread that iterates)."""
-    return _iter_slices(
-        docs, count_tokens, config, _chunk_slice, False, workers, docs_per_task, stop
-    )
-
-
-def iter_analyzed_documents(
-    docs: Sequence[Document],
-    count_tokens: TokenCounter,
-    config: ChunkingConfig,
-    *,
-    workers: int | None = None,
-    docs_per_task: int = DOCS_PER_TASK,
-    stop: threading.Event | None = None,
-) -> Iterator[list[Analyzed]]:
-    """`iter_chunk_documents` with each chunk's BM25 terms (`Tokenizer().tokenize` of its
-    `embed_text`), computed where the chunks are cut."""
-    return _iter_slices(
-        docs, count_tokens, config, _analyze_slice, True, workers, docs_per_task, stop
-    )
-
-
-def _iter_slices(
-    docs: Sequence[Document],
-    count_tokens: TokenCounter,
-    config: ChunkingConfig,
-    task: Callable[[list[Document]], list[T]],
-    analyze: bool,
-    workers: int | None,
-    docs_per_task: int,
-    stop: threading.Event | None,
-) -> Iterator[list[T]]:
-    """`task` (run in a worker, or here) on each slice of `docs`, the results in order."""
     workers = default_workers() if workers is None else workers
     if workers < 1 or docs_per_task < 1:
         raise ValueError(
@@ -156,36 +107,12 @@ def _iter_slices(
         )
     slices = [list(docs[i : i + docs_per_task]) for i in range(0, len(docs), docs_per_task)]
     if workers == 1 or len(docs) < MIN_TASKS_FOR_WORKERS * docs_per_task:
-        return _in_process(slices, count_tokens, config, task, analyze, stop)
-    return _in_workers(slices, count_tokens, config, task, analyze, workers, stop)
-
-
-def _in_process(
-    slices: list[list[Document]],
-    count_tokens: TokenCounter,
-    config: ChunkingConfig,
-    task: Callable[[list[Document]], list[T]],
-    analyze: bool,
-    stop: threading.Event | None,
-) -> Iterator[list[T]]:
-    """The slices chunked here, by a chunker (and analyzer) of this call's own."""
-    work = _TASKS[task]
-    chunker, analyzer = Chunker(count_tokens, config), Tokenizer() if analyze else None
-    for piece in slices:
-        if stop is not None and stop.is_set():
-            return
-        yield work(chunker, analyzer, piece)
-
-
-def _in_workers(
-    slices: list[list[Document]],
-    count_tokens: TokenCounter,
-    config: ChunkingConfig,
-    task: Callable[[list[Document]], list[T]],
-    analyze: bool,
-    workers: int,
-    stop: threading.Event | None,
-) -> Iterator[list[T]]:
+        chunker = Chunker(count_tokens, config)
+        for piece in slices:
+            if stop is not None and stop.is_set():
+                return
+            yield chunker.chunk_many(piece)
+        return
     # spawn, not fork: the parent holds torch's and the encoder's threads, and a forked copy of
     # a multi-threaded process can deadlock on a lock some thread held.
     context = multiprocessing.get_context("spawn")
@@ -197,12 +124,12 @@ def _in_workers(
             pool = context.Pool(
                 min(workers, len(slices)),
                 initializer=_start_worker,
-                initargs=(count_tokens, config, os.getpid(), analyze),
+                initargs=(count_tokens, config, os.getpid()),
             )
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
     try:
-        results: Any = pool.imap(task, slices)
+        results = pool.imap(_chunk_slice, slices)
         for _ in slices:
             while True:
                 if stop is not None and stop.is_set():
@@ -237,10 +164,8 @@ def _main_module_hidden() -> Iterator[None]:
             setattr(main, name, value)
 
 
-def _start_worker(
-    count_tokens: TokenCounter, config: ChunkingConfig, parent: int, analyze: bool = False
-) -> None:
-    global _chunker, _analyzer
+def _start_worker(count_tokens: TokenCounter, config: ChunkingConfig, parent: int) -> None:
+    global _chunker
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     if sys.platform == "linux":
         # not glibc: pool.terminate alone stops the workers
@@ -251,35 +176,8 @@ def _start_worker(
     # one tokenizer thread per worker: the workers are the parallelism
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
     _chunker = Chunker(count_tokens, config)
-    _analyzer = Tokenizer() if analyze else None
-
-
-def _chunk(chunker: Chunker, analyzer: Tokenizer | None, docs: list[Document]) -> list[list[Chunk]]:
-    return chunker.chunk_many(docs)
-
-
-def _analyze(chunker: Chunker, analyzer: Tokenizer | None, docs: list[Document]) -> list[Analyzed]:
-    assert analyzer is not None, "analysing needs the analyzer"
-    return [
-        Analyzed(chunks, [analyzer.tokenize(c.embed_text) for c in chunks])
-        for chunks in chunker.chunk_many(docs)
-    ]
 
 
 def _chunk_slice(docs: list[Document]) -> list[list[Chunk]]:
-    """A worker's task: `_chunk` with the worker's chunker."""
     assert _chunker is not None, "worker not started"
-    return _chunk(_chunker, _analyzer, docs)
-
-
-def _analyze_slice(docs: list[Document]) -> list[Analyzed]:
-    """A worker's task: `_analyze` with the worker's chunker and analyzer."""
-    assert _chunker is not None, "worker not started"
-    return _analyze(_chunker, _analyzer, docs)
-
-
-# Each worker task and what it does with a given chunker and analyzer (in this process).
-_TASKS: dict[Callable[[list[Document]], Any], Callable[..., Any]] = {
-    _chunk_slice: _chunk,
-    _analyze_slice: _analyze,
-}
+    return _chunker.chunk_many(docs)

@@ -74,11 +74,7 @@ from rag_retriever.ingest.options import (
     PreparingEncoder,
     WriteOptions,
 )
-from rag_retriever.ingest.parallel_chunking import (
-    Analyzed,
-    iter_analyzed_documents,
-    iter_chunk_documents,
-)
+from rag_retriever.ingest.parallel_chunking import iter_chunk_documents
 from rag_retriever.ingest.pipeline import Pipeline, StageStopped
 from rag_retriever.ingest.validation import validate_delete_ids, validate_documents
 from rag_retriever.ingest.versions import documents_of
@@ -615,21 +611,6 @@ class _Job:
             return ([self.chunker.chunk_all([d])] for d in documents)
         return iter_chunk_documents(documents, counter, self.chunking, stop=stop)
 
-    def _iter_analyzed(
-        self, documents: Sequence[Document], stop: threading.Event
-    ) -> Iterator[list[Analyzed]]:
-        """`_iter_chunk` with each chunk's BM25 terms, analysed where the chunks are cut."""
-        if not documents:
-            return iter(())
-        counter = getattr(self.encoder, "token_counter", None)
-        if counter is None:
-            return (
-                [Analyzed(chunks, [self._terms(c) for c in chunks])]
-                for d in documents
-                for chunks in [self.chunker.chunk_all([d])]
-            )
-        return iter_analyzed_documents(documents, counter, self.chunking, stop=stop)
-
     def _chunk_blocks(
         self,
         documents: Sequence[Document],
@@ -641,21 +622,17 @@ class _Job:
         unchanged document's live chunks as they are), with their BM25 terms, in blocks of
         ENCODE_BLOCK, as the workers return them; `out` collects them all."""
         todo = [d for d, k in zip(documents, kept, strict=True) if k is None]
-        slices = self._iter_analyzed(todo, stop)
-        fresh = (analyzed for part in slices for analyzed in part)
+        slices = self._iter_chunk(todo, stop)
+        fresh = (chunks for part in slices for chunks in part)
         bar = progress_of(
             total=len(documents), desc="chunking", unit="doc", enabled=self.opts.progress
         )
         at = 0  # out.chunks[at:] are not yet in a block
         try:
             for k in kept:
-                if k is not None:  # the live version's chunks, analysed here
-                    out.chunks.extend(k)
-                    out.terms.extend(self._terms(c) for c in k)
-                else:
-                    analyzed = next(fresh)
-                    out.chunks.extend(analyzed.chunks)
-                    out.terms.extend(analyzed.terms)
+                chunks = k if k is not None else next(fresh)
+                out.chunks.extend(chunks)
+                out.terms.extend(self._terms(c) for c in chunks)
                 bar.update(1)
                 while len(out.chunks) - at >= ENCODE_BLOCK:
                     yield _Block(
