@@ -17,8 +17,12 @@ training runs under autocast (`Precision.autocast`).
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+import queue
+import threading
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future
 from dataclasses import dataclass
+from typing import Any, TypeVar
 
 import torch
 
@@ -122,3 +126,77 @@ def inference(precision: Precision, model: torch.nn.Module | None = None) -> Ite
     cast = contextlib.nullcontext() if weights == precision.torch_dtype else precision.autocast()
     with torch.inference_mode(), cast:
         yield
+
+
+T = TypeVar("T")
+
+# How long the compute thread waits for work before it ends (a later pass starts another).
+COMPUTE_IDLE_S = 1.0
+
+
+class ComputeThread:
+    """One thread for every CPU forward pass of the process, whichever thread asks.
+
+    PyTorch's CPU kernels run on OpenMP (libgomp), and each thread that runs them keeps its own
+    team of worker threads for as long as it lives. Once the teams' threads outnumber the cores,
+    libgomp stops spin-waiting between parallel regions in every team and sleeps instead, and each
+    of the many small regions of a forward pass pays a wake-up: on 2 cores, a query's encoding
+    took 18 ms instead of 9 ms for as long as a second long-lived thread (the HTTP service's
+    write committer, which embeds the passages of each edit every few seconds) had run one
+    (docs/benchmarks.md, "The brief under load"). With every pass on one thread there is one
+    team. The thread ends after COMPUTE_IDLE_S without work, so a process that trains on its
+    main thread between evaluations is left with its own team only. Training steps themselves
+    stay on their thread; CUDA passes are not routed (the device, not OpenMP, runs them)."""
+
+    def __init__(self, idle_s: float = COMPUTE_IDLE_S) -> None:
+        self.idle_s = idle_s
+        self._lock = threading.Lock()
+        self._tasks: queue.SimpleQueue[tuple[Future[Any], Callable[[], Any]]] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        self.started = 0  # threads started so far (tests read it)
+
+    def run(self, fn: Callable[[], T]) -> T:
+        """`fn()` on the compute thread (here, when called from it); its exception raised here."""
+        if threading.current_thread() is self._thread:
+            return fn()
+        future: Future[T] = Future()
+        with self._lock:
+            self._tasks.put((future, fn))
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._loop, name="rag-compute", daemon=True)
+                self.started += 1
+                self._thread.start()
+        return future.result()
+
+    def _loop(self) -> None:
+        while True:
+            try:
+                future, fn = self._tasks.get(timeout=self.idle_s)
+            except queue.Empty:
+                with self._lock:  # a caller puts its task and checks the thread under the lock
+                    if self._tasks.empty():
+                        self._thread = None
+                        return
+                continue
+            if not future.set_running_or_notify_cancel():
+                continue
+            try:
+                future.set_result(fn())
+            except BaseException as exc:  # raised again in the caller
+                future.set_exception(exc)
+
+
+COMPUTE = ComputeThread()
+
+
+def forward(precision: Precision, model: torch.nn.Module, fn: Callable[[], T]) -> T:
+    """`fn()` (a forward pass of `model`) under `inference(precision, model)`: on the CPU on the
+    process's compute thread (`ComputeThread`), elsewhere in this thread."""
+
+    def run() -> T:
+        with inference(precision, model):
+            return fn()
+
+    if precision.device.type != "cpu":
+        return run()
+    return COMPUTE.run(run)

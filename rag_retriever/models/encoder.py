@@ -20,6 +20,7 @@ import queue
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -33,7 +34,7 @@ from rag_retriever.models.device import (
     batch_size_for,
     choose_precision,
     for_inference,
-    inference,
+    forward,
 )
 from rag_retriever.models.profiles import (
     Fingerprint,
@@ -242,10 +243,10 @@ class Encoder:
         prefetch = Prefetch(batches, depth=PREFETCH_BATCHES)
         bar = progress_of(total=n, desc="embedding", unit="text", enabled=progress)
         try:
-            with inference(self.precision, self.model):
-                for batch in prefetch:
-                    results.add(batch.rows, self._forward(batch))
-                    bar.update(len(batch.rows))
+            for batch in prefetch:
+                vectors = forward(self.precision, self.model, partial(self._forward, batch))
+                results.add(batch.rows, vectors)
+                bar.update(len(batch.rows))
             results.flush()
         finally:
             prefetch.close()

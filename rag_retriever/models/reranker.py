@@ -21,6 +21,7 @@ import json
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
@@ -35,7 +36,7 @@ from rag_retriever.models.device import (
     batch_size_for,
     choose_precision,
     for_inference,
-    inference,
+    forward,
 )
 from rag_retriever.models.encoder import Tokens, tokenize_once
 from rag_retriever.models.quiet import quiet_transformers
@@ -201,10 +202,10 @@ class CrossEncoderReranker:
         rows: list[np.ndarray] = []
         logits: list[torch.Tensor] = []
         pin = self.precision.device.type == "cuda"
-        with inference(self.precision, self.model):
-            for batch in tokens.batches(self.batch_size, pin=pin):
-                rows.append(batch.rows)
-                logits.append(self.logits(batch.to(self.precision.device)))
+        for batch in tokens.batches(self.batch_size, pin=pin):
+            rows.append(batch.rows)
+            on_device = batch.to(self.precision.device)
+            logits.append(forward(self.precision, self.model, partial(self.logits, on_device)))
         scores = np.empty(len(passages), dtype=np.float32)
         # one device-to-host copy (one wait for the device) per call, not one per batch
         scores[np.concatenate(rows)] = torch.cat(logits).cpu().numpy()

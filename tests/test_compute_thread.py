@@ -1,0 +1,77 @@
+"""Every CPU forward pass runs on one thread, whichever thread asks (models/device.py says why:
+one OpenMP team instead of one per asking thread). Oracles: the thread a forward hook sees,
+and plain values through `ComputeThread.run`."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from rag_retriever.models.device import ComputeThread
+from rag_retriever.models.encoder import Encoder
+from rag_retriever.models.reranker import CrossEncoderReranker
+
+
+def _threads_seen(model: object) -> set[str]:
+    seen: set[str] = set()
+    model.register_forward_hook(  # type: ignore[attr-defined]
+        lambda *_: seen.add(threading.current_thread().name)
+    )
+    return seen
+
+
+def test_passes_asked_from_many_threads_run_on_one(
+    tiny_encoder_dir: Path, tiny_reranker_dir: Path
+) -> None:
+    encoder = Encoder.load(str(tiny_encoder_dir), device="cpu", dtype="fp32", batch_size=2)
+    reranker = CrossEncoderReranker.load(tiny_reranker_dir, device="cpu", dtype="fp32")
+    encoder_seen, reranker_seen = _threads_seen(encoder.model), _threads_seen(reranker.model)
+    expected = encoder.encode_queries(["apples and pears"] * 5).vectors
+    results: list[np.ndarray] = []
+
+    def ask() -> None:
+        results.append(encoder.encode_queries(["apples and pears"] * 5).vectors)
+        reranker.score("apples", ["pears", "apples grow on trees"])
+
+    askers = [threading.Thread(target=ask, name=f"asker-{i}") for i in range(4)]
+    for t in askers:
+        t.start()
+    for t in askers:
+        t.join(60)
+    assert len(results) == 4 and all(np.array_equal(r, expected) for r in results)
+    assert encoder_seen == reranker_seen == {"rag-compute"}
+
+
+def test_an_error_is_raised_in_the_caller_and_the_thread_goes_on() -> None:
+    compute = ComputeThread()
+    with pytest.raises(ZeroDivisionError):
+        compute.run(lambda: 1 / 0)
+    assert compute.run(lambda: 2) == 2
+    assert compute.started == 1
+
+
+def test_a_pass_asked_from_the_compute_thread_runs_there() -> None:
+    """No deadlock: the thread does not wait on itself."""
+    compute = ComputeThread()
+    outer = threading.Thread(
+        target=lambda: results.append(compute.run(lambda: compute.run(lambda: 5)))
+    )
+    results: list[int] = []
+    outer.start()
+    outer.join(10)  # a hang guard, not a time limit
+    assert results == [5]
+
+
+def test_the_thread_ends_when_idle_and_a_later_pass_starts_another() -> None:
+    compute = ComputeThread(idle_s=0.05)
+    assert compute.run(lambda: threading.current_thread().name) == "rag-compute"
+    deadline = time.monotonic() + 10  # a hang guard, not a time limit
+    while any(t.name == "rag-compute" and t.is_alive() for t in threading.enumerate()):
+        assert time.monotonic() < deadline, "the idle compute thread did not end"
+        time.sleep(0.02)
+    assert compute.run(lambda: 3) == 3
+    assert compute.started == 2
