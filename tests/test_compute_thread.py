@@ -6,14 +6,22 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from rag_retriever.models.device import ComputeThread
+from rag_retriever.models.device import BACKGROUND, URGENT, ComputeThread
 from rag_retriever.models.encoder import Encoder
 from rag_retriever.models.reranker import CrossEncoderReranker
+
+
+def _until(condition: Callable[[], bool]) -> None:
+    deadline = time.monotonic() + 10  # a hang guard, not a time limit
+    while not condition():
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
 
 
 def _threads_seen(model: object) -> set[str]:
@@ -75,3 +83,32 @@ def test_the_thread_ends_when_idle_and_a_later_pass_starts_another() -> None:
         time.sleep(0.02)
     assert compute.run(lambda: 3) == 3
     assert compute.started == 2
+
+
+def test_a_query_pass_goes_before_queued_background_passes() -> None:
+    """While one pass runs, two background passes and then an urgent one queue: the urgent one
+    runs next, the background ones after it in their order."""
+    compute = ComputeThread()
+    running, release = threading.Event(), threading.Event()
+    order: list[str] = []
+
+    def first() -> None:
+        running.set()
+        release.wait(10)
+
+    def ask(name: str, priority: int) -> threading.Thread:
+        t = threading.Thread(target=lambda: compute.run(lambda: order.append(name), priority))
+        t.start()
+        return t
+
+    blocker = threading.Thread(target=lambda: compute.run(first, BACKGROUND))
+    blocker.start()
+    assert running.wait(10)
+    askers = [ask("edit-1", BACKGROUND), ask("edit-2", BACKGROUND)]
+    _until(lambda: compute._tasks.qsize() == 2)  # both queued before the query
+    askers.append(ask("query", URGENT))
+    _until(lambda: compute._tasks.qsize() == 3)
+    release.set()
+    for t in [blocker, *askers]:
+        t.join(10)
+    assert order == ["query", "edit-1", "edit-2"]

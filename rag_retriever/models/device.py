@@ -17,6 +17,7 @@ training runs under autocast (`Precision.autocast`).
 from __future__ import annotations
 
 import contextlib
+import itertools
 import queue
 import threading
 from collections.abc import Callable, Iterator
@@ -132,6 +133,9 @@ T = TypeVar("T")
 
 # How long the compute thread waits for work before it ends (a later pass starts another).
 COMPUTE_IDLE_S = 1.0
+# Priorities of the compute thread's passes: the lower runs first.
+URGENT = 0  # a query waits for it
+BACKGROUND = 1  # passages being embedded for a write
 
 
 class ComputeThread:
@@ -146,22 +150,29 @@ class ComputeThread:
     (docs/benchmarks.md, "The brief under load"). With every pass on one thread there is one
     team. The thread ends after COMPUTE_IDLE_S without work, so a process that trains on its
     main thread between evaluations is left with its own team only. Training steps themselves
-    stay on their thread; CUDA passes are not routed (the device, not OpenMP, runs them)."""
+    stay on their thread; CUDA passes are not routed (the device, not OpenMP, runs them).
+
+    Waiting passes run by priority, then in order: a query's pass (`URGENT`) goes before the
+    queued batches of passages an edit is embedding (`BACKGROUND`), so on a busy service a
+    query waits for at most the one batch already running, not for the whole edit."""
 
     def __init__(self, idle_s: float = COMPUTE_IDLE_S) -> None:
         self.idle_s = idle_s
         self._lock = threading.Lock()
-        self._tasks: queue.SimpleQueue[tuple[Future[Any], Callable[[], Any]]] = queue.SimpleQueue()
+        self._tasks: queue.PriorityQueue[tuple[int, int, Future[Any], Callable[[], Any]]] = (
+            queue.PriorityQueue()
+        )
+        self._order = itertools.count()
         self._thread: threading.Thread | None = None
         self.started = 0  # threads started so far (tests read it)
 
-    def run(self, fn: Callable[[], T]) -> T:
+    def run(self, fn: Callable[[], T], priority: int = URGENT) -> T:
         """`fn()` on the compute thread (here, when called from it); its exception raised here."""
         if threading.current_thread() is self._thread:
             return fn()
         future: Future[T] = Future()
         with self._lock:
-            self._tasks.put((future, fn))
+            self._tasks.put((priority, next(self._order), future, fn))
             if self._thread is None:
                 self._thread = threading.Thread(target=self._loop, name="rag-compute", daemon=True)
                 self.started += 1
@@ -171,7 +182,7 @@ class ComputeThread:
     def _loop(self) -> None:
         while True:
             try:
-                future, fn = self._tasks.get(timeout=self.idle_s)
+                _, _, future, fn = self._tasks.get(timeout=self.idle_s)
             except queue.Empty:
                 with self._lock:  # a caller puts its task and checks the thread under the lock
                     if self._tasks.empty():
@@ -189,9 +200,11 @@ class ComputeThread:
 COMPUTE = ComputeThread()
 
 
-def forward(precision: Precision, model: torch.nn.Module, fn: Callable[[], T]) -> T:
+def forward(
+    precision: Precision, model: torch.nn.Module, fn: Callable[[], T], priority: int = URGENT
+) -> T:
     """`fn()` (a forward pass of `model`) under `inference(precision, model)`: on the CPU on the
-    process's compute thread (`ComputeThread`), elsewhere in this thread."""
+    process's compute thread (`ComputeThread`, at `priority`), elsewhere in this thread."""
 
     def run() -> T:
         with inference(precision, model):
@@ -199,4 +212,4 @@ def forward(precision: Precision, model: torch.nn.Module, fn: Callable[[], T]) -
 
     if precision.device.type != "cpu":
         return run()
-    return COMPUTE.run(run)
+    return COMPUTE.run(run, priority)

@@ -30,6 +30,8 @@ import transformers
 
 from rag_retriever.errors import ModelLoadError
 from rag_retriever.models.device import (
+    BACKGROUND,
+    URGENT,
     Precision,
     batch_size_for,
     choose_precision,
@@ -206,10 +208,11 @@ class Encoder:
     # -- encoding -----------------------------------------------------------------------------
 
     def encode_queries(self, queries: Sequence[str], *, progress: bool = False) -> Encoded:
-        return self._encode([self.profile.query_prefix + q for q in queries], progress)
+        return self._encode([self.profile.query_prefix + q for q in queries], progress, URGENT)
 
     def encode_passages(self, passages: Sequence[str], *, progress: bool = False) -> Encoded:
-        return self._encode([self.profile.passage_prefix + p for p in passages], progress)
+        texts = [self.profile.passage_prefix + p for p in passages]
+        return self._encode(texts, progress, BACKGROUND)
 
     def prepare_passages(self, passages: Sequence[str]) -> Tokens:
         """The first half of `encode_passages`, on the CPU: the passages tokenised (with the
@@ -223,19 +226,24 @@ class Encoder:
         `encode_passages` of the same passages)."""
         counts = TokenCounts(tokens.truncated, tokens.n_tokens)
         pin = self.precision.device.type == "cuda"
-        return self._run(
-            tokens.batches(self.batch_size, pin=pin), len(tokens.ids), counts, progress
-        )
+        batches = tokens.batches(self.batch_size, pin=pin)
+        return self._run(batches, len(tokens.ids), counts, progress, BACKGROUND)
 
-    def _encode(self, texts: list[str], progress: bool) -> Encoded:
+    def _encode(self, texts: list[str], progress: bool, priority: int) -> Encoded:
         counts = TokenCounts()
-        return self._run(self._batches(texts, counts), len(texts), counts, progress)
+        return self._run(self._batches(texts, counts), len(texts), counts, progress, priority)
 
     def _run(
-        self, batches: Iterator[TokenBatch], n: int, counts: TokenCounts, progress: bool
+        self,
+        batches: Iterator[TokenBatch],
+        n: int,
+        counts: TokenCounts,
+        progress: bool,
+        priority: int,
     ) -> Encoded:
-        """The forward passes over `batches` (prepared in a thread, `PREFETCH_BATCHES` ahead);
-        `counts` is complete once `batches` is exhausted."""
+        """The forward passes over `batches` (prepared in a thread, `PREFETCH_BATCHES` ahead),
+        each at `priority` on the CPU's compute thread; `counts` is complete once `batches` is
+        exhausted."""
         if not n:
             return Encoded(np.zeros((0, self.dim), dtype=np.float32), 0, 0)
         out = np.empty((n, self.dim), dtype=np.float32)
@@ -244,7 +252,9 @@ class Encoder:
         bar = progress_of(total=n, desc="embedding", unit="text", enabled=progress)
         try:
             for batch in prefetch:
-                vectors = forward(self.precision, self.model, partial(self._forward, batch))
+                vectors = forward(
+                    self.precision, self.model, partial(self._forward, batch), priority
+                )
                 results.add(batch.rows, vectors)
                 bar.update(len(batch.rows))
             results.flush()
