@@ -13,7 +13,9 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
+
+T = TypeVar("T")
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 
@@ -79,3 +81,13 @@ def line(
 ) -> str:
     ratio = ours / peer if higher_is_better else peer / ours
     return f"{label}: ours {ours:,.1f} {unit} vs {peer_name} {peer:,.1f} {unit} -> {ratio:.2f}x"
+
+
+def on_compute_thread(fn: Callable[[], T]) -> T:
+    """`fn()` (a peer's CPU forward passes) on the thread ours run on (`ComputeThread`,
+    rag_retriever/models/device.py). Run on this thread instead, a peer gives the process a
+    second OpenMP team, and both teams then run at about half speed: a side-by-side figure would
+    measure that, not the two encoders."""
+    from rag_retriever.models.device import COMPUTE
+
+    return COMPUTE.run(fn)

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 import transformers
 
-from bench.bench_common import percentile, read_jsonl, shared_path
+from bench.bench_common import on_compute_thread, percentile, read_jsonl, shared_path
 from rag_retriever.models.profiles import resolve_model
 from rag_retriever.models.quiet import quiet_transformers
 from rag_retriever.models.reranker import CrossEncoderReranker
@@ -140,14 +140,18 @@ def _time_peer(
     seconds they took after a warm-up."""
     from sentence_transformers import CrossEncoder
 
-    peer = CrossEncoder(str(reranker_dir), device="cpu", max_length=max_length)
-    peer.predict(pairs[:32], batch_size=32)
+    # the peer's passes on the thread ours run on (on_compute_thread says why)
+    peer = on_compute_thread(
+        lambda: CrossEncoder(str(reranker_dir), device="cpu", max_length=max_length)
+    )
+    on_compute_thread(lambda: peer.predict(pairs[:32], batch_size=32))
     t0 = time.perf_counter()
     # Identity: CrossEncoder applies a sigmoid to one-logit models by default; we compare logits.
-    theirs = np.asarray(
-        peer.predict(pairs, batch_size=32, activation_fn=torch.nn.Identity()), dtype=np.float32
-    ).reshape(-1)
-    return theirs, time.perf_counter() - t0
+    logits = on_compute_thread(
+        lambda: peer.predict(pairs, batch_size=32, activation_fn=torch.nn.Identity())
+    )
+    seconds = time.perf_counter() - t0
+    return np.asarray(logits, dtype=np.float32).reshape(-1), seconds
 
 
 def report(r: dict[str, Any]) -> list[str]:
