@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from rag_retriever.models.device import BACKGROUND, URGENT, ComputeThread
+from rag_retriever.models.device import BACKGROUND, URGENT, ComputeThread, training_thread
 from rag_retriever.models.encoder import Encoder
 from rag_retriever.models.reranker import CrossEncoderReranker
 
@@ -112,3 +112,19 @@ def test_a_query_pass_goes_before_queued_background_passes() -> None:
     for t in [blocker, *askers]:
         t.join(10)
     assert order == ["query", "edit-1", "edit-2"]
+
+
+def test_passes_asked_within_inline_run_in_the_asking_thread(tiny_encoder_dir: Path) -> None:
+    """A trainer's thread (training_thread): its evaluations run where its steps do."""
+    encoder = Encoder.load(str(tiny_encoder_dir), device="cpu", dtype="fp32", batch_size=2)
+    seen = _threads_seen(encoder.model)
+
+    @training_thread
+    def train() -> None:
+        encoder.encode_queries(["apples"] * 3)
+
+    train()
+    assert seen == {threading.current_thread().name}
+    seen.clear()
+    encoder.encode_queries(["apples"])  # outside: the compute thread again
+    assert seen == {"rag-compute"}

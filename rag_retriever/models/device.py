@@ -17,13 +17,14 @@ training runs under autocast (`Precision.autocast`).
 from __future__ import annotations
 
 import contextlib
+import functools
 import itertools
 import queue
 import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, ParamSpec, TypeVar
 
 import torch
 
@@ -148,9 +149,10 @@ class ComputeThread:
     took 18 ms instead of 9 ms for as long as a second long-lived thread (the HTTP service's
     write committer, which embeds the passages of each edit every few seconds) had run one
     (docs/benchmarks.md, "The brief under load"). With every pass on one thread there is one
-    team. The thread ends after COMPUTE_IDLE_S without work, so a process that trains on its
-    main thread between evaluations is left with its own team only. Training steps themselves
-    stay on their thread; CUDA passes are not routed (the device, not OpenMP, runs them).
+    team. The trainers' entry points (`training_thread`) run the passes they ask for on their
+    own thread instead, where their training steps run; the thread ends after COMPUTE_IDLE_S
+    without work, so it does not outlive a burst. CUDA passes are not routed (the device, not
+    OpenMP, runs them).
 
     Waiting passes run by priority, then in order: a query's pass (`URGENT`) goes before the
     queued batches of passages an edit is embedding (`BACKGROUND`), so on a busy service a
@@ -164,11 +166,25 @@ class ComputeThread:
         )
         self._order = itertools.count()
         self._thread: threading.Thread | None = None
+        self._local = threading.local()
         self.started = 0  # threads started so far (tests read it)
 
+    @contextlib.contextmanager
+    def inline(self) -> Iterator[None]:
+        """Within: the passes this thread asks for run here. For a trainer, whose own steps run
+        on its thread anyway: its evaluations there too keep the process at one team."""
+        depth = getattr(self._local, "inline", 0)
+        self._local.inline = depth + 1
+        try:
+            yield
+        finally:
+            self._local.inline = depth
+
     def run(self, fn: Callable[[], T], priority: int = URGENT) -> T:
-        """`fn()` on the compute thread (here, when called from it); its exception raised here."""
-        if threading.current_thread() is self._thread:
+        """`fn()` on the compute thread (here, when called from it or within `inline`); its
+        exception raised here."""
+        inline = getattr(self._local, "inline", 0) > 0
+        if inline or threading.current_thread() is self._thread:
             return fn()
         future: Future[T] = Future()
         with self._lock:
@@ -198,6 +214,20 @@ class ComputeThread:
 
 
 COMPUTE = ComputeThread()
+
+P = ParamSpec("P")
+
+
+def training_thread(fn: Callable[P, T]) -> Callable[P, T]:
+    """`fn` with every forward pass it asks for run in its own thread (`ComputeThread.inline`):
+    the trainers' entry points, whose training steps run there."""
+
+    @functools.wraps(fn)
+    def inline(*args: P.args, **kwargs: P.kwargs) -> T:
+        with COMPUTE.inline():
+            return fn(*args, **kwargs)
+
+    return inline
 
 
 def forward(

@@ -34,7 +34,7 @@ import torch
 
 from rag_retriever.errors import ConfigError
 from rag_retriever.eval.metrics import mrr_at_k, recall_at_k
-from rag_retriever.models.device import Precision
+from rag_retriever.models.device import Precision, training_thread
 from rag_retriever.models.encoder import Encoder, embed_batch
 from rag_retriever.models.profiles import ModelProfile, ResolvedModel, write_profile_file
 from rag_retriever.query.retriever import Retriever
@@ -284,6 +284,7 @@ def _profile(
     )
 
 
+@training_thread
 def train_embedder(
     retriever: Retriever,
     questions_path: Path,

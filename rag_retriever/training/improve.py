@@ -48,6 +48,7 @@ from rag_retriever.eval.judge import judge
 from rag_retriever.eval.questions import Question, file_sha256, load_questions
 from rag_retriever.ingest.versions import documents_of
 from rag_retriever.ingest.writer import IngestReport, ingest_documents
+from rag_retriever.models.device import training_thread
 from rag_retriever.models.encoder import Encoder, encoder_of_version
 from rag_retriever.models.profiles import ResolvedModel, resolve_model
 from rag_retriever.models.reranker import CrossEncoderReranker
@@ -149,6 +150,7 @@ class Improve:
 
     # -- the run ------------------------------------------------------------------------------
 
+    @training_thread
     def run(self) -> dict[str, Any]:
         self._start()
         self._step("baseline", self._baseline)

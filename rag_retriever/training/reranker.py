@@ -45,7 +45,7 @@ import transformers
 
 from rag_retriever.errors import ConfigError
 from rag_retriever.eval.metrics import mrr_at_k, recall_at_k
-from rag_retriever.models.device import Precision
+from rag_retriever.models.device import Precision, training_thread
 from rag_retriever.models.encoder import quiet_transformers
 from rag_retriever.models.profiles import resolve_model
 from rag_retriever.models.reranker import CrossEncoderReranker
@@ -361,6 +361,7 @@ def _save(model: transformers.PreTrainedModel, tokenizer: Any, out: Path, name: 
     (out / NAME_FILE).write_text(json.dumps({"name": name}) + "\n", encoding="utf-8")
 
 
+@training_thread
 def train_reranker(
     retriever: Retriever,
     questions_path: Path,
