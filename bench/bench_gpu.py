@@ -216,14 +216,9 @@ def _encoder(model: str, texts: list[str], device: str, repeats: int) -> dict[st
     out["host_pad_per_s"] = len(texts) / _best(
         lambda: list(tokens.batches(ours.batch_size, pin=pin)), repeats, "cpu"
     )
-    on_device = [b.to(ours.precision.device) for b in tokens.batches(ours.batch_size, pin=pin)]
+    on_device = _on_device(ours, tokens)
     out["tokens_padded"] = sum(int(b["attention_mask"].numel()) for b in on_device)
-
-    def forward_only() -> None:
-        with inference(ours.precision, ours.model):
-            for batch in on_device:
-                embed_tokens(ours.model, batch, ours.profile.pooling)
-
+    forward_only = partial(_forward_only, ours, ours.model, on_device)
     forward_only()
     out["device_forward_per_s"] = len(texts) / _best(forward_only, repeats, device)
     out["prepared_per_s"] = len(texts) / _best(
@@ -259,22 +254,29 @@ def _encoder(model: str, texts: list[str], device: str, repeats: int) -> dict[st
     return out
 
 
+def _on_device(encoder: Encoder, tokens: Any) -> list[dict[str, torch.Tensor]]:
+    """The encoder's padded batches of `tokens`, copied to its device beforehand."""
+    pin = encoder.precision.device.type == "cuda"
+    return [b.to(encoder.precision.device) for b in tokens.batches(encoder.batch_size, pin=pin)]
+
+
+def _forward_only(encoder: Encoder, module: Any, batches: list[dict[str, torch.Tensor]]) -> None:
+    """`module`'s forward passes (the encoder's model, or a compiled copy) over batches already
+    on the device, in this thread, as the encoder runs them."""
+    with inference(encoder.precision, encoder.model):
+        for batch in batches:
+            embed_tokens(module, batch, encoder.profile.pooling)
+
+
 def _compiled(model: str, texts: list[str], device: str, repeats: int) -> dict[str, Any]:
     """The encoder's forward passes alone, eager against `torch.compile(dynamic=True)`, on the
     same batches already on the device (an experiment: the product does not compile)."""
     ours = Encoder.load(model, device=device)
-    tokens = ours.prepare_passages(texts)
-    pin = device == "cuda"
-    on_device = [b.to(ours.precision.device) for b in tokens.batches(ours.batch_size, pin=pin)]
+    on_device = _on_device(ours, ours.prepare_passages(texts))
     compiled = torch.compile(ours.model, dynamic=True)
     out: dict[str, Any] = {}
     for name, module in (("eager", ours.model), ("compiled", compiled)):
-
-        def forward(module: Any = module) -> None:
-            with inference(ours.precision, ours.model):
-                for batch in on_device:
-                    embed_tokens(module, batch, ours.profile.pooling)
-
+        forward = partial(_forward_only, ours, module, on_device)
         began = time.perf_counter()
         forward()
         _sync(device)

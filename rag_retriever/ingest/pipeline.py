@@ -95,16 +95,17 @@ class Pipeline(Generic[A, B]):
         inbox: queue.Queue[Any] = queue.Queue(self.produce_ahead or 0)
         prepared: queue.Queue[Any] = queue.Queue(self.depth) if prepare else inbox
         outbox: queue.Queue[Any] = queue.Queue(self.depth)
+        consumer = threading.Thread(
+            target=self._stage,
+            args=("consume", consume, outbox, None),
+            name="ingest-write",
+            daemon=True,
+        )
         threads = [
             threading.Thread(
                 target=self._produce, args=(produce, inbox), name="ingest-chunk", daemon=True
             ),
-            threading.Thread(
-                target=self._stage,
-                args=("consume", consume, outbox, None),
-                name="ingest-write",
-                daemon=True,
-            ),
+            consumer,
         ]
         if prepare is not None:
             threads.append(
@@ -127,8 +128,8 @@ class Pipeline(Generic[A, B]):
                 self.busy_s["transform"] += time.perf_counter() - began
                 self._put(outbox, result)
             self._put(outbox, _DONE)
-            while threads[1].is_alive():  # the consumer
-                threads[1].join(POLL_S)
+            while consumer.is_alive():
+                consumer.join(POLL_S)
                 self._raise_errors()
         except BaseException:
             self.stop.set()
