@@ -3,7 +3,8 @@ the ratio. Results go to `<out>/bench.json` and `<out>/bench.txt`.
 
 Usage:
     python -m bench [--out bench-out] [--only bm25 engine ingest update query load operate training
-        fusion context few_labels stop tracing writes tenants quantization brief fuzz gpu improve]
+        fusion context few_labels stop tracing writes tenants quantization brief fuzz memory gpu
+        improve]
         [--reranker DIR]
         [--context-questions N] [--fuzz-examples N]
 
@@ -21,7 +22,9 @@ chunks) about 15 minutes; `quantization` (bench/bench_quantization.py: each sett
 against exact search and the gold chunk's recall on SQuAD) about 5 minutes; `brief`
 (bench/bench_brief.py: 50 queries/s offered to the HTTP service, without edits and with edits at
 20,000 and 200,000 a day) about 6 minutes; `fuzz` (bench/bench_fuzz.py: schemathesis over every HTTP route, the write key sent
-and missing, counting requests and 5xx) about 10 minutes at the default 150 examples. `gpu`
+and missing, counting requests and 5xx) about 10 minutes at the default 150 examples; `memory`
+(bench/bench_memory.py: a full build's peak RSS at 25k and 100k chunks, the chunked blocks
+waiting on disk vs all in RAM) about 4 minutes. `gpu`
 (bench/bench_gpu.py) says "skipped" in one line without a CUDA device.
 `improve` (bench/bench_improve.py: `improve` cross-validated on SciFact and on 800 SQuAD train
 questions, each fold's run against the stock version) runs only when named: it takes hours.
@@ -56,6 +59,7 @@ BENCHES = (
     "quantization",
     "brief",
     "fuzz",
+    "memory",
     "gpu",
 )
 # Hours on 2 cores (it trains the embedder a dozen times): only when asked for (--only improve).
@@ -134,7 +138,7 @@ class _Report:
 
 def _run_standalone(args: argparse.Namespace, report: _Report) -> dict[str, Any]:
     """The benchmarks that bring their own data: BM25, the engine, ingest, update, fusion,
-    context, few_labels, stop, tracing, writes, fuzz, improve, GPU (in that order).
+    context, few_labels, stop, tracing, writes, fuzz, improve, memory, GPU (in that order).
     Each module is imported only when its benchmark runs."""
     results: dict[str, Any] = {}
     if "bm25" in args.only:
@@ -248,6 +252,12 @@ def _run_standalone(args: argparse.Namespace, report: _Report) -> dict[str, Any]
         data = bench_improve.Results(args.out / "improve-cv.json").data
         results["improve"] = data
         report.emit(["== improve, cross-validated ==", *bench_improve.report_cv(data)])
+
+    if "memory" in args.only:
+        from bench import bench_memory
+
+        results["memory"] = bench_memory.run()
+        report.emit(bench_memory.report(results["memory"]))
 
     if "gpu" in args.only:
         from bench import bench_gpu

@@ -296,7 +296,7 @@ def test_an_ingest_prints_its_final_progress_line_once(
     err = capsys.readouterr().err
     assert "\x1b[" not in err and "\r" not in err, repr(err)
     stages = [line.split(":")[0].split()[0] for line in err.splitlines()]
-    assert sorted(stages) == ["chunking", "embedding", "writing"], err
+    assert sorted(stages) == ["chunking", "embedding", "tokenising", "writing"], err
 
 
 def test_metadata_the_engine_cannot_store_is_exit_2_and_writes_nothing(

@@ -100,7 +100,7 @@ def test_every_metadata_field_of_the_example_is_indexed(tmp_path: Path) -> None:
         )
         for d in docs
     ]
-    assert set(_payload_indexes(chunks)) == {
+    assert set(_payload_indexes(c.metadata for c in chunks)) == {
         "doc_id",
         *(f"metadata.{k}" for k in ("lang", "team", "year", "tags", "internal")),
     }

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -20,8 +21,8 @@ from rag_retriever.ingest.writer import chunking_config_for, document_hash, inge
 from rag_retriever.models.bm25 import BM25Model, Tokenizer
 from rag_retriever.models.encoder import Encoder
 from rag_retriever.records import Document
-from rag_retriever.store import Store
-from tests.test_parallel_chunking import _alive, _wait_gone, start_with_workers
+from rag_retriever.store import EdgeStore, Store
+from tests.test_parallel_chunking import ROOT, _alive, _wait_gone, start_with_workers
 
 
 def _stage_threads() -> list[threading.Thread]:
@@ -147,17 +148,27 @@ def _docs(n: int) -> list[Document]:
     ]
 
 
+@pytest.mark.parametrize("spill_after", [10**6, 1])
 def test_the_pipelined_collection_is_the_sequential_one(
-    store: Store, tiny_encoder: Encoder, monkeypatch: pytest.MonkeyPatch
+    store: Store,
+    tiny_encoder: Encoder,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    spill_after: int,
 ) -> None:
     """Oracle: the chunker, BM25 over every chunk, and the encoder called on the same blocks,
-    one after another; every point's dense vector, sparse vector and payload match."""
+    one after another; every point's dense vector, sparse vector and payload match, also when
+    the chunked blocks waiting for the encoder went to disk and back (spill_after=1)."""
     monkeypatch.setattr("rag_retriever.ingest.writer.ENCODE_BLOCK", 8)
     monkeypatch.setattr("rag_retriever.ingest.writer.UPSERT_BATCH", 3)
-    docs = _docs(40)
-    report = ingest_documents(
-        LoadedCorpus(tuple(docs), 0, "test"), alias="kb", encoder=tiny_encoder, store=store
-    )
+    monkeypatch.setattr("rag_retriever.ingest.writer.SPILL_AFTER", spill_after)
+    docs = _docs(80)
+    with caplog.at_level("INFO", logger="rag_retriever.ingest.writer"):
+        report = ingest_documents(
+            LoadedCorpus(tuple(docs), 0, "test"), alias="kb", encoder=tiny_encoder, store=store
+        )
+    # the write waits for the last chunk, so the blocks past the queues' few waited on disk
+    assert ("waited on disk" in caplog.text) == (spill_after == 1)
     config = chunking_config_for(tiny_encoder, 200, 48)
     chunks = Chunker(tiny_encoder.count_tokens, config).chunk_all(docs)
     terms = [Tokenizer().tokenize(c.embed_text) for c in chunks]
@@ -168,7 +179,8 @@ def test_the_pipelined_collection_is_the_sequential_one(
             for at in range(0, len(chunks), 8)
         ]
     )
-    assert report.chunks == len(chunks) > 16  # several blocks
+    assert report.chunks == len(chunks) > 8 * 8  # more blocks than the queues hold
+    assert report.tokens == sum(c.n_tokens for c in chunks)
     assert store.record(report.collection).bm25 == bm25.stats
     points = {
         p.id: p
@@ -291,3 +303,100 @@ def test_the_pipeline_stops_with_the_command(how: str, tmp_path: Path) -> None:
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+# An ingest whose `stage` (argv[2]) takes 0.3 s an item and says "in <stage>" when it first
+# runs; the other stages are fast. Blocks of 8 chunks, so there are many. SIGTERM raises as the
+# CLI's handler does.
+_STAGE_SCRIPT = """
+import signal, sys, time
+from pathlib import Path
+import numpy as np
+import rag_retriever.ingest.writer as writer
+from rag_retriever.ingest.loaders import LoadedCorpus
+from rag_retriever.models.encoder import Encoded
+from rag_retriever.models.profiles import Fingerprint
+from rag_retriever.records import Document
+from rag_retriever.store import EdgeStore
+from tests.word_counters import words
+
+stage = sys.argv[2]
+said = []
+
+def work(name):
+    if name == stage:
+        if not said:
+            said.append(1)
+            print("in " + name, flush=True)
+        time.sleep(0.3)
+
+class Encoder:
+    fingerprint = Fingerprint("fake", "0" * 64, "mean", "", "", 8, 128)
+    max_seq_length = 128
+    special_tokens = 2
+    def count_tokens(self, texts):
+        return words(texts)
+    def encode_passages(self, passages, *, progress=False):
+        raise AssertionError("a preparing encoder is called with tokens")
+    def prepare_passages(self, passages):
+        work("tokenise")
+        return list(passages)
+    def encode_prepared(self, prepared, *, progress=False):
+        work("encode")
+        return Encoded(np.ones((len(prepared), 8), dtype=np.float32) / np.sqrt(8), 0, 0)
+
+class Store(EdgeStore):
+    def upsert(self, *args, **kwargs):
+        work("write")
+        return super().upsert(*args, **kwargs)
+
+def stop(signum, frame):
+    raise SystemExit(143)
+
+signal.signal(signal.SIGTERM, stop)
+writer.ENCODE_BLOCK = 8
+docs = [Document(str(i), "T", f"Alpha {i} bravo. Charlie delta. " * 20) for i in range(400)]
+root = Path(sys.argv[1])
+writer.ingest_documents(LoadedCorpus(tuple(docs), 0, "t"), alias="kb", encoder=Encoder(),
+                        store=Store(root), lock_dir=root)
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stage", ["tokenise", "encode", "write"])
+def test_a_sigterm_while_a_stage_works_stops_the_ingest_and_serves_nothing(
+    stage: str, tmp_path: Path, tiny_encoder: Encoder
+) -> None:
+    """SIGTERM while the tokenise, encode or write stage is at work (the chunk stage's case is
+    the test above): the command exits 143, the partial version is removed, the version served
+    before is served still, and the next ingest of the alias succeeds (its lock was released)."""
+    root = tmp_path / "edge"
+    corpus = LoadedCorpus(tuple(_docs(3)), 0, "t")
+    served = ingest_documents(
+        corpus, alias="kb", encoder=tiny_encoder, store=EdgeStore(root), lock_dir=root
+    ).collection
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _STAGE_SCRIPT, str(root), stage],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None and proc.stderr is not None
+        line = proc.stdout.readline()
+        assert line == f"in {stage}\n", proc.stderr.read()
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=300)  # a hang guard: how fast it stops is bench/bench_stop.py's
+        assert proc.returncode == 143, proc.stderr.read()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    store = EdgeStore(root)
+    assert store.aliases() == {"kb": served}
+    assert store.collection_names() == [served]
+    report = ingest_documents(
+        corpus, alias="kb", encoder=tiny_encoder, store=store, lock_dir=root, full=True
+    )
+    assert report.promoted and store.aliases() == {"kb": report.collection} != {"kb": served}

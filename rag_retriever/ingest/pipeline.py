@@ -14,10 +14,10 @@ thread, interrupts it there), and `consume` in a thread. While item n is transfo
 is prepared, item n+2 produced and item n-1 consumed, so the device (or the CPU encoder) does not
 wait for the tokenizer; the queues after `produce` hold at most `depth` items each (tokenised
 texts, encoded vectors: memory stays flat however slow the writes), the queue from `produce` at
-most `produce_ahead` (None: the producer never waits; the writer's producer keeps every chunk
-anyway, for the version's BM25 statistics, and a write stage that waits for those statistics
-must not stop the chunking that makes them). Items reach `consume` in the order `produce` made
-them.
+most `produce_ahead` (None: the producer never waits, since a write stage that waits for the
+version's BM25 statistics must not stop the chunking that makes them; with `spill_after` the
+items past that many wait on disk, rag_retriever/ingest/spill.py, so memory stays flat then
+too). Items reach `consume` in the order `produce` made them.
 
 Stopping: an exception in any stage, or a KeyboardInterrupt / SystemExit (the CLI's SIGTERM) in
 the calling thread, sets `stop`; the other stages see it within `POLL_S` between items, the
@@ -38,6 +38,8 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any, Generic, TypeVar
 
+from rag_retriever.ingest.spill import SpillQueue
+
 A = TypeVar("A")
 B = TypeVar("B")
 
@@ -48,8 +50,15 @@ POLL_S = 0.05
 JOIN_S = 0.8
 
 
+# What a stage reads from or writes to.
+Box = queue.Queue[Any] | SpillQueue
+
+
 class _Done:
     """Marks the end of a queue."""
+
+    def __reduce__(self) -> str:
+        return "_DONE"  # the one marker, also after a spill to disk and back
 
 
 _DONE = _Done()
@@ -62,13 +71,20 @@ class StageStopped(Exception):
 class Pipeline(Generic[A, B]):
     """One run of produce -> prepare -> transform -> consume (module docstring)."""
 
-    def __init__(self, depth: int = 2, *, produce_ahead: int | None = None) -> None:
-        if depth < 1 or (produce_ahead is not None and produce_ahead < 1):
+    def __init__(
+        self, depth: int = 2, *, produce_ahead: int | None = None, spill_after: int | None = None
+    ) -> None:
+        if depth < 1 or any(n is not None and n < 1 for n in (produce_ahead, spill_after)):
             raise ValueError(
-                f"depth and produce_ahead must be at least 1, got {depth}, {produce_ahead}"
+                "depth, produce_ahead and spill_after must be at least 1, got "
+                f"{depth}, {produce_ahead}, {spill_after}"
             )
+        if produce_ahead is not None and spill_after is not None:
+            raise ValueError("a producer that waits (produce_ahead) never needs to spill")
         self.depth = depth
         self.produce_ahead = produce_ahead
+        self.spill_after = spill_after
+        self.spilled = 0  # items the producer's queue kept on disk
         self.stop = threading.Event()
         self.busy_s: dict[str, float] = {
             "produce": 0.0,
@@ -92,9 +108,13 @@ class Pipeline(Generic[A, B]):
         *,
         prepare: Callable[[A], A] | None = None,
     ) -> None:
-        inbox: queue.Queue[Any] = queue.Queue(self.produce_ahead or 0)
-        prepared: queue.Queue[Any] = queue.Queue(self.depth) if prepare else inbox
-        outbox: queue.Queue[Any] = queue.Queue(self.depth)
+        inbox: Box = (
+            SpillQueue(self.spill_after)
+            if self.spill_after
+            else queue.Queue(self.produce_ahead or 0)
+        )
+        prepared: Box = queue.Queue(self.depth) if prepare else inbox
+        outbox: Box = queue.Queue(self.depth)
         consumer = threading.Thread(
             target=self._stage,
             args=("consume", consume, outbox, None),
@@ -138,6 +158,9 @@ class Pipeline(Generic[A, B]):
             self.stop.set()  # the producer may still run if the consumer failed
             for thread in threads:
                 thread.join(JOIN_S)
+            if isinstance(inbox, SpillQueue):
+                self.spilled = inbox.spilled
+                inbox.close()
         self._raise_errors()
 
     # -- the calling thread -----------------------------------------------------------------
@@ -146,7 +169,7 @@ class Pipeline(Generic[A, B]):
         if self._errors:
             raise self._errors[0]
 
-    def _get(self, box: queue.Queue[Any]) -> Any:
+    def _get(self, box: Box) -> Any:
         while True:
             self._raise_errors()
             try:
@@ -154,7 +177,7 @@ class Pipeline(Generic[A, B]):
             except queue.Empty:
                 continue
 
-    def _put(self, box: queue.Queue[Any], item: Any) -> None:
+    def _put(self, box: Box, item: Any) -> None:
         while True:
             self._raise_errors()
             try:
@@ -165,7 +188,7 @@ class Pipeline(Generic[A, B]):
 
     # -- the stage threads ------------------------------------------------------------------
 
-    def _produce(self, produce: Iterator[A], inbox: queue.Queue[Any]) -> None:
+    def _produce(self, produce: Iterator[A], inbox: Box) -> None:
         try:
             while not self.stop.is_set():
                 began = time.perf_counter()
@@ -194,8 +217,8 @@ class Pipeline(Generic[A, B]):
         self,
         name: str,
         work: Callable[[Any], Any],
-        inbox: queue.Queue[Any],
-        outbox: queue.Queue[Any] | None,
+        inbox: Box,
+        outbox: Box | None,
     ) -> None:
         """`work` on each item of `inbox`, in order, its results to `outbox` (if any)."""
         try:
@@ -220,7 +243,7 @@ class Pipeline(Generic[A, B]):
         except BaseException as exc:  # raised again in the calling thread
             self._fail(exc)
 
-    def _offer(self, box: queue.Queue[Any], item: Any) -> bool:
+    def _offer(self, box: Box, item: Any) -> bool:
         """Put `item` unless the pipeline stops first."""
         while not self.stop.is_set():
             try:

@@ -29,7 +29,10 @@ swap the alias in one atomic step -> retention. Chunking, tokenising, encoding a
 overlap (rag_retriever/ingest/pipeline.py): a full build encodes the first block while the rest
 is chunked, and every write tokenises block n+1 and upserts block n-1 while block n encodes; the
 first upsert waits for the last chunk, since the document side of BM25 needs the corpus's
-average length (a delta's chunks are all cut first: whether it re-bases depends on them).
+average length (a delta's chunks are all cut first: whether it re-bases depends on them). A full
+build keeps none of its chunks: BM25's counts and the version's tallies are kept as they pass,
+and the chunked blocks the encoder has not reached wait on disk past SPILL_AFTER
+(rag_retriever/ingest/spill.py), so its memory does not grow with the corpus.
 `timings_s` then holds each stage's own time (`chunk`, `tokenize`, `encode`, `write`; they
 overlap) and `pipeline`, their wall time together. Any exception (or Ctrl-C) before the swap deletes
 the new version and leaves the alias as it was; a process killed outright leaves a `building`
@@ -50,7 +53,7 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -78,7 +81,7 @@ from rag_retriever.ingest.parallel_chunking import iter_chunk_documents
 from rag_retriever.ingest.pipeline import Pipeline, StageStopped
 from rag_retriever.ingest.validation import validate_delete_ids, validate_documents
 from rag_retriever.ingest.versions import documents_of
-from rag_retriever.models.bm25 import BM25Model, Tokenizer
+from rag_retriever.models.bm25 import BM25Counts, BM25Model, Tokenizer
 from rag_retriever.progress import progress as progress_of
 from rag_retriever.records import (
     Chunk,
@@ -101,7 +104,7 @@ from rag_retriever.store import (
     metadata_path,
 )
 from rag_retriever.store.catalog import apply_retention, point_alias, remove_orphans
-from rag_retriever.store.record import field_kinds, merged_fields, stamp
+from rag_retriever.store.record import field_kinds, merged_fields, stamp, value_kind
 
 log = logging.getLogger(__name__)
 
@@ -115,6 +118,11 @@ LOOKUP_BATCH = 256
 # Encoded blocks waiting for the write stage: one being written, one ready, while the next one
 # is encoded (rag_retriever/ingest/pipeline.py); each is ENCODE_BLOCK x dim float32 (1.5 MB for MiniLM).
 PIPELINE_DEPTH = 2
+# Blocks the chunk stage of a full build may have ready in RAM before the encoder takes them;
+# the rest wait on disk (rag_retriever/ingest/spill.py), so a build's memory does not grow with
+# its corpus: 8 blocks is 8,192 chunks, about 20 MB (2.3 KB a chunk with its terms, measured by
+# bench/bench_memory.py).
+SPILL_AFTER = 8
 
 
 def chunking_config_for(
@@ -295,12 +303,50 @@ class _Encoded:
     vectors: np.ndarray
 
 
+class _Tally:
+    """What a version's record and the write's report need of the chunks written, counted as
+    they pass (a full build does not keep its chunks): how many, their tokens, one value of each
+    kind per metadata field (all that the field kinds and payload indexes depend on), and how
+    many of the chunk texts it replaces it no longer holds."""
+
+    def __init__(self, replaced: Iterable[Chunk] = ()) -> None:
+        self.chunks = 0
+        self.tokens = 0
+        self._examples: dict[str, dict[str, Any]] = {}
+        self._gone = {c.content_hash for c in replaced}
+
+    def add(self, chunks: Iterable[Chunk]) -> None:
+        for c in chunks:
+            self.chunks += 1
+            self.tokens += c.n_tokens
+            self._gone.discard(c.content_hash)
+            for key, value in c.metadata.items():
+                kinds = self._examples.setdefault(key, {})
+                for item in value if isinstance(value, list) else [value]:
+                    kinds.setdefault(value_kind(item), item)
+
+    @property
+    def removed(self) -> int:
+        return len(self._gone)
+
+    def metadatas(self) -> list[dict[str, Any]]:
+        """Metadata with the same field kinds as all the chunks': each example value in a list
+        of its own (both read a list by its elements), and a field only ever an empty list as
+        one."""
+        return [
+            {key: [item]} if kinds else {key: []}
+            for key, kinds in self._examples.items()
+            for item in (kinds.values() if kinds else [None])
+        ]
+
+
 @dataclass
 class _Chunked:
-    """What the chunk stage of a full build has made so far; `done` once it is all there."""
+    """What the chunk stage of a full build has counted so far (BM25's, the version's); `done`
+    once every chunk is counted."""
 
-    chunks: list[Chunk] = field(default_factory=list)
-    terms: list[list[str]] = field(default_factory=list)
+    bm25: BM25Counts = field(default_factory=BM25Counts)
+    tally: _Tally = field(default_factory=_Tally)
     done: threading.Event = field(default_factory=threading.Event)
 
 
@@ -502,15 +548,16 @@ class _Job:
                 documents=delta.write,
                 total=len(new_chunks),
             )
-            self._finish(name, record, bm25, new_chunks, documents=documents, chunks=chunks)
+            written = _Tally(gone)
+            written.add(new_chunks)
+            self._finish(name, record, bm25, written, documents=documents, chunks=chunks)
         return self._report(
             corpus,
             kind="delta",
             name=name,
             record=self.store.record(name),
             delta=delta,
-            written=new_chunks,
-            removed=_removed(gone, new_chunks),
+            written=written,
             stats=stats,
         )
 
@@ -545,16 +592,16 @@ class _Job:
         reusable = {c.content_hash: c.id for cs in live.chunks.values() for c in cs}
         # Chunk -> encode -> write overlap (rag_retriever/ingest/pipeline.py). The document side of BM25
         # needs the corpus's average length, so the first write waits for the last chunk:
-        # chunking runs ahead (it is several times faster than encoding) and the encoder starts
-        # on the first block at once.
-        pipeline: Pipeline[_Block, _Encoded] = Pipeline(PIPELINE_DEPTH)
-        chunked = _Chunked()
+        # chunking runs ahead (it is several times faster than encoding), the blocks it made past
+        # SPILL_AFTER waiting on disk, and the encoder starts on the first block at once.
+        pipeline: Pipeline[_Block, _Encoded] = Pipeline(PIPELINE_DEPTH, spill_after=SPILL_AFTER)
+        chunked = _Chunked(tally=_Tally(c for cs in live.chunks.values() for c in cs))
         built: list[tuple[BM25Model, VersionRecord]] = []
 
         def create() -> BM25Model:  # the write stage, before its first upsert
             pipeline.wait(chunked.done)
             began = time.perf_counter()
-            bm25 = BM25Model.build(chunked.terms)
+            bm25 = chunked.bm25.model()
             self.timings["bm25_stats"] = round(time.perf_counter() - began, 3)
             record = self._new_record(version, bm25, Lineage(full_build=name), corpus.source)
             with self._store_lock:
@@ -574,19 +621,19 @@ class _Job:
                 total=None,
             )
             self.timings["chunk"] = round(pipeline.busy_s["produce"], 3)
-            chunks = chunked.chunks
+            if pipeline.spilled:
+                log.info(
+                    "%s: %d blocks of chunks waited on disk for the encoder", name, pipeline.spilled
+                )
             bm25, record = built[0]
-            self._finish(
-                name, record, bm25, chunks, documents=len(corpus.documents), chunks=len(chunks)
-            )
+            self._finish(name, record, bm25, chunked.tally, documents=len(corpus.documents))
         return self._report(
             corpus,
             kind="full",
             name=name,
             record=self.store.record(name),
             delta=delta or _Delta(list(corpus.documents), [], 0, 0),
-            written=chunks,
-            removed=_removed([c for cs in live.chunks.values() for c in cs], chunks),
+            written=chunked.tally,
             stats=stats,
             reused_documents=reused_documents,
             full_reason=reason,
@@ -620,27 +667,29 @@ class _Job:
     ) -> Iterator[_Block]:
         """The chunk stage of a full build: every document's chunks in document order (an
         unchanged document's live chunks as they are), with their BM25 terms, in blocks of
-        ENCODE_BLOCK, as the workers return them; `out` collects them all."""
+        ENCODE_BLOCK, as the workers return them; `out` counts them all."""
         todo = [d for d, k in zip(documents, kept, strict=True) if k is None]
         slices = self._iter_chunk(todo, stop)
         fresh = (chunks for part in slices for chunks in part)
         bar = progress_of(
             total=len(documents), desc="chunking", unit="doc", enabled=self.opts.progress
         )
-        at = 0  # out.chunks[at:] are not yet in a block
+        block = _Block([], [])  # not yet full
         try:
             for k in kept:
                 chunks = k if k is not None else next(fresh)
-                out.chunks.extend(chunks)
-                out.terms.extend(self._terms(c) for c in chunks)
+                out.tally.add(chunks)
+                for c in chunks:
+                    terms = self._terms(c)
+                    out.bm25.add(terms)
+                    block.chunks.append(c)
+                    block.terms.append(terms)
+                    if len(block.chunks) == ENCODE_BLOCK:
+                        yield block
+                        block = _Block([], [])
                 bar.update(1)
-                while len(out.chunks) - at >= ENCODE_BLOCK:
-                    yield _Block(
-                        out.chunks[at : at + ENCODE_BLOCK], out.terms[at : at + ENCODE_BLOCK]
-                    )
-                    at += ENCODE_BLOCK
-            if at < len(out.chunks):
-                yield _Block(out.chunks[at:], out.terms[at:])
+            if block.chunks:
+                yield block
             out.done.set()
         finally:
             bar.close()
@@ -721,8 +770,9 @@ class _Job:
                 position=position,
                 enabled=self.opts.progress,
             )
-            for position, stage in ((1, "embedding"), (2, "writing"))
+            for position, stage in ((1, "tokenising"), (2, "embedding"), (3, "writing"))
         ]
+        tokenised, embedded, written = bars
 
         def tokenize(block: _Block) -> _Block:
             """The tokenise stage: vectors reused from the live version, and the rest
@@ -742,6 +792,7 @@ class _Job:
                     todo.append(i)
             texts = [block.chunks[i].embed_text for i in todo]
             prepared = preparing.prepare_passages(texts) if preparing and todo else texts
+            tokenised.update(len(block.chunks))
             return dataclasses.replace(block, vectors=vectors, todo=todo, prepared=prepared)
 
         def encode(block: _Block) -> _Encoded:
@@ -758,7 +809,7 @@ class _Job:
                 block.vectors[block.todo] = result.vectors
                 counts["encoded"] += len(block.todo)
                 counts["truncated"] += result.truncated
-            bars[0].update(len(block.chunks))
+            embedded.update(len(block.chunks))
             busy["encode"] += time.perf_counter() - began
             return _Encoded(block, block.vectors)
 
@@ -781,7 +832,7 @@ class _Job:
                         sparse,
                         payloads,
                     )
-                bars[1].update(len(part))
+                written.update(len(part))
             busy["write"] += time.perf_counter() - began
 
         try:
@@ -819,15 +870,18 @@ class _Job:
         name: str,
         record: VersionRecord,
         bm25: BM25Model,
-        written: Sequence[Chunk],
+        written: _Tally,
         *,
         documents: int,
-        chunks: int,
+        chunks: int | None = None,
     ) -> None:
-        """Seal, check that the engine holds one point per chunk, mark the version complete."""
+        """Seal, check that the engine holds one point per chunk (`chunks`: the version's, when
+        it holds more than it wrote), mark the version complete."""
+        chunks = written.chunks if chunks is None else chunks
+        metadatas = written.metadatas()
         self.store.put_doc_freqs(name, bm25.doc_freqs)
         self.store.seal(
-            name, _payload_indexes(written), merge_base=self.opts.compaction == "inline"
+            name, _payload_indexes(metadatas), merge_base=self.opts.compaction == "inline"
         )
         self.lap("seal")
         points = self.store.count(name)
@@ -835,7 +889,7 @@ class _Job:
             raise RuntimeError(
                 f"collection {name} is inconsistent: {points} points, {chunks} chunks"
             )
-        fields: dict[str, str] | None = field_kinds(c.metadata for c in written)
+        fields: dict[str, str] | None = field_kinds(metadatas)
         if record.lineage.base:  # a delta: the live version's fields and the new ones
             live = self.live.fields if self.live is not None else None
             fields = None if live is None else merged_fields(live, fields or {})
@@ -853,8 +907,7 @@ class _Job:
         name: str,
         record: VersionRecord,
         delta: _Delta,
-        written: Sequence[Chunk] = (),
-        removed: int = 0,
+        written: _Tally | None = None,
         stats: tuple[int, int, int] = (0, 0, 0),
         reused_documents: int = 0,
         full_reason: str | None = None,
@@ -886,11 +939,11 @@ class _Job:
             documents=record.documents,
             skipped_empty=corpus.skipped_empty,
             chunks=record.chunks,
-            tokens=sum(c.n_tokens for c in written),
+            tokens=written.tokens if written else 0,
             truncated=truncated,
             reused=reused,
             encoded=encoded,
-            removed=removed,
+            removed=written.removed if written else 0,
             promoted=promoted,
             previous=self.live_name,
             deleted_versions=tuple(deleted),
@@ -958,16 +1011,11 @@ def _apply(documents: Sequence[Document], delta: _Delta) -> list[Document]:
     return out + list(changed.values())
 
 
-def _removed(old: Sequence[Chunk], new: Sequence[Chunk]) -> int:
-    """Old chunk texts that the new version no longer holds."""
-    return len({c.content_hash for c in old} - {c.content_hash for c in new})
-
-
-def _payload_indexes(chunks: Sequence[Chunk]) -> dict[str, IndexKind]:
+def _payload_indexes(metadatas: Iterable[Mapping[str, Any]]) -> dict[str, IndexKind]:
     """doc_id, and every metadata field whose values one index kind can serve."""
     values: dict[str, list[Any]] = {}
-    for c in chunks:
-        for key, value in c.metadata.items():
+    for metadata in metadatas:
+        for key, value in metadata.items():
             values.setdefault(key, []).append(value)
     indexes: dict[str, IndexKind] = {"doc_id": "keyword"}
     for key, seen in values.items():

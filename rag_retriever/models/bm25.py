@@ -485,6 +485,44 @@ def as_doc_freqs(doc_freqs: Mapping[str, int]) -> DocFreqs:
     return doc_freqs if isinstance(doc_freqs, DocFreqs) else DocFreqs(DictTable(doc_freqs))
 
 
+class BM25Counts:
+    """A corpus's BM25 counts, one document at a time (`add`), for a model once it is all seen
+    (`model`): what a full build keeps while its chunks stream past, the vocabulary's document
+    frequencies and two totals, not the documents."""
+
+    def __init__(self) -> None:
+        self.doc_freq: dict[str, int] = {}  # first-occurrence order, as rank-bm25's `nd`
+        self.n_docs = 0
+        self.total = 0
+
+    def add(self, document: Sequence[str]) -> None:
+        self.n_docs += 1
+        self.total += len(document)
+        doc_freq = self.doc_freq
+        for word in dict.fromkeys(document):
+            doc_freq[word] = doc_freq.get(word, 0) + 1
+
+    def model(self, *, k1: float = K1, b: float = B, epsilon: float = EPSILON) -> BM25Model:
+        if self.n_docs == 0:
+            raise ValueError("cannot build BM25 over zero documents")
+        if self.total == 0:
+            raise ValueError(
+                "cannot build BM25: no document has a searchable term (only stop words, "
+                "punctuation or nothing)"
+            )
+        stats = BM25Stats(
+            n_docs=self.n_docs,
+            total_terms=self.total,
+            # rank-bm25: avgdl = num_doc / corpus_size with an integer numerator.
+            avgdl=self.total / self.n_docs,
+            k1=k1,
+            b=b,
+            epsilon=epsilon,
+            moved=_place_new_terms(lambda _: set(), {}, self.doc_freq),
+        )
+        return BM25Model(stats, self.doc_freq)
+
+
 @dataclass(frozen=True)
 class BM25Model:
     """One version's BM25: its statistics and document frequencies, and the IDF derived from them.
@@ -528,31 +566,10 @@ class BM25Model:
         epsilon: float = EPSILON,
     ) -> BM25Model:
         """Statistics of a tokenised corpus, read once (so a generator of any size will do)."""
-        doc_freq: dict[str, int] = {}  # first-occurrence order, as rank-bm25's `nd`
-        n_docs = total = 0
+        counts = BM25Counts()
         for document in corpus:
-            n_docs += 1
-            total += len(document)
-            for word in dict.fromkeys(document):
-                doc_freq[word] = doc_freq.get(word, 0) + 1
-        if n_docs == 0:
-            raise ValueError("cannot build BM25 over zero documents")
-        if total == 0:
-            raise ValueError(
-                "cannot build BM25: no document has a searchable term (only stop words, "
-                "punctuation or nothing)"
-            )
-        stats = BM25Stats(
-            n_docs=n_docs,
-            total_terms=total,
-            # rank-bm25: avgdl = num_doc / corpus_size with an integer numerator.
-            avgdl=total / n_docs,
-            k1=k1,
-            b=b,
-            epsilon=epsilon,
-            moved=_place_new_terms(lambda _: set(), {}, doc_freq),
-        )
-        return cls(stats, doc_freq)
+            counts.add(document)
+        return counts.model(k1=k1, b=b, epsilon=epsilon)
 
     def with_delta(
         self, added: Iterable[Sequence[str]], removed: Iterable[Sequence[str]]

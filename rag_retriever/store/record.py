@@ -191,7 +191,7 @@ def field_kinds(metadatas: Iterable[Mapping[str, Any]]) -> dict[str, str]:
         for key, value in metadata.items():
             kinds = seen.setdefault(key, set())
             for item in value if isinstance(value, list) else [value]:
-                kinds.add(_value_kind(item))
+                kinds.add(value_kind(item))
     return {key: merge_kinds(kinds) for key, kinds in sorted(seen.items())}
 
 
@@ -211,7 +211,7 @@ def merged_fields(old: Mapping[str, str], new: Mapping[str, str]) -> dict[str, s
     return dict(sorted(out.items()))
 
 
-def _value_kind(value: Any) -> str:
+def value_kind(value: Any) -> str:
     if isinstance(value, bool):
         return "bool"
     if isinstance(value, int):
