@@ -190,6 +190,7 @@ def _compact(
                     full_build=record.lineage.full_build,
                     deltas=record.lineage.deltas,
                     compacted=True,
+                    changed=(),  # the same points, in fewer shards
                 ),
                 source=f"compaction of {onto}"
                 + ("" if job.kind == "base" else f" ({len(job.segments)} delta shards merged)"),

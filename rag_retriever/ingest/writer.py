@@ -104,7 +104,13 @@ from rag_retriever.store import (
     metadata_path,
 )
 from rag_retriever.store.catalog import apply_retention, point_alias, remove_orphans
-from rag_retriever.store.record import field_kinds, merged_fields, stamp, value_kind
+from rag_retriever.store.record import (
+    CHANGED_IDS_KEPT,
+    field_kinds,
+    merged_fields,
+    stamp,
+    value_kind,
+)
 
 log = logging.getLogger(__name__)
 
@@ -522,10 +528,12 @@ class _Job:
             whole = _apply(self._live_documents(), delta)
             rebuilt = LoadedCorpus(tuple(whole), corpus.skipped_empty, corpus.source)
             return self._full(rebuilt, reason=reason, delta=delta)
+        changed = {c.id for c in gone} | {c.id for c in new_chunks}
         lineage = Lineage(
             base=self.live_name,
             full_build=self.live.lineage.full_build,
             deltas=self.live.lineage.deltas + 1,
+            changed=tuple(sorted(changed)) if len(changed) <= CHANGED_IDS_KEPT else None,
         )
         version = self.store.next_version(self.alias)
         name = collection_name(self.alias, self.live.fingerprint.slug, version)

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
@@ -34,22 +34,49 @@ CHUNK_CACHE_SIZE = 20_000
 # cost (the bindings hand each back as a list of floats; README, "Diverse hits").
 VECTOR_CACHE_SIZE = 20_000
 
+# Versions whose bases the caches remember (a process serves one or a few at a time).
+LINKS_KEPT = 64
+
 T = TypeVar("T")
 
 
 class BoundedReads(Generic[T]):
     """The most recently read items of each version, by id, bounded; thread-safe. Versions are
-    immutable, so an item read once stays right for as long as its version's name exists."""
+    immutable, so an item read once stays right for as long as its version's name exists.
+
+    A version made from another one (a delta, a compaction) shares its base's item for every id
+    it did not change (`link`): a miss looks in the base's items (and its base's) before it reads
+    the engine, so the cache is not cold after each edit."""
 
     def __init__(self, read: Callable[[str, list[str]], dict[str, T]], size: int) -> None:
         self._read = read
         self.size = size
         self._items: OrderedDict[tuple[str, str], T] = OrderedDict()
+        self._links: OrderedDict[str, tuple[str, frozenset[str]]] = OrderedDict()
         self._lock = threading.Lock()
 
     def clear(self) -> None:
         with self._lock:
             self._items.clear()
+            self._links.clear()
+
+    def link(self, name: str, base: str, changed: Collection[str]) -> None:
+        """`name` holds `base`'s item for every id but the `changed` ones."""
+        with self._lock:
+            self._links[name] = (base, frozenset(changed))
+            while len(self._links) > LINKS_KEPT:
+                self._links.popitem(last=False)
+
+    def _inherited(self, name: str, cid: str) -> T | None:
+        """An item of `name` read through one of its bases (under the lock)."""
+        while (link := self._links.get(name)) is not None:
+            name, changed = link
+            if cid in changed:
+                return None
+            item = self._items.get((name, cid))
+            if item is not None:
+                return item
+        return None
 
     def get(self, name: str, ids: Sequence[str]) -> dict[str, T]:
         """The items with these ids; CollectionNotFound when one is missing (the version
@@ -65,6 +92,8 @@ class BoundedReads(Generic[T]):
         with self._lock:
             for cid in ids:
                 item = self._items.get((name, cid))
+                if item is None and (item := self._inherited(name, cid)) is not None:
+                    self._items[(name, cid)] = item
                 if item is not None:
                     self._items.move_to_end((name, cid))
                     out[cid] = item

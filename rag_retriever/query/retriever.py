@@ -424,6 +424,10 @@ class Retriever:
             opened = OpenCollection(name, bm25, record, tuned, time.monotonic())
             with self._open_lock:
                 self._opened[name] = opened
+            lineage = record.lineage
+            if lineage.base is not None and lineage.changed is not None:
+                for cache in (self.chunk_cache, self.vector_cache):
+                    cache.link(name, lineage.base, lineage.changed)
         if MODE_STAGES[mode].dense:  # the query is embedded: the model must be the version's
             self._check_fingerprint(alias_or_name, opened)
         return opened

@@ -36,6 +36,12 @@ STATUS_BUILDING: Status = "building"
 STATUS_COMPLETE: Status = "complete"
 
 
+# A delta records the ids it changed up to this many (about 0.4 MB in its record): enough for
+# the edits a serving process sees one at a time (a few documents); a larger delta records none,
+# and its readers start their caches afresh.
+CHANGED_IDS_KEPT = 10_000
+
+
 @dataclass(frozen=True)
 class Lineage:
     """Where a version comes from. A full build has no base; a delta names the version it was
@@ -47,22 +53,32 @@ class Lineage:
     full_build: str | None = None
     deltas: int = 0
     compacted: bool = False
+    # The chunk ids whose records this version does not share with `base` (a delta's written
+    # and removed ones; none for a compaction): a serving process keeps what it read of the
+    # base for every other id. None: not recorded (a full build, a delta of more than
+    # CHANGED_IDS_KEPT ids, a version written before it was).
+    changed: tuple[str, ...] | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        out: dict[str, Any] = {
             "base": self.base,
             "full_build": self.full_build,
             "deltas": self.deltas,
             "compacted": self.compacted,
         }
+        if self.changed is not None:
+            out["changed"] = list(self.changed)
+        return out
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Lineage:
+        changed = data.get("changed")
         return cls(
             base=data.get("base"),
             full_build=data.get("full_build"),
             deltas=int(data["deltas"]),
             compacted=bool(data.get("compacted", False)),
+            changed=None if changed is None else tuple(str(c) for c in changed),
         )
 
 
