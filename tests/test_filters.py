@@ -144,29 +144,38 @@ trees = st.recursive(
 )
 
 
-@pytest.fixture(scope="module", params=["edge", "server"])
+@pytest.fixture(scope="module", params=["edge", "edge-indexed", "server"])
 def searched(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, tiny_encoder: Encoder
 ) -> Iterator[Retriever]:
-    """The corpus ingested (and a delta on top, so a filter spans shards) on either store."""
+    """The corpus ingested (and a delta on top, so a filter spans shards) on either store; on
+    Edge its shards are too small for payload indexes (a filter reads their payloads), and
+    "edge-indexed" builds them all the same, so both ways of filtering are held to the oracle."""
     tmp = tmp_path_factory.mktemp("filters")
     store: Store = (
-        EdgeStore(tmp / "edge")
-        if request.param == "edge"
-        else ServerStore(QdrantClient(":memory:"))
+        ServerStore(QdrantClient(":memory:"))
+        if request.param == "server"
+        else EdgeStore(tmp / "edge")
     )
     docs = corpus()
-    ingest_documents(
-        LoadedCorpus(tuple(docs[:30]), 0, "t"),
-        alias="kb",
-        encoder=tiny_encoder,
-        store=store,
-        lock_dir=tmp,
-        rebase_drift=1.0,
-    )
-    update_documents(
-        docs[30:], alias="kb", encoder=tiny_encoder, store=store, lock_dir=tmp, rebase_drift=1.0
-    )
+    with pytest.MonkeyPatch.context() as patch:
+        if request.param == "edge-indexed":
+            patch.setattr("rag_retriever.store.edge.INDEXED_SHARD_POINTS", 0)
+        ingest_documents(
+            LoadedCorpus(tuple(docs[:30]), 0, "t"),
+            alias="kb",
+            encoder=tiny_encoder,
+            store=store,
+            lock_dir=tmp,
+            rebase_drift=1.0,
+        )
+        update_documents(
+            docs[30:], alias="kb", encoder=tiny_encoder, store=store, lock_dir=tmp, rebase_drift=1.0
+        )
+    if isinstance(store, EdgeStore):
+        segments = store.manifest(store.resolve("kb")).segments
+        indexed = store._index_kinds(segments)
+        assert bool(indexed) == (request.param == "edge-indexed"), indexed
     yield Retriever(encoder=tiny_encoder, store=store, collection="kb")
     store.close()
 

@@ -136,6 +136,11 @@ MERGE_BATCH = 512
 # another compaction holds it (a probe holds it for microseconds).
 _MARKER_TRIES = 10
 _MARKER_RETRY_S = 0.01
+# A shard with fewer points gets no payload index: a filter reads their payloads, which costs
+# less than building the indexes did (10-30 ms each, holding the GIL: the bindings keep it in
+# their calls, and a serving process's queries wait), and an edit's delta shard holds a few
+# points. Merged shards and full builds past it are indexed as before.
+INDEXED_SHARD_POINTS = 1_000
 # The payload index kinds a shard reports (ShardInfo.payload_schema), as the store names them.
 _INDEX_KINDS: dict[str, IndexKind] = {"Keyword": "keyword", "Integer": "integer", "Bool": "bool"}
 
@@ -450,7 +455,8 @@ class EdgeStore(Store):
             self.collect_garbage(name.split("__", 1)[0])
 
     def _seal_segment(self, segment: str, indexes: Mapping[str, IndexKind]) -> int:
-        """Payload indexes, flush, optimize; returns the shard's point count."""
+        """Payload indexes (on a shard of at least INDEXED_SHARD_POINTS), flush, optimize;
+        returns the shard's point count."""
         edge = self._edge
         cold = getattr(edge.Memory, OPENED_MEMORY)
         kinds = {
@@ -460,12 +466,14 @@ class EdgeStore(Store):
         }
         shard = self._shard(segment)
         with engine_errors(f"sealing shard {segment}"):
-            for path, kind in indexes.items():
-                shard.update(edge.UpdateOperation.create_field_index(path, kinds[kind]))
+            points = int(shard.count(edge.CountRequest(exact=True)))
+            if points >= INDEXED_SHARD_POINTS:
+                for path, kind in indexes.items():
+                    shard.update(edge.UpdateOperation.create_field_index(path, kinds[kind]))
             shard.flush()
             shard.optimize()
             shard.flush()
-            return int(shard.count(edge.CountRequest(exact=True)))
+            return points
 
     def _compact(
         self,
