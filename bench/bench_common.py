@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -18,6 +20,25 @@ from typing import Any, TypeVar
 T = TypeVar("T")
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+
+
+def child_json(
+    script: str, args: list[str], env: dict[str, str], what: str, cwd: str | None = None
+) -> dict[str, Any]:
+    """`python -c script args` in a fresh process; the JSON object its last stdout line holds
+    (RuntimeError with the tail of its stderr, naming `what`, when it fails)."""
+    done = subprocess.run(
+        [sys.executable, "-c", script, *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"{what} failed:\n{done.stderr[-3000:]}")
+    result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    return result
 
 
 def shared_path(*parts: str) -> Path:

@@ -29,13 +29,11 @@ import argparse
 import json
 import math
 import os
-import subprocess
-import sys
 import tempfile
 from pathlib import Path
 from typing import Any
 
-from bench.bench_common import line, shared_path
+from bench.bench_common import child_json, line, shared_path
 
 HERE = Path(__file__).resolve().parents[1]
 SCIFACT_CHUNKS_PER_DOC = 2.39  # 12,382 chunks of 5,183 abstracts with MiniLM's 256 tokens
@@ -113,24 +111,8 @@ def _one(n_chunks: int, spill: bool) -> dict[str, Any]:
     n_docs = math.ceil(n_chunks / SCIFACT_CHUNKS_PER_DOC)
     with tempfile.TemporaryDirectory(prefix="bench-memory-") as work:
         env = {**os.environ, "PYTHONPATH": str(HERE)}
-        out = subprocess.run(
-            [
-                sys.executable,
-                "-c",
-                _CHILD,
-                str(shared_path("scifact", "docs.jsonl")),
-                str(n_docs),
-                "spill" if spill else "ram",
-                work,
-            ],
-            env=env,
-            capture_output=True,
-            text=True,
-            check=False,
-        )
-        if out.returncode != 0:
-            raise RuntimeError(f"bench_memory child failed:\n{out.stderr[-3000:]}")
-        result: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
+        args = [str(shared_path("scifact", "docs.jsonl")), str(n_docs), "spill" if spill else "ram"]
+        result = child_json(_CHILD, [*args, work], env, "bench_memory's build")
     result["grew"] = result["peak"] - result["before"]
     result["stages_grew"] = result["stages_peak"] - result["before"]
     return result

@@ -22,13 +22,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
-import sys
 import tempfile
 from pathlib import Path
 from typing import Any
 
-from bench.bench_common import shared_path
+from bench.bench_common import child_json, shared_path
 
 HERE = Path(__file__).resolve().parents[1]
 CORPORA = ("squad_v11_dev", "scifact")
@@ -82,17 +80,7 @@ STAGES = ("chunk", "encode", "write", "seal", "total")
 def ingest_with(checkout: Path) -> dict[str, Any]:
     args = [a for name in CORPORA for a in (name, str(shared_path(name, "docs.jsonl")))]
     env = {**os.environ, "PYTHONPATH": str(checkout), "RAG_LOG_LEVEL": "WARNING"}
-    done = subprocess.run(
-        [sys.executable, "-c", _CHILD, *args],
-        cwd=tempfile.gettempdir(),
-        env=env,
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    if done.returncode != 0:
-        raise RuntimeError(f"ingest with {checkout} failed:\n{done.stderr[-3000:]}")
-    result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    result = child_json(_CHILD, args, env, f"ingest with {checkout}", cwd=tempfile.gettempdir())
     if not result["writer"].startswith(str(checkout)):
         raise RuntimeError(f"{checkout} was not the code measured: {result['writer']}")
     return result
