@@ -111,3 +111,11 @@ class StoreUnavailable(RagError):
 
     http_status = 503
     code = "vector_store_unavailable"
+
+
+class NoTempSpace(RagError, OSError):
+    """The temp dir (TMPDIR) cannot hold what a full build keeps there: the chunks waiting for
+    the encoder (rag_retriever/ingest/spill.py). `errno` is the system's."""
+
+    http_status = 507
+    code = "insufficient_storage"

@@ -3,6 +3,8 @@ the pipeline's producer queue with it; and the tally a full build keeps instead 
 
 from __future__ import annotations
 
+import errno
+import io
 import os
 import queue
 import tempfile
@@ -13,6 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from rag_retriever.errors import NoTempSpace
 from rag_retriever.ingest.pipeline import Pipeline
 from rag_retriever.ingest.spill import SpillQueue
 from rag_retriever.ingest.writer import _payload_indexes, _Tally
@@ -75,6 +78,23 @@ def test_nothing_spills_while_the_reader_keeps_up() -> None:
         box.put(i)
         assert box.get(timeout=0) == i
     assert box.spilled == 0
+
+
+def test_a_full_temp_disk_says_where_and_what_to_do(monkeypatch: pytest.MonkeyPatch) -> None:
+    class Full(io.BytesIO):
+        def write(self, data: Any) -> int:
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(tempfile, "TemporaryFile", lambda **_: Full())
+    box = SpillQueue(memory=1)
+    box.put(1)
+    with pytest.raises(
+        NoTempSpace, match=r"No space left on device.*point TMPDIR at a disk"
+    ) as err:
+        box.put(2)
+    assert err.value.errno == errno.ENOSPC
+    assert box.get(timeout=0) == 1  # what was kept stays
+    box.close()
 
 
 def test_memory_below_one_item_is_refused() -> None:

@@ -17,7 +17,9 @@ unlinked at creation (`tempfile.TemporaryFile`), so a killed process leaves noth
 lives in the temp dir (`TMPDIR`).
 
 It answers `put(item, timeout)` and `get(timeout)` as `queue.Queue` does (`queue.Empty` when
-nothing comes within `timeout`), for one writer thread and one reader thread.
+nothing comes within `timeout`), for one writer thread and one reader thread. A temp dir that
+cannot take a spill (full, not writable) raises `NoTempSpace`, naming it and what to do: the CLI
+prints it as one line, exit 2, and the build removes its partial version.
 """
 
 from __future__ import annotations
@@ -28,6 +30,8 @@ import queue
 import tempfile
 import threading
 from typing import IO, Any
+
+from rag_retriever.errors import NoTempSpace
 
 
 class SpillQueue:
@@ -50,11 +54,19 @@ class SpillQueue:
             if not self._ends and len(self._ram) < self.memory:
                 self._ram.append(item)
             else:  # while anything is on disk, later items go after it there (the order holds)
-                if self._file is None:
-                    # closed by close()
-                    self._file = tempfile.TemporaryFile(prefix="rag-ingest-spill-")  # noqa: SIM115
-                self._file.seek(0, 2)
-                pickle.dump(item, self._file, protocol=pickle.HIGHEST_PROTOCOL)
+                try:
+                    if self._file is None:
+                        # closed by close()
+                        self._file = tempfile.TemporaryFile(prefix="rag-ingest-spill-")  # noqa: SIM115
+                    self._file.seek(0, 2)
+                    pickle.dump(item, self._file, protocol=pickle.HIGHEST_PROTOCOL)
+                except OSError as exc:
+                    raise NoTempSpace(
+                        exc.errno,
+                        f"cannot keep the chunks waiting for the encoder in {tempfile.gettempdir()} "
+                        f"({exc.strerror or exc}): a full build needs about 1.3 KB a chunk there; "
+                        "point TMPDIR at a disk with room",
+                    ) from exc
                 self._ends.append(self._file.tell())
                 self.spilled += 1
             self._ready.notify()
