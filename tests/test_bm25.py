@@ -9,11 +9,15 @@ from __future__ import annotations
 
 import json
 import math
+import re
+import unicodedata
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
 import pytest
+import Stemmer
 from hypothesis import given
 from hypothesis import strategies as st
 from qdrant_client import QdrantClient
@@ -184,6 +188,40 @@ def test_tokenizer_stems_lowercases_and_drops_stopwords() -> None:
     assert tok.analyze("Running") == [("running", "run")]
     assert tok.tokenize("the of and") == []
     assert tok.tokenize("Ｆｕｌｌ width") == ["full", "width"]  # NFKC
+
+
+def _analysed_afresh(text: str) -> list[tuple[str, str]]:
+    """The analysis without the tokenizer's memory of words (the oracle)."""
+    words = re.findall(r"\w+", unicodedata.normalize("NFKC", text).lower())
+    words = [w for w in words if w not in bm25_module.STOPWORDS]
+    return list(zip(words, Stemmer.Stemmer("english").stemWords(words), strict=True))
+
+
+_WORDS = st.sampled_from(
+    ["The", "running", "runs", "of", "Ｆｕｌｌ", "naïve", "café", "NORMANDY", "x2", "ß", "İ", "and"]
+)
+
+
+@given(st.lists(st.lists(_WORDS | st.text(max_size=12), max_size=12).map(" ".join), max_size=8))
+def test_tokenizer_memory_changes_no_term(texts: list[str]) -> None:
+    """A memory of 5 words starts again many times: every text is analysed as afresh."""
+    tok = Tokenizer()
+    for text in [*texts, *texts]:  # the second pass reads what the first remembered
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(bm25_module, "MEMO_WORDS", 5)
+            assert tok.analyze(text) == _analysed_afresh(text)
+            assert tok.tokenize(text) == [term for _, term in _analysed_afresh(text)]
+
+
+def test_tokenizer_shared_by_threads_analyses_as_afresh(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Threads that learn and start the memory again at once still get every text's terms."""
+    monkeypatch.setattr(bm25_module, "MEMO_WORDS", 50)
+    texts = [f"running dogs {i} of the café {i % 7} apples{i % 13} NORMANDY" for i in range(400)]
+    expected = [[t for _, t in _analysed_afresh(text)] for text in texts]
+    tok = Tokenizer()
+    with ThreadPoolExecutor(4) as pool:
+        for _ in range(5):
+            assert list(pool.map(tok.tokenize, texts)) == expected
 
 
 def test_empty_corpus_is_refused() -> None:

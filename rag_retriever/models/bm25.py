@@ -42,7 +42,7 @@ import unicodedata
 from collections import Counter
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from functools import cached_property
+from functools import cached_property, lru_cache
 from typing import Any, Protocol
 
 import numpy as np
@@ -191,33 +191,70 @@ STOPWORDS = frozenset(
 _WORD = re.compile(r"\w+")
 
 
+# Words whose analysis a tokenizer remembers (a word -> its term, or None for a stop word): a
+# corpus repeats its words, and stemming each again was a third of an ingest's BM25 analysis.
+# Past this many the memory starts again (a few tens of MB at most).
+MEMO_WORDS = 500_000
+
+
 class Tokenizer:
-    """The BM25 analyzer; `analyze` keeps each term's surface word for explanations."""
+    """The BM25 analyzer; `analyze` keeps each term's surface word for explanations. Safe to
+    share between threads."""
 
     name = TOKENIZER_NAME
 
     def __init__(self) -> None:
         self._stemmer = Stemmer.Stemmer("english")
+        self._memo: dict[str, str | None] = {}
 
     def analyze(self, text: str) -> list[tuple[str, str]]:
         """(surface word, index term) pairs, stop words removed."""
-        words = [w for w in _WORD.findall(unicodedata.normalize("NFKC", text).lower())]
-        words = [w for w in words if w not in STOPWORDS]
-        return list(zip(words, self._stemmer.stemWords(words), strict=True))
+        words = _words(text)
+        return [(w, t) for w, t in zip(words, self._terms(words), strict=True) if t is not None]
 
     def tokenize(self, text: str) -> list[str]:
-        return [term for _, term in self.analyze(text)]
+        return [t for t in self._terms(_words(text)) if t is not None]
 
     def tokenize_many(self, texts: Sequence[str]) -> list[list[str]]:
         return [self.tokenize(t) for t in texts]
+
+    def _terms(self, words: list[str]) -> list[str | None]:
+        """Each word's term (None: a stop word), from the memory; the words it lacks are
+        analysed together and learnt. Reads only its own `terms` after a miss, so another
+        thread that starts the memory again meanwhile changes nothing here."""
+        memo = self._memo
+        try:
+            return [memo[w] for w in words]
+        except KeyError:
+            pass
+        terms = {w: memo.get(w, _UNKNOWN) for w in words}
+        new = [w for w, t in terms.items() if t is _UNKNOWN and w not in STOPWORDS]
+        learnt: dict[str, str | None] = dict.fromkeys(
+            (w for w, t in terms.items() if t is _UNKNOWN and w in STOPWORDS), None
+        )
+        learnt.update(zip(new, self._stemmer.stemWords(new), strict=True))
+        if len(memo) + len(learnt) > MEMO_WORDS:
+            memo.clear()
+        memo.update(learnt)
+        terms.update(learnt)
+        return [terms[w] for w in words]  # no word is left unknown
+
+
+_UNKNOWN: Any = object()
+
+
+def _words(text: str) -> list[str]:
+    return _WORD.findall(unicodedata.normalize("NFKC", text).lower())
 
 
 # Qdrant's sparse vector indices are unsigned 32-bit integers.
 INDEX_SPACE = 2**32
 
 
+@lru_cache(maxsize=1 << 20)
 def term_index(term: str) -> int:
-    """The default sparse index of an analysed term: the first 4 bytes of its BLAKE2b digest."""
+    """The default sparse index of an analysed term: the first 4 bytes of its BLAKE2b digest
+    (remembered: an ingest asks again for each chunk holding the term)."""
     digest = hashlib.blake2b(term.encode("utf-8"), digest_size=4).digest()
     return int.from_bytes(digest, "little")
 
@@ -288,8 +325,12 @@ class BM25Stats:
         rank-bm25's float64 expression (the IDF is the query's)."""
         k1, b = self.k1, self.b
         norm = k1 * (1 - b + b * len(terms) / self.avgdl)
-        return _sorted_vector(
-            {self.index_of(t): tf * (k1 + 1) / (tf + norm) for t, tf in Counter(terms).items()}
+        scale = k1 + 1
+        index_of = self.index_of
+        counts = {index_of(t): tf for t, tf in Counter(terms).items()}
+        order = sorted(counts)
+        return SparseVector(
+            tuple(order), tuple(counts[i] * scale / (counts[i] + norm) for i in order)
         )
 
     def to_json(self) -> dict[str, Any]:
