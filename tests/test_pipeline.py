@@ -148,27 +148,38 @@ def _docs(n: int) -> list[Document]:
     ]
 
 
-@pytest.mark.parametrize("spill_after", [10**6, 1])
+@pytest.mark.parametrize(
+    ("spill_after", "write_process"), [(10**6, False), (1, False), (10**6, True)]
+)
 def test_the_pipelined_collection_is_the_sequential_one(
     store: Store,
     tiny_encoder: Encoder,
     monkeypatch: pytest.MonkeyPatch,
     caplog: pytest.LogCaptureFixture,
     spill_after: int,
+    write_process: bool,
 ) -> None:
     """Oracle: the chunker, BM25 over every chunk, and the encoder called on the same blocks,
     one after another; every point's dense vector, sparse vector and payload match, also when
-    the chunked blocks waiting for the encoder went to disk and back (spill_after=1)."""
+    the chunked blocks waiting for the encoder went to disk and back (spill_after=1), and when
+    Edge's writer process wrote the points (store/edge_writer.py)."""
     monkeypatch.setattr("rag_retriever.ingest.writer.ENCODE_BLOCK", 8)
     monkeypatch.setattr("rag_retriever.ingest.writer.UPSERT_BATCH", 3)
     monkeypatch.setattr("rag_retriever.ingest.writer.SPILL_AFTER", spill_after)
+    monkeypatch.setattr(
+        "rag_retriever.ingest.writer.WRITE_PROCESS_MIN_CHUNKS", 0 if write_process else 10**12
+    )
     docs = _docs(80)
-    with caplog.at_level("INFO", logger="rag_retriever.ingest.writer"):
+    with (
+        caplog.at_level("INFO", logger="rag_retriever.ingest.writer"),
+        caplog.at_level("DEBUG", logger="rag_retriever.store.edge"),
+    ):
         report = ingest_documents(
             LoadedCorpus(tuple(docs), 0, "test"), alias="kb", encoder=tiny_encoder, store=store
         )
     # the write waits for the last chunk, so the blocks past the queues' few waited on disk
     assert ("waited on disk" in caplog.text) == (spill_after == 1)
+    assert ("by a process of their own" in caplog.text) == write_process
     config = chunking_config_for(tiny_encoder, 200, 48)
     chunks = Chunker(tiny_encoder.count_tokens, config).chunk_all(docs)
     terms = [Tokenizer().tokenize(c.embed_text) for c in chunks]
@@ -321,6 +332,9 @@ from rag_retriever.store import EdgeStore
 from tests.word_counters import words
 
 stage = sys.argv[2]
+if stage == "write-process":  # Edge's writer process holds the shard while the stage works
+    writer.WRITE_PROCESS_MIN_CHUNKS = 0
+    stage = "write"
 said = []
 
 def work(name):
@@ -363,13 +377,14 @@ writer.ingest_documents(LoadedCorpus(tuple(docs), 0, "t"), alias="kb", encoder=E
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("stage", ["tokenise", "encode", "write"])
+@pytest.mark.parametrize("stage", ["tokenise", "encode", "write", "write-process"])
 def test_a_sigterm_while_a_stage_works_stops_the_ingest_and_serves_nothing(
     stage: str, tmp_path: Path, tiny_encoder: Encoder
 ) -> None:
     """SIGTERM while the tokenise, encode or write stage is at work (the chunk stage's case is
-    the test above): the command exits 143, the partial version is removed, the version served
-    before is served still, and the next ingest of the alias succeeds (its lock was released)."""
+    the test above; write-process: Edge's writer process holds the shard): the command exits
+    143, the partial version is removed, the version served before is served still, and the
+    next ingest of the alias succeeds (its lock was released)."""
     root = tmp_path / "edge"
     corpus = LoadedCorpus(tuple(_docs(3)), 0, "t")
     served = ingest_documents(
@@ -386,7 +401,7 @@ def test_a_sigterm_while_a_stage_works_stops_the_ingest_and_serves_nothing(
     try:
         assert proc.stdout is not None and proc.stderr is not None
         line = proc.stdout.readline()
-        assert line == f"in {stage}\n", proc.stderr.read()
+        assert line == f"in {stage.removesuffix('-process')}\n", proc.stderr.read()
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=300)  # a hang guard: how fast it stops is bench/bench_stop.py's
         assert proc.returncode == 143, proc.stderr.read()

@@ -22,17 +22,16 @@ the CLI's SIGTERM exception), and on Linux receive SIGTERM if the parent dies wi
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
 import multiprocessing
 import os
-import signal
-import sys
 import threading
 from collections.abc import Iterator, Sequence
 
 from rag_retriever.ingest.chunking import Chunker, ChunkingConfig, TokenCounter
+from rag_retriever.processes import become_helper, cores, spawning
 from rag_retriever.records import Chunk, Document
+
+__all__ = ["chunk_documents", "cores", "default_workers", "iter_chunk_documents"]
 
 # Documents per task: big enough that pickling and the task round trip stay small next to the
 # chunking (~0.3 ms per SciFact abstract), small enough that the two workers finish together.
@@ -46,18 +45,8 @@ MIN_TASKS_FOR_WORKERS = 4
 MAX_CORES_IN_PROCESS = 2
 # How often a waiting iter_chunk_documents looks at its `stop` event.
 _POLL_S = 0.05
-# prctl(2): PR_SET_PDEATHSIG asks the kernel for a signal when the parent process exits.
-_PR_SET_PDEATHSIG = 1
 
 _chunker: Chunker | None = None  # one per worker process, built by _start_worker
-
-
-def cores() -> int:
-    """The CPU cores this process may run on."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        return os.cpu_count() or 1
 
 
 def default_workers() -> int:
@@ -116,18 +105,12 @@ def iter_chunk_documents(
     # spawn, not fork: the parent holds torch's and the encoder's threads, and a forked copy of
     # a multi-threaded process can deadlock on a lock some thread held.
     context = multiprocessing.get_context("spawn")
-    # Workers start with SIGINT blocked (a child inherits the mask): Ctrl-C, which reaches the
-    # whole process group, interrupts the parent alone, even while a worker is still starting.
-    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
-    try:
-        with _main_module_hidden():
-            pool = context.Pool(
-                min(workers, len(slices)),
-                initializer=_start_worker,
-                initargs=(count_tokens, config, os.getpid()),
-            )
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
+    with spawning():
+        pool = context.Pool(
+            min(workers, len(slices)),
+            initializer=_start_worker,
+            initargs=(count_tokens, config, os.getpid()),
+        )
     try:
         results = pool.imap(_chunk_slice, slices)
         for _ in slices:
@@ -146,33 +129,9 @@ def iter_chunk_documents(
         pool.join()
 
 
-@contextlib.contextmanager
-def _main_module_hidden() -> Iterator[None]:
-    """A spawned worker runs the parent's main module again before its first task (the CLI, a
-    benchmark script: torch and transformers, seconds per worker; measured on 16 cores, 8
-    workers chunked SciFact 6x slower than one process). The chunker needs none of it, so the
-    workers are started with the main module's name and path hidden, as for `python -c`."""
-    main = sys.modules["__main__"]
-    saved = {name: getattr(main, name) for name in ("__spec__", "__file__") if hasattr(main, name)}
-    main.__spec__ = None
-    if hasattr(main, "__file__"):
-        del main.__file__
-    try:
-        yield
-    finally:
-        for name, value in saved.items():
-            setattr(main, name, value)
-
-
 def _start_worker(count_tokens: TokenCounter, config: ChunkingConfig, parent: int) -> None:
     global _chunker
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    if sys.platform == "linux":
-        # not glibc: pool.terminate alone stops the workers
-        with contextlib.suppress(OSError, AttributeError):
-            ctypes.CDLL(None).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
-        if os.getppid() != parent:  # the parent died before prctl took effect
-            os._exit(1)
+    become_helper(parent)
     # one tokenizer thread per worker: the workers are the parallelism
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
     _chunker = Chunker(count_tokens, config)

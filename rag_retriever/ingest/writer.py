@@ -124,6 +124,10 @@ LOOKUP_BATCH = 256
 # Encoded blocks waiting for the write stage: one being written, one ready, while the next one
 # is encoded (rag_retriever/ingest/pipeline.py); each is ENCODE_BLOCK x dim float32 (1.5 MB for MiniLM).
 PIPELINE_DEPTH = 2
+# A full build of at least this many chunks upserts from a process of its own (Store.bulk_write;
+# Edge: rag_retriever/store/edge_writer.py), off the interpreter lock the other stages share;
+# the process's start (~0.3 s) is then a few percent of the write.
+WRITE_PROCESS_MIN_CHUNKS = 10_000
 # Blocks the chunk stage of a full build may have ready in RAM before the encoder takes them;
 # the rest wait on disk (rag_retriever/ingest/spill.py), so a build's memory does not grow with
 # its corpus: 8 blocks is 8,192 chunks, about 20 MB (2.3 KB a chunk with its terms, measured by
@@ -605,6 +609,7 @@ class _Job:
         pipeline: Pipeline[_Block, _Encoded] = Pipeline(PIPELINE_DEPTH, spill_after=SPILL_AFTER)
         chunked = _Chunked(tally=_Tally(c for cs in live.chunks.values() for c in cs))
         built: list[tuple[BM25Model, VersionRecord]] = []
+        writing = contextlib.ExitStack()
 
         def create() -> BM25Model:  # the write stage, before its first upsert
             pipeline.wait(chunked.done)
@@ -614,10 +619,12 @@ class _Job:
             record = self._new_record(version, bm25, Lineage(full_build=name), corpus.source)
             with self._store_lock:
                 self.store.create(name, self.encoder.fingerprint.dim, record)
+                if chunked.tally.chunks >= WRITE_PROCESS_MIN_CHUNKS:
+                    writing.enter_context(self.store.bulk_write(name))
             built.append((bm25, record))
             return bm25
 
-        with self._building(name):
+        with self._building(name), writing:
             stats = self._write(
                 pipeline,
                 name,
@@ -634,6 +641,7 @@ class _Job:
                     "%s: %d blocks of chunks waited on disk for the encoder", name, pipeline.spilled
                 )
             bm25, record = built[0]
+            writing.close()  # a writer process flushes its shard
             self._finish(name, record, bm25, chunked.tally, documents=len(corpus.documents))
         return self._report(
             corpus,

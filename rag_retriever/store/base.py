@@ -199,6 +199,13 @@ class Store(ABC):
         payloads: Sequence[Mapping[str, Any]],
     ) -> None: ...
 
+    @contextlib.contextmanager
+    def bulk_write(self, name: str) -> Iterator[None]:
+        """Around the upserts of a large build into `name` (created, not yet sealed): an engine
+        may write them from a process of its own (Edge). Leaving it normally, the points are all
+        written; leaving it by an exception, they may not be, and the caller deletes `name`."""
+        yield
+
     @abstractmethod
     def seal(self, name: str, indexes: Mapping[str, IndexKind], *, merge_base: bool = True) -> None:
         """Make a fully written collection fast and durable: payload indexes (path -> kind),

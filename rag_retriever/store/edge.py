@@ -93,6 +93,7 @@ from rag_retriever.store.base import (
     metadata_path,
     parse_collection_name,
 )
+from rag_retriever.store.edge_writer import ShardWriter, engine_points
 from rag_retriever.store.files import read_json, write_atomic
 from rag_retriever.store.record import VersionRecord
 from rag_retriever.store.shards import (
@@ -202,6 +203,8 @@ class EdgeStore(Store):
         # (version, shard) -> its tombstone condition, built once: a query reuses it
         self._excluded: dict[tuple[str, str], Any] = {}
         self._dims: dict[str, int] = {}
+        # shard -> the process writing it (bulk_write)
+        self._writers: dict[str, ShardWriter] = {}
         self._lock = threading.Lock()
 
     @property
@@ -423,19 +426,35 @@ class EdgeStore(Store):
         sparse: Sequence[SparseVector],
         payloads: Sequence[Mapping[str, Any]],
     ) -> None:
-        edge = self._edge
-        points = [
-            edge.Point(
-                pid,
-                {
-                    DENSE: vec.tolist(),
-                    SPARSE: edge.SparseVector(list(sp.indices), list(sp.values)),
-                },
-                dict(payload),
-            )
-            for pid, vec, sp, payload in zip(ids, dense, sparse, payloads, strict=True)
-        ]
-        self._write_points(segment, points)
+        writer = self._writers.get(segment)
+        if writer is not None:
+            writer.upsert(ids, dense, sparse, payloads)
+            return
+        sparse_pairs = [(s.indices, s.values) for s in sparse]
+        self._write_points(segment, engine_points(self._edge, ids, dense, sparse_pairs, payloads))
+
+    @contextlib.contextmanager
+    def bulk_write(self, name: str) -> Iterator[None]:
+        """The upserts into `name`'s own shard go to a process of its own (edge_writer.py): the
+        shard is closed here, written there, flushed and closed there on a normal exit (then
+        opened here again on first use, by the seal); on an exception the process is killed
+        unflushed and the exception raised again, for the caller to delete the version."""
+        own = self._own(name)
+        with self._lock:
+            shard = self._shards.pop(own, None)
+        if shard is not None:
+            shard.close()
+        writer = ShardWriter(str(self._segment_dir(own)))
+        self._writers[own] = writer
+        try:
+            yield
+        except BaseException:
+            writer.kill()
+            raise
+        finally:
+            self._writers.pop(own, None)
+        log.debug("%s: %d batches written by a process of their own", name, writer.batches)
+        writer.close()
 
     def _write_points(self, segment: str, points: Sequence[Any]) -> None:
         """Upsert the engine's `Point`s into a shard being written."""

@@ -1,0 +1,162 @@
+"""Edge's writer process (rag_retriever/store/edge_writer.py): what it writes is what the
+store writes itself, its errors reach the caller as StoreUnavailable, and it never outlives the
+build or its parent."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from rag_retriever.errors import StoreUnavailable
+from rag_retriever.models.bm25 import BM25Model, SparseVector
+from rag_retriever.store import EdgeStore
+from rag_retriever.store.record import bare_record
+
+ROOT = Path(__file__).resolve().parents[1]
+DIM = 8
+
+
+def _batch(first: int, n: int) -> tuple[list[str], np.ndarray, list[SparseVector], list[dict]]:
+    ids = [f"00000000-0000-0000-0000-{i:012d}" for i in range(first, first + n)]
+    rng = np.random.default_rng(first)
+    dense = rng.standard_normal((n, DIM)).astype(np.float32)
+    sparse = [SparseVector((i, i + 7), (0.5, float(i))) for i in range(first, first + n)]
+    payloads = [
+        {"chunk_id": pid, "text": f"text {i}", "metadata": {"n": i}} for i, pid in enumerate(ids)
+    ]
+    return ids, dense, sparse, payloads
+
+
+def _create(store: EdgeStore, name: str) -> None:
+    bm25 = BM25Model.build([["a"]])
+    store.create(name, DIM, bare_record(name, dim=DIM, bm25=bm25.stats))
+
+
+def test_points_written_by_the_process_equal_those_written_here(tmp_path: Path) -> None:
+    """Oracle: the same batches upserted in this process into another version."""
+    store = EdgeStore(tmp_path / "edge")
+    _create(store, "a__m__v1")
+    _create(store, "a__m__v2")
+    batches = [_batch(first, 30) for first in range(0, 90, 30)]
+    with store.bulk_write("a__m__v1"):
+        for batch in batches:
+            store.upsert("a__m__v1", *batch)
+    for batch in batches:
+        store.upsert("a__m__v2", *batch)
+    for name in ("a__m__v1", "a__m__v2"):
+        store.seal(name, {})
+    ids = [pid for batch in batches for pid in batch[0]]
+    got = store.retrieve("a__m__v1", ids, with_dense=True, with_sparse=True)
+    want = store.retrieve("a__m__v2", ids, with_dense=True, with_sparse=True)
+    assert len(got) == len(want) == 90 == store.count("a__m__v1")
+    for g, w in zip(sorted(got, key=lambda r: r.id), sorted(want, key=lambda r: r.id), strict=True):
+        assert g.id == w.id and dict(g.payload) == dict(w.payload)
+        assert g.dense is not None and w.dense is not None and np.array_equal(g.dense, w.dense)
+        assert g.sparse == w.sparse
+    store.close()
+
+
+def test_an_engine_error_in_the_process_is_raised_here_and_ends_it(tmp_path: Path) -> None:
+    """A vector of the wrong size fails inside the writer process: the caller gets the engine's
+    message as StoreUnavailable, and the process is gone."""
+    store = EdgeStore(tmp_path / "edge")
+    _create(store, "a__m__v1")
+    ids, _, sparse, payloads = _batch(0, 3)
+    with (
+        pytest.raises(StoreUnavailable, match="the Qdrant engine failed writing") as raised,
+        store.bulk_write("a__m__v1"),
+    ):
+        writer = store._writers[store._own("a__m__v1")]
+        store.upsert("a__m__v1", ids, np.ones((3, DIM + 1), np.float32), sparse, payloads)
+        for _ in range(100):  # the error is raised by an upsert after it, or by close
+            time.sleep(0.02)
+            store.upsert("a__m__v1", *_batch(3, 3))
+    assert "dim" in str(raised.value).lower() or "vector" in str(raised.value).lower()
+    assert not writer._process.is_alive()
+    store.delete("a__m__v1")
+    store.close()
+
+
+def test_a_writer_process_that_dies_is_a_clear_error(tmp_path: Path) -> None:
+    store = EdgeStore(tmp_path / "edge")
+    _create(store, "a__m__v1")
+    with (
+        pytest.raises(StoreUnavailable, match=r"exited \(code -9\) before the build"),
+        store.bulk_write("a__m__v1"),
+    ):
+        writer = store._writers[store._own("a__m__v1")]
+        store.upsert("a__m__v1", *_batch(0, 3))
+        assert writer._process.pid is not None
+        os.kill(writer._process.pid, signal.SIGKILL)
+        writer._process.join(10)
+        store.upsert("a__m__v1", *_batch(3, 3))
+    store.close()
+
+
+def test_an_exception_in_the_build_kills_the_process_unflushed(tmp_path: Path) -> None:
+    store = EdgeStore(tmp_path / "edge")
+    _create(store, "a__m__v1")
+    with pytest.raises(KeyboardInterrupt), store.bulk_write("a__m__v1"):
+        writer = store._writers[store._own("a__m__v1")]
+        store.upsert("a__m__v1", *_batch(0, 3))
+        raise KeyboardInterrupt
+    assert not writer._process.is_alive() and writer._process.exitcode == -signal.SIGKILL
+    assert not store._writers
+    store.delete("a__m__v1")
+    assert store.collection_names() == []
+    store.close()
+
+
+_ORPHAN = """
+import sys, time
+from pathlib import Path
+from rag_retriever.models.bm25 import BM25Model
+from rag_retriever.store import EdgeStore
+from rag_retriever.store.record import bare_record
+store = EdgeStore(Path(sys.argv[1]))
+store.create("a__m__v1", 8, bare_record("a__m__v1", dim=8, bm25=BM25Model.build([["a"]]).stats))
+with store.bulk_write("a__m__v1"):
+    print(store._writers[store._own("a__m__v1")]._process.pid, flush=True)
+    time.sleep(600)
+"""
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="reads /proc")
+def test_the_process_ends_when_its_parent_is_killed(tmp_path: Path) -> None:
+    """SIGKILL of the build's process: its writer sees the pipe close and exits."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _ORPHAN, str(tmp_path / "edge")],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        child = int(proc.stdout.readline())
+        assert Path(f"/proc/{child}").exists()
+        proc.kill()
+        proc.wait(timeout=60)
+        deadline = time.monotonic() + 60  # a hang guard, not a speed check
+        while _running(child) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not _running(child)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
+def _running(pid: int) -> bool:
+    """Alive and not a zombie (an orphan's zombie is reaped by init, maybe later)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    return state != "Z"
