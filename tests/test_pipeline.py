@@ -10,7 +10,6 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pytest
@@ -21,7 +20,6 @@ from rag_retriever.ingest.pipeline import Pipeline
 from rag_retriever.ingest.writer import chunking_config_for, document_hash, ingest_documents
 from rag_retriever.models.bm25 import BM25Model, Tokenizer
 from rag_retriever.models.encoder import Encoder
-from rag_retriever.processes import CallProcess
 from rag_retriever.records import Document
 from rag_retriever.store import EdgeStore, Store
 from tests.test_parallel_chunking import ROOT, _alive, _wait_gone, start_with_workers
@@ -150,36 +148,27 @@ def _docs(n: int) -> list[Document]:
     ]
 
 
-@pytest.mark.parametrize(("spill_after", "helpers"), [(10**6, False), (1, False), (10**6, True)])
+@pytest.mark.parametrize(
+    ("spill_after", "write_process"), [(10**6, False), (1, False), (10**6, True)]
+)
 def test_the_pipelined_collection_is_the_sequential_one(
     store: Store,
     tiny_encoder: Encoder,
     monkeypatch: pytest.MonkeyPatch,
     caplog: pytest.LogCaptureFixture,
     spill_after: int,
-    helpers: bool,
+    write_process: bool,
 ) -> None:
     """Oracle: the chunker, BM25 over every chunk, and the encoder called on the same blocks,
     one after another; every point's dense vector, sparse vector and payload match, also when
     the chunked blocks waiting for the encoder went to disk and back (spill_after=1), and when
-    helper processes tokenised the chunks and (Edge) wrote the points (helpers)."""
+    Edge's writer process wrote the points (store/edge_writer.py)."""
     monkeypatch.setattr("rag_retriever.ingest.writer.ENCODE_BLOCK", 8)
     monkeypatch.setattr("rag_retriever.ingest.writer.UPSERT_BATCH", 3)
     monkeypatch.setattr("rag_retriever.ingest.writer.SPILL_AFTER", spill_after)
-    if helpers:  # whatever this machine's cores
-        monkeypatch.setattr("rag_retriever.ingest.writer.HELPER_PROCESS_MIN_CORES", 0)
-        monkeypatch.setattr("rag_retriever.ingest.writer.WRITE_PROCESS_MIN_CHUNKS", 0)
-        monkeypatch.setattr("rag_retriever.ingest.writer.TOKENIZE_PROCESS_MIN_DOCUMENTS", 0)
-    else:
-        monkeypatch.setattr("rag_retriever.ingest.writer.HELPER_PROCESS_MIN_CORES", 10**6)
-    started: list[str] = []
-    real_init = CallProcess.__init__
-
-    def counted(self: CallProcess, function: Any, label: str) -> None:
-        started.append(label)
-        real_init(self, function, label)
-
-    monkeypatch.setattr(CallProcess, "__init__", counted)
+    monkeypatch.setattr(
+        "rag_retriever.ingest.writer.WRITE_PROCESS_MIN_CHUNKS", 0 if write_process else 10**12
+    )
     docs = _docs(80)
     with (
         caplog.at_level("INFO", logger="rag_retriever.ingest.writer"),
@@ -190,8 +179,7 @@ def test_the_pipelined_collection_is_the_sequential_one(
         )
     # the write waits for the last chunk, so the blocks past the queues' few waited on disk
     assert ("waited on disk" in caplog.text) == (spill_after == 1)
-    assert ("by a process of their own" in caplog.text) == helpers
-    assert started == (["tokenizer"] if helpers else [])
+    assert ("by a process of their own" in caplog.text) == write_process
     config = chunking_config_for(tiny_encoder, 200, 48)
     chunks = Chunker(tiny_encoder.count_tokens, config).chunk_all(docs)
     terms = [Tokenizer().tokenize(c.embed_text) for c in chunks]
@@ -345,7 +333,7 @@ from tests.word_counters import words
 
 stage = sys.argv[2]
 if stage == "write-process":  # Edge's writer process holds the shard while the stage works
-    writer.WRITE_PROCESS_MIN_CHUNKS = writer.HELPER_PROCESS_MIN_CORES = 0
+    writer.WRITE_PROCESS_MIN_CHUNKS = 0
     stage = "write"
 said = []
 

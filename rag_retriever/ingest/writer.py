@@ -82,7 +82,6 @@ from rag_retriever.ingest.pipeline import Pipeline, StageStopped
 from rag_retriever.ingest.validation import validate_delete_ids, validate_documents
 from rag_retriever.ingest.versions import documents_of
 from rag_retriever.models.bm25 import BM25Counts, BM25Model, Tokenizer
-from rag_retriever.processes import CallProcess, cores
 from rag_retriever.progress import progress as progress_of
 from rag_retriever.records import (
     Chunk,
@@ -129,13 +128,6 @@ PIPELINE_DEPTH = 2
 # Edge: rag_retriever/store/edge_writer.py), off the interpreter lock the other stages share;
 # the process's start (~0.3 s) is then a few percent of the write.
 WRITE_PROCESS_MIN_CHUNKS = 10_000
-# A build of at least this many documents (SciFact's abstracts: about 10,000 chunks) tokenises
-# for the encoder in a process of its own (rag_retriever/processes.py `CallProcess`): the fast
-# tokenizer's Rust part runs unlocked, but turning its output into lists is Python under the lock.
-TOKENIZE_PROCESS_MIN_DOCUMENTS = 4_000
-# Both only on machines of this many cores: on 2 the cores, not the lock, are the bound (the
-# tokenizer's process made a GPU-like ingest 4% slower there, the writer's changed nothing).
-HELPER_PROCESS_MIN_CORES = 3
 # Blocks the chunk stage of a full build may have ready in RAM before the encoder takes them;
 # the rest wait on disk (rag_retriever/ingest/spill.py), so a build's memory does not grow with
 # its corpus: 8 blocks is 8,192 chunks, about 20 MB (2.3 KB a chunk with its terms, measured by
@@ -627,10 +619,7 @@ class _Job:
             record = self._new_record(version, bm25, Lineage(full_build=name), corpus.source)
             with self._store_lock:
                 self.store.create(name, self.encoder.fingerprint.dim, record)
-                if (
-                    chunked.tally.chunks >= WRITE_PROCESS_MIN_CHUNKS
-                    and cores() >= HELPER_PROCESS_MIN_CORES
-                ):
+                if chunked.tally.chunks >= WRITE_PROCESS_MIN_CHUNKS:
                     writing.enter_context(self.store.bulk_write(name))
             built.append((bm25, record))
             return bm25
@@ -801,24 +790,13 @@ class _Job:
         ]
         tokenised, embedded, written = bars
 
-        helpers: list[CallProcess[list[str], Any]] = []
-
         def tokenize(block: _Block) -> _Block:
             """The tokenise stage: vectors reused from the live version, and the rest
-            tokenised (by an encoder that can) while the previous block is encoded; in a
-            large build, by a process of its own (TOKENIZE_PROCESS_MIN_DOCUMENTS)."""
+            tokenised (by an encoder that can) while the previous block is encoded."""
             # blocks come only with chunks to embed: the encoder is loaded here, not before
             # (a write that only deletes never loads it)
             encoder = self.encoder
             preparing = encoder if isinstance(encoder, PreparingEncoder) else None
-            function = getattr(encoder, "passage_tokenizer", None)
-            if (
-                not helpers
-                and function is not None
-                and len(hashes) >= TOKENIZE_PROCESS_MIN_DOCUMENTS
-                and cores() >= HELPER_PROCESS_MIN_CORES
-            ):
-                helpers.append(CallProcess(function, "tokenizer"))
             vectors = np.empty((len(block.chunks), encoder.fingerprint.dim), np.float32)
             with self._store_lock:
                 found = self._vectors(reuse_from, reusable, [c.content_hash for c in block.chunks])
@@ -829,10 +807,7 @@ class _Job:
                 else:
                     todo.append(i)
             texts = [block.chunks[i].embed_text for i in todo]
-            if preparing and todo:
-                prepared = helpers[0](texts) if helpers else preparing.prepare_passages(texts)
-            else:
-                prepared = texts
+            prepared = preparing.prepare_passages(texts) if preparing and todo else texts
             tokenised.update(len(block.chunks))
             return dataclasses.replace(block, vectors=vectors, todo=todo, prepared=prepared)
 
@@ -883,8 +858,6 @@ class _Job:
         finally:
             for bar in bars:
                 bar.close()
-            for helper in helpers:
-                helper.close()
         self.timings["tokenize"] = round(pipeline.busy_s["prepare"], 3)
         self.timings["encode"] = round(busy["encode"], 3)
         self.timings["write"] = round(busy["write"], 3)

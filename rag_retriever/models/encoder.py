@@ -218,13 +218,8 @@ class Encoder:
         """The first half of `encode_passages`, on the CPU: the passages tokenised (with the
         passage prefix), for `encode_prepared`. The ingest runs it in its own pipeline stage, so
         the device never waits for the tokenizer."""
-        return self.passage_tokenizer(passages)
-
-    @property
-    def passage_tokenizer(self) -> PassageTokenizer:
-        """`prepare_passages` as a picklable function, for a helper process (a large ingest's
-        tokenise stage: rag_retriever/processes.py `CallProcess`)."""
-        return PassageTokenizer(self.tokenizer, self.profile.passage_prefix, self.max_seq_length)
+        texts = [self.profile.passage_prefix + p for p in passages]
+        return tokenize(self.tokenizer, texts, self.max_seq_length)
 
     def encode_prepared(self, tokens: Tokens, *, progress: bool = False) -> Encoded:
         """The second half: vectors of what `prepare_passages` tokenised (the same vectors as
@@ -421,19 +416,6 @@ class Tokens:
             else:
                 out[i, : len(row)] = row
         return torch.from_numpy(out)
-
-
-@dataclass(frozen=True)
-class PassageTokenizer:
-    """Passages -> `Tokens` with the passage prefix, as `Encoder.prepare_passages`; holds only
-    the tokenizer, so it pickles (into a helper process) without the model."""
-
-    tokenizer: Any
-    prefix: str
-    max_length: int
-
-    def __call__(self, passages: Sequence[str]) -> Tokens:
-        return tokenize(self.tokenizer, [self.prefix + p for p in passages], self.max_length)
 
 
 def tokenize(tokenizer: Any, texts: Sequence[str], max_length: int) -> Tokens:
