@@ -113,6 +113,7 @@ class ShardWriter:
                 )
             kind, message = self._conn.recv()
         except (BrokenPipeError, ConnectionResetError, EOFError):
+            self._raise_reported()  # the error it sent before it stopped, if any
             raise self._gone() from None
         finally:
             self._end(KILL_TIMEOUT_S)
@@ -156,8 +157,8 @@ def _serve(directory: str, conn: Connection, parent: int) -> None:
     become_helper(parent, end_with_parent=False)  # started by the write stage's thread
     import qdrant_edge as edge
 
-    shard = edge.EdgeShard.load(directory)
     try:
+        shard = edge.EdgeShard.load(directory)
         while True:
             try:
                 kind, batch = conn.recv()
