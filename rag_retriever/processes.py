@@ -1,6 +1,7 @@
 """Helper processes: started by spawn without the parent's main module, deaf to Ctrl-C, ended
-with their parent. Used by the chunking workers (rag_retriever/ingest/parallel_chunking.py) and
-the shard writer (rag_retriever/store/edge_writer.py).
+with their parent. Used by the chunking workers (rag_retriever/ingest/parallel_chunking.py), the
+shard writer (rag_retriever/store/edge_writer.py) and the HTTP service's writer process
+(`CallProcess`, rag_retriever/service/writes.py).
 
 Example:
     >>> with spawning():                                             # doctest: +SKIP
@@ -12,10 +13,20 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import multiprocessing
 import os
+import pickle
 import signal
 import sys
-from collections.abc import Iterator
+import traceback
+from collections.abc import Callable, Iterator
+from multiprocessing.connection import Connection
+from typing import Any, Generic, TypeVar
+
+A = TypeVar("A")
+R = TypeVar("R")
+# How long close() waits for a helper to end before it is killed.
+END_TIMEOUT_S = 10.0
 
 # prctl(2): PR_SET_PDEATHSIG asks the kernel for a signal when the parent process exits.
 _PR_SET_PDEATHSIG = 1
@@ -66,3 +77,81 @@ def become_helper(parent: int, *, end_with_parent: bool = True) -> None:
             ctypes.CDLL(None).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
         if os.getppid() != parent:  # the parent died before prctl took effect
             os._exit(1)
+
+
+class HelperFailed(RuntimeError):
+    """A helper process died, or its function raised an exception that does not pickle (its
+    traceback is the message)."""
+
+
+class CallProcess(Generic[A, R]):
+    """`function` (picklable: sent once) called in a process of its own, one call at a time: the
+    caller's thread waits on a pipe without the interpreter lock while the helper works. An
+    exception the function raises is raised here again, as itself when it pickles (so a
+    `RagError` keeps its type and HTTP status). The helper stops when its pipe closes (so with
+    its parent, also one killed), on `close()`, or at once on `kill()`."""
+
+    def __init__(self, function: Callable[[A], R], label: str) -> None:
+        self.label = label
+        context = multiprocessing.get_context("spawn")  # not fork: the parent runs threads
+        self._conn, child = context.Pipe()
+        with spawning():
+            self._process = context.Process(
+                target=_call_loop,
+                args=(function, child, os.getpid()),
+                name=f"rag-retriever {label}",
+                daemon=True,
+            )
+            self._process.start()
+        child.close()
+
+    def __call__(self, argument: A) -> R:
+        try:
+            self._conn.send(argument)
+            ok, result = self._conn.recv()
+        except (BrokenPipeError, ConnectionResetError, EOFError, OSError):
+            self._process.join(END_TIMEOUT_S)
+            raise HelperFailed(
+                f"the {self.label} process exited (code {self._process.exitcode})"
+            ) from None
+        if ok:
+            return result
+        if isinstance(result, BaseException):
+            raise result
+        raise HelperFailed(f"the {self.label} process failed: {result}")
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            self._conn.close()  # the helper reads the end of its pipe and returns
+        self._process.join(END_TIMEOUT_S)
+        if self._process.is_alive():
+            self.kill()
+
+    def kill(self) -> None:
+        self._process.kill()
+        self._process.join(END_TIMEOUT_S)
+        with contextlib.suppress(OSError):
+            self._conn.close()
+
+
+def _call_loop(function: Callable[[Any], Any], conn: Connection, parent: int) -> None:
+    # started by any thread of the parent (the kernel's parent-death signal follows the thread):
+    # the pipe's end stops it instead
+    become_helper(parent, end_with_parent=False)
+    while True:
+        try:
+            argument = conn.recv()
+        except (EOFError, OSError):
+            return
+        try:
+            reply: tuple[bool, Any] = (True, function(argument))
+        except Exception as exc:
+            try:
+                pickle.loads(pickle.dumps(exc))
+                reply = (False, exc)
+            except Exception:
+                reply = (False, traceback.format_exc(limit=-3))
+        try:
+            conn.send(reply)
+        except (BrokenPipeError, OSError):
+            return

@@ -221,6 +221,11 @@ class Settings(BaseSettings):
     write_window_ms: NonNegativeInt = _setting(
         200, "milliseconds the HTTP service gathers document writes into one version"
     )
+    write_process: bool = _setting(
+        False,
+        "commit the HTTP service's writes in a process of its own at a lower CPU priority "
+        "(embedded Qdrant Edge only)",
+    )
     max_batch_size: PositiveInt = _setting(64, "most questions in one batch request")
     max_body_bytes: PositiveInt = _setting(1_000_000, "largest accepted HTTP request body")
 

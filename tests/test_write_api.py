@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import signal
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,6 +20,7 @@ from fastapi.testclient import TestClient
 from qdrant_client import QdrantClient
 
 from rag_retriever.client import AsyncRetrieverClient, RetrieverClient, Unauthorized
+from rag_retriever.errors import ConfigError
 from rag_retriever.ingest.loaders import LoadedCorpus
 from rag_retriever.ingest.writer import ingest_documents, update_documents
 from rag_retriever.models.encoder import Encoder
@@ -598,3 +601,66 @@ def test_rag_max_document_chars_is_the_limit_of_every_write_path(
             )
     finally:
         kb.retriever.store.close()
+
+
+def test_writes_commit_in_the_writer_process(
+    tmp_path: Path, tiny_encoder: Encoder, tiny_encoder_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """RAG_WRITE_PROCESS: the same answers and versions, committed by another process (the
+    service's own `update_documents` refuses to run), a RagError keeping its status."""
+    settings = Settings(
+        data_dir=tmp_path,
+        api_key=READ,
+        write_api_key=WRITE,
+        write_window_ms=10,
+        embed_model=str(tiny_encoder_dir),
+        write_process=True,
+        collection="kb",
+        bm25_rebase_drift=1.0,  # a delta, not a re-based build, for these few documents
+    )
+    store = EdgeStore(settings.edge_dir)
+    ingest_documents(
+        LoadedCorpus(DOCS, 0, "t"), alias="kb", encoder=tiny_encoder, store=store, lock_dir=tmp_path
+    )
+
+    def not_here(*args: Any, **kwargs: Any) -> None:
+        raise AssertionError("committed in the serving process")
+
+    monkeypatch.setattr("rag_retriever.service.writes.update_documents", not_here)
+    app = create_app(Retriever(encoder=tiny_encoder, store=store, collection="kb"), settings)
+    with TestClient(app) as http:
+        doc = {"id": "d1", "title": "pear", "text": "qdrant vector search"}
+        r = http.put("/v1/collections/kb/documents", json={"documents": [doc]}, headers=auth(WRITE))
+        assert r.status_code == 200, r.text
+        assert r.json()["kind"] == "delta", json.dumps(r.json()["report"])
+        assert r.json()["report"]["upserted"] == 1
+        assert r.json()["collection"] == store.aliases()["kb"]
+        assert served_docs(store)["d1"] == "qdrant vector search"
+        hits = http.post(
+            "/v1/search", json={"query": "qdrant vector", "mode": "hybrid"}, headers=auth(READ)
+        )
+        assert hits.json()["hits"][0]["doc_id"] == "d1"
+        r = http.post(
+            "/v1/collections/nope/documents:delete", json={"ids": ["d2"]}, headers=auth(WRITE)
+        )
+        # UpdateRefused, raised in the writer process: its type and status come through
+        assert r.status_code == 409, r.text
+        assert r.json()["error"] == "update_refused" and "'nope' has no live version" in r.text
+        helper = app.state.write_process
+        assert helper._process.is_alive() and helper._process.pid != os.getpid()
+        # the writer process dies: writes say so (503), queries go on
+        os.kill(helper._process.pid, signal.SIGKILL)
+        helper._process.join(10)
+        r = http.put("/v1/collections/kb/documents", json={"documents": [doc]}, headers=auth(WRITE))
+        assert r.status_code == 503, r.text
+        assert r.json()["error"] == "writer_unavailable"
+        assert "writer process exited (code -9)" in r.text and "Restart the service" in r.text
+        hits = http.post("/v1/search", json={"query": "qdrant", "mode": "bm25"}, headers=auth(READ))
+        assert hits.status_code == 200
+    helper.close()
+    assert not helper._process.is_alive()
+
+
+def test_the_writer_process_needs_the_embedded_store(tmp_path: Path, tiny_encoder: Encoder) -> None:
+    with pytest.raises(ConfigError, match="RAG_WRITE_PROCESS needs the embedded store"):
+        make_app(tmp_path, tiny_encoder, write_process=True)

@@ -192,6 +192,7 @@ def add_serve(sub: Any) -> None:
         *STORE,
         "keys_file",
         "write_window_ms",
+        "write_process",
         "lock_wait_s",
         "query_log",
         "query_log_text",

@@ -24,7 +24,9 @@ idempotent).
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
 import threading
 import time
 import uuid
@@ -39,7 +41,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from rag_retriever.access import Scope
-from rag_retriever.errors import CollectionNotFound, InvalidRequest, RagError
+from rag_retriever.errors import CollectionNotFound, ConfigError, InvalidRequest, RagError
 from rag_retriever.ingest.validation import (
     MAX_DOCUMENT_CHARS,
     MAX_METADATA_BYTES,
@@ -50,6 +52,8 @@ from rag_retriever.ingest.validation import (
     validate_documents,
 )
 from rag_retriever.ingest.writer import IngestReport, WriteOptions, update_documents
+from rag_retriever.processes import CallProcess, HelperFailed
+from rag_retriever.query.options import serving_record
 from rag_retriever.query.retriever import Retriever
 from rag_retriever.records import (
     ALIAS_SCHEMA_PATTERN,
@@ -64,11 +68,14 @@ from rag_retriever.records import (
 )
 from rag_retriever.service.keys import access_of
 from rag_retriever.settings import Settings
+from rag_retriever.store import EdgeStore, Store, open_store
 
 log = logging.getLogger(__name__)
 
 # Committed or failed changes remembered for polling.
 KEEP_CHANGES = 1000
+# The writer process's niceness (RAG_WRITE_PROCESS): below the serving process's 0.
+WRITER_NICE = 10
 
 # (alias, documents to upsert, documents to delete) -> the report of the version that holds them
 Commit = Callable[[str, Sequence[Document], Sequence[DocKey]], IngestReport]
@@ -328,6 +335,28 @@ def add_write_routes(app: FastAPI, retriever: Retriever, settings: Settings) -> 
             options=WriteOptions.from_settings(settings),
         )
 
+    if settings.write_process:
+        if not isinstance(retriever.store, EdgeStore):
+            raise ConfigError(
+                "RAG_WRITE_PROCESS needs the embedded store (Qdrant Edge): a Qdrant server's "
+                "writes run in the server already; unset RAG_WRITE_PROCESS or RAG_QDRANT_URL"
+            )
+        helper: CallProcess[tuple[str, list[Document], list[DocKey]], IngestReport]
+        helper = CallProcess(ProcessCommit(settings), "writer")
+        app.state.write_process = helper
+
+        def commit(
+            alias: str, upserts: Sequence[Document], deletes: Sequence[DocKey]
+        ) -> IngestReport:
+            try:
+                return helper((alias, list(upserts), list(deletes)))
+            except HelperFailed as exc:
+                log.error("%s", exc)
+                raise WriterUnavailable(
+                    f"{exc}; nothing of this write was served. Restart the service to write "
+                    "again (queries go on)"
+                ) from None
+
     committer = GroupCommitter(
         commit,
         window_s=settings.write_window_ms / 1000,
@@ -388,6 +417,65 @@ def add_write_routes(app: FastAPI, retriever: Retriever, settings: Settings) -> 
         return answer(found, min(max(wait, 0.0), MAX_WAIT_S))
 
     return committer
+
+
+class WriterUnavailable(RagError):
+    """The writer process (RAG_WRITE_PROCESS) died: writes fail until the service restarts."""
+
+    http_status = 503
+    code = "writer_unavailable"
+
+
+class ProcessCommit:
+    """The service's commit in its writer process (RAG_WRITE_PROCESS): its own store handle and
+    encoder (the one the service's default collection serves, as the service's own), loaded on
+    the first write that embeds. The process runs at a lower CPU priority (nice WRITER_NICE) with
+    one PyTorch thread: in the service's process an edit's Python shared the interpreter lock
+    with the queries, and its passes the compute thread (docs/benchmarks.md, "The brief under
+    load"); here the kernel gives the queries' process the cores first."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self._started = False
+        self._store: Store | None = None
+        self._encoder: Any = None
+
+    def __call__(self, call: tuple[str, list[Document], list[DocKey]]) -> IngestReport:
+        if not self._started:
+            self._start()
+        alias, upserts, deletes = call
+        assert self._store is not None
+        return update_documents(
+            upserts,
+            deletes,
+            alias=alias,
+            load_encoder=self._load_encoder,
+            store=self._store,
+            source="HTTP",
+            options=WriteOptions.from_settings(self.settings),
+        )
+
+    def _start(self) -> None:
+        import torch
+
+        logging.basicConfig(
+            level=self.settings.log_level, format="%(levelname)s %(name)s: %(message)s"
+        )
+        with contextlib.suppress(OSError):
+            os.nice(WRITER_NICE)
+        torch.set_num_threads(1)
+        self._store = open_store(self.settings)
+        self._started = True
+
+    def _load_encoder(self) -> Any:
+        if self._encoder is None:
+            from rag_retriever.models.encoder import load_encoder
+
+            assert self._store is not None
+            self._encoder = load_encoder(
+                self.settings, serving_record(self._store, self.settings.collection)
+            )
+        return self._encoder
 
 
 def in_scope(doc: DocumentIn, access: Scope) -> Document:
