@@ -21,6 +21,7 @@ import sys
 import traceback
 from collections.abc import Callable, Iterator
 from multiprocessing.connection import Connection
+from multiprocessing.process import BaseProcess
 from typing import Any, Generic, TypeVar
 
 A = TypeVar("A")
@@ -79,6 +80,25 @@ def become_helper(parent: int, *, end_with_parent: bool = True) -> None:
             os._exit(1)
 
 
+def start_piped(
+    target: Callable[[Any, Connection, int], None], argument: Any, label: str
+) -> tuple[BaseProcess, Connection]:
+    """A spawned daemon process running `target(argument, its end of a pipe, this pid)`; returns
+    it and this end of the pipe. Spawn, not fork: the parent runs threads."""
+    context = multiprocessing.get_context("spawn")
+    conn, child = context.Pipe()
+    with spawning():
+        process = context.Process(
+            target=target,
+            args=(argument, child, os.getpid()),
+            name=f"rag-retriever {label}",
+            daemon=True,
+        )
+        process.start()
+    child.close()
+    return process, conn
+
+
 class HelperFailed(RuntimeError):
     """A helper process died, or its function raised an exception that does not pickle (its
     traceback is the message)."""
@@ -93,17 +113,7 @@ class CallProcess(Generic[A, R]):
 
     def __init__(self, function: Callable[[A], R], label: str) -> None:
         self.label = label
-        context = multiprocessing.get_context("spawn")  # not fork: the parent runs threads
-        self._conn, child = context.Pipe()
-        with spawning():
-            self._process = context.Process(
-                target=_call_loop,
-                args=(function, child, os.getpid()),
-                name=f"rag-retriever {label}",
-                daemon=True,
-            )
-            self._process.start()
-        child.close()
+        self._process, self._conn = start_piped(_call_loop, function, label)
 
     def __call__(self, argument: A) -> R:
         try:

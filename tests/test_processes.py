@@ -6,16 +6,14 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
 from rag_retriever.errors import UpdateRefused
 from rag_retriever.processes import CallProcess, HelperFailed
-from tests.test_edge_writer import _running
+from tests.test_edge_writer import assert_helper_ends_with_parent
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -71,23 +69,4 @@ time.sleep(600)
 
 @pytest.mark.skipif(sys.platform != "linux", reason="reads /proc")
 def test_a_helper_ends_when_its_parent_is_killed() -> None:
-    proc = subprocess.Popen(
-        [sys.executable, "-c", _ORPHAN],
-        cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        assert proc.stdout is not None
-        child = int(proc.stdout.readline())
-        assert _running(child)
-        proc.kill()
-        proc.wait(timeout=60)
-        deadline = time.monotonic() + 60  # a hang guard, not a speed check
-        while _running(child) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert not _running(child)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
+    assert_helper_ends_with_parent(_ORPHAN)

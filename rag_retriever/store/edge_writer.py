@@ -25,8 +25,6 @@ Contract:
 
 from __future__ import annotations
 
-import multiprocessing
-import os
 from collections.abc import Mapping, Sequence
 from multiprocessing.connection import Connection
 from typing import Any
@@ -35,7 +33,7 @@ import numpy as np
 
 from rag_retriever.errors import StoreUnavailable
 from rag_retriever.models.bm25 import SparseVector
-from rag_retriever.processes import become_helper, spawning
+from rag_retriever.processes import become_helper, start_piped
 from rag_retriever.store.base import DENSE, SPARSE
 
 # A batch: ids, dense vectors (one array), sparse vectors as (indices, values), payloads.
@@ -68,17 +66,7 @@ class ShardWriter:
 
     def __init__(self, directory: str) -> None:
         self.directory = directory
-        context = multiprocessing.get_context("spawn")  # not fork: the parent runs threads
-        self._conn, child = context.Pipe()
-        with spawning():
-            self._process = context.Process(
-                target=_serve,
-                args=(directory, child, os.getpid()),
-                name="rag-retriever shard writer",
-                daemon=True,
-            )
-            self._process.start()
-        child.close()
+        self._process, self._conn = start_piped(_serve, directory, "shard writer")
         self.batches = 0
 
     def upsert(
