@@ -17,6 +17,7 @@ import pytest
 from rag_retriever.errors import StoreUnavailable
 from rag_retriever.models.bm25 import BM25Model, SparseVector
 from rag_retriever.store import EdgeStore
+from rag_retriever.store.edge_writer import ShardWriter
 from rag_retriever.store.record import bare_record
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -120,6 +121,7 @@ from pathlib import Path
 from rag_retriever.models.bm25 import BM25Model
 from rag_retriever.store import EdgeStore
 from rag_retriever.store.edge_writer import ShardWriter
+from rag_retriever.store.edge_writer import ShardWriter
 from rag_retriever.store.record import bare_record
 store = EdgeStore(Path(sys.argv[1]))
 store.create("a__m__v1", 8, bare_record("a__m__v1", dim=8, bm25=BM25Model.build([["a"]]).stats))
@@ -166,3 +168,11 @@ def _running(pid: int) -> bool:
     except (FileNotFoundError, ProcessLookupError):
         return False
     return state != "Z"
+
+
+def test_a_shard_the_process_cannot_open_is_the_engines_message(tmp_path: Path) -> None:
+    """The shard's directory is gone before the process opens it."""
+    writer = ShardWriter(str(tmp_path / "no-such-shard"))
+    with pytest.raises(StoreUnavailable, match=r"the Qdrant engine failed writing .*no-such-shard"):
+        writer.close()
+    assert not writer._process.is_alive()
