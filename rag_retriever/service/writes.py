@@ -324,15 +324,9 @@ def add_write_routes(app: FastAPI, retriever: Retriever, settings: Settings) -> 
     `GET /v1/changes/{change_id}`; behind the write key (checked here, see server._ApiKey)."""
 
     def commit(alias: str, upserts: Sequence[Document], deletes: Sequence[DocKey]) -> IngestReport:
-        return update_documents(
-            upserts,
-            deletes,
-            alias=alias,
-            # the model only when there is text to embed: a delete loads none
-            load_encoder=lambda: retriever.encoder,
-            store=retriever.store,
-            source="HTTP",
-            options=WriteOptions.from_settings(settings),
+        # the model only when there is text to embed: a delete loads none
+        return http_commit(
+            retriever.store, lambda: retriever.encoder, settings, alias, upserts, deletes
         )
 
     if settings.write_process:
@@ -419,6 +413,26 @@ def add_write_routes(app: FastAPI, retriever: Retriever, settings: Settings) -> 
     return committer
 
 
+def http_commit(
+    store: Store,
+    load_encoder: Callable[[], Any],
+    settings: Settings,
+    alias: str,
+    upserts: Sequence[Document],
+    deletes: Sequence[DocKey],
+) -> IngestReport:
+    """One group of HTTP writes as a new version (in the service's process or its writer's)."""
+    return update_documents(
+        upserts,
+        deletes,
+        alias=alias,
+        load_encoder=load_encoder,
+        store=store,
+        source="HTTP",
+        options=WriteOptions.from_settings(settings),
+    )
+
+
 class WriterUnavailable(RagError):
     """The writer process (RAG_WRITE_PROCESS) died: writes fail until the service restarts."""
 
@@ -436,26 +450,15 @@ class ProcessCommit:
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
-        self._started = False
-        self._store: Store | None = None
+        self._store: Store | None = None  # opened by the first call, in the writer process
         self._encoder: Any = None
 
     def __call__(self, call: tuple[str, list[Document], list[DocKey]]) -> IngestReport:
-        if not self._started:
-            self._start()
+        store = self._store or self._start()
         alias, upserts, deletes = call
-        assert self._store is not None
-        return update_documents(
-            upserts,
-            deletes,
-            alias=alias,
-            load_encoder=self._load_encoder,
-            store=self._store,
-            source="HTTP",
-            options=WriteOptions.from_settings(self.settings),
-        )
+        return http_commit(store, self._load_encoder, self.settings, alias, upserts, deletes)
 
-    def _start(self) -> None:
+    def _start(self) -> Store:
         import torch
 
         logging.basicConfig(
@@ -465,7 +468,7 @@ class ProcessCommit:
             os.nice(WRITER_NICE)
         torch.set_num_threads(1)
         self._store = open_store(self.settings)
-        self._started = True
+        return self._store
 
     def _load_encoder(self) -> Any:
         if self._encoder is None:
