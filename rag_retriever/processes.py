@@ -115,6 +115,10 @@ class CallProcess(Generic[A, R]):
         self.label = label
         self._process, self._conn = start_piped(_call_loop, function, label)
 
+    @property
+    def pid(self) -> int:
+        return int(self._process.pid or 0)
+
     def __call__(self, argument: A) -> R:
         try:
             self._conn.send(argument)

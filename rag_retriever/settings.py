@@ -34,6 +34,7 @@ Dtype = Literal["auto", "fp32", "bf16", "fp16"]
 Pooling = Literal["mean", "cls"]
 # How `rerank` mode orders the reranked candidates (see rag_retriever/query/retriever.py).
 RerankFusion = Literal["none", "rrf"]
+WriteProcess = Literal["auto", "true", "false"]
 Compaction = Literal["background", "deferred", "inline"]
 DEVICES: tuple[str, ...] = get_args(Device)
 LOG_LEVELS: tuple[str, ...] = get_args(LogLevel)
@@ -221,10 +222,12 @@ class Settings(BaseSettings):
     write_window_ms: NonNegativeInt = _setting(
         200, "milliseconds the HTTP service gathers document writes into one version"
     )
-    write_process: bool = _setting(
-        False,
-        "commit the HTTP service's writes in a process of its own at a lower CPU priority "
-        "(embedded Qdrant Edge only)",
+    # auto: on in `rag-retriever serve` on Qdrant Edge; off in an app made with create_app
+    # (its Retriever's models live in its own process) and on a Qdrant server.
+    write_process: WriteProcess = _setting(
+        "auto",
+        "commit the HTTP service's writes in a process of its own that runs only on idle CPU "
+        "(auto: in `serve` on embedded Qdrant Edge)",
     )
     max_batch_size: PositiveInt = _setting(64, "most questions in one batch request")
     max_body_bytes: PositiveInt = _setting(1_000_000, "largest accepted HTTP request body")

@@ -49,7 +49,7 @@ def test_environment_values_are_parsed() -> None:
         ),
         ({"RAG_RETENTION_GRACE_S": "-1"}, "RAG_RETENTION_GRACE_S='-1' is invalid"),
         ({"RAG_QDRANT_URL": "localhost:6333"}, "must start with http:// or https://"),
-        ({"RAG_WRITE_PROCESS": "maybe"}, "RAG_WRITE_PROCESS='maybe' is invalid"),
+        ({"RAG_WRITE_PROCESS": "maybe"}, "RAG_WRITE_PROCESS must be one of auto, true, false"),
     ],
 )
 def test_invalid_values_name_the_variable(env: dict[str, str], message: str) -> None:

@@ -27,7 +27,7 @@ from rag_retriever.models.encoder import Encoder
 from rag_retriever.query.retriever import Retriever
 from rag_retriever.records import Document, SearchFilter
 from rag_retriever.service.server import create_app, serve_in_thread
-from rag_retriever.service.writes import Change, merge
+from rag_retriever.service.writes import Change, merge, writes_in_a_process
 from rag_retriever.settings import Settings
 from rag_retriever.store import EdgeStore, ServerStore, Store
 
@@ -614,7 +614,7 @@ def test_writes_commit_in_the_writer_process(
         write_api_key=WRITE,
         write_window_ms=10,
         embed_model=str(tiny_encoder_dir),
-        write_process=True,
+        write_process="true",
         collection="kb",
         bm25_rebase_drift=1.0,  # a delta, not a re-based build, for these few documents
     )
@@ -647,7 +647,12 @@ def test_writes_commit_in_the_writer_process(
         assert r.status_code == 409, r.text
         assert r.json()["error"] == "update_refused" and "'nope' has no live version" in r.text
         helper = app.state.write_process
-        assert helper._process.is_alive() and helper._process.pid != os.getpid()
+        assert helper._process.is_alive() and helper.pid != os.getpid()
+        # it runs only on CPU nothing else wants (the policy its later threads inherit)
+        assert os.sched_getscheduler(helper.pid) == os.SCHED_IDLE
+        assert {os.sched_getscheduler(int(t)) for t in os.listdir(f"/proc/{helper.pid}/task")} == {
+            os.SCHED_IDLE
+        }
         # the writer process dies: writes say so (503), queries go on
         os.kill(helper._process.pid, signal.SIGKILL)
         helper._process.join(10)
@@ -663,4 +668,37 @@ def test_writes_commit_in_the_writer_process(
 
 def test_the_writer_process_needs_the_embedded_store(tmp_path: Path, tiny_encoder: Encoder) -> None:
     with pytest.raises(ConfigError, match="RAG_WRITE_PROCESS needs the embedded store"):
-        make_app(tmp_path, tiny_encoder, write_process=True)
+        make_app(tmp_path, tiny_encoder, write_process="true")
+
+
+def test_auto_starts_the_writer_process_in_serve_on_edge_only(tmp_path: Path) -> None:
+    """RAG_WRITE_PROCESS=auto (the default): `serve` on the embedded store commits in a writer
+    process; on a Qdrant server (whose writes run in the server), or when set, as set."""
+    edge = EdgeStore(tmp_path / "edge")
+    server = ServerStore(QdrantClient(":memory:"))
+    auto = Settings(data_dir=tmp_path)
+    assert auto.write_process == "auto"
+    assert writes_in_a_process(auto, edge).write_process == "true"
+    assert writes_in_a_process(auto, server).write_process == "false"
+    off = Settings(data_dir=tmp_path, write_process="false")
+    assert writes_in_a_process(off, edge).write_process == "false"
+    edge.close()
+
+
+def test_an_app_made_with_create_app_commits_in_its_own_process_under_auto(
+    tmp_path: Path, tiny_encoder: Encoder
+) -> None:
+    """auto in create_app: the app's Retriever holds its models, so its writes stay with it."""
+    store = EdgeStore(tmp_path / "edge")
+    ingest_documents(
+        LoadedCorpus(DOCS, 0, "t"), alias="kb", encoder=tiny_encoder, store=store, lock_dir=tmp_path
+    )
+    settings = Settings(data_dir=tmp_path, write_api_key=WRITE, bm25_rebase_drift=1.0)
+    app = create_app(Retriever(encoder=tiny_encoder, store=store, collection="kb"), settings)
+    assert not hasattr(app.state, "write_process")
+    with TestClient(app) as http:
+        doc = {"id": "d1", "title": "pear", "text": "qdrant vector search"}
+        r = http.put("/v1/collections/kb/documents", json={"documents": [doc]}, headers=auth(WRITE))
+        assert r.status_code == 200, r.text
+    assert served_docs(store)["d1"] == "qdrant vector search"
+    store.close()

@@ -77,7 +77,7 @@ from rag_retriever.service.auth import header
 from rag_retriever.service.keys import KeyCheck, Keys, access_of, offered_keys
 from rag_retriever.service.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from rag_retriever.service.metrics import Metrics
-from rag_retriever.service.writes import add_write_routes
+from rag_retriever.service.writes import add_write_routes, writes_in_a_process
 from rag_retriever.settings import EXPAND_TOKENS_MAX, Settings
 from rag_retriever.store import parse_collection_name
 from rag_retriever.store.catalog import describe_collections
@@ -781,7 +781,7 @@ def serve(settings: Settings, *, host: str = "127.0.0.1", port: int = 8000) -> N
         )
     else:
         log.warning("not ready yet (/readyz answers 503): %s", report["detail"])
-    app = create_app(retriever, settings)
+    app = create_app(retriever, writes_in_a_process(settings, retriever.store))
     if settings.metrics_port:
         from prometheus_client import start_http_server
 

@@ -24,7 +24,6 @@ idempotent).
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import threading
@@ -33,6 +32,7 @@ import uuid
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Annotated, Any
 
 from fastapi import FastAPI, Request
@@ -74,8 +74,8 @@ log = logging.getLogger(__name__)
 
 # Committed or failed changes remembered for polling.
 KEEP_CHANGES = 1000
-# The writer process's niceness (RAG_WRITE_PROCESS): below the serving process's 0.
-WRITER_NICE = 10
+# The writer process's niceness where the OS has no SCHED_IDLE (RAG_WRITE_PROCESS).
+WRITER_NICE = 19
 
 # (alias, documents to upsert, documents to delete) -> the report of the version that holds them
 Commit = Callable[[str, Sequence[Document], Sequence[DocKey]], IngestReport]
@@ -329,7 +329,7 @@ def add_write_routes(app: FastAPI, retriever: Retriever, settings: Settings) -> 
             retriever.store, lambda: retriever.encoder, settings, alias, upserts, deletes
         )
 
-    if settings.write_process:
+    if settings.write_process == "true":
         if not isinstance(retriever.store, EdgeStore):
             raise ConfigError(
                 "RAG_WRITE_PROCESS needs the embedded store (Qdrant Edge): a Qdrant server's "
@@ -338,6 +338,7 @@ def add_write_routes(app: FastAPI, retriever: Retriever, settings: Settings) -> 
         helper: CallProcess[tuple[str, list[Document], list[DocKey]], IngestReport]
         helper = CallProcess(ProcessCommit(settings), "writer")
         app.state.write_process = helper
+        log.info("writes commit in a writer process of their own (pid %d)", helper.pid)
 
         def commit(
             alias: str, upserts: Sequence[Document], deletes: Sequence[DocKey]
@@ -440,13 +441,25 @@ class WriterUnavailable(RagError):
     code = "writer_unavailable"
 
 
+def writes_in_a_process(settings: Settings, store: Store) -> Settings:
+    """`rag-retriever serve`'s settings with RAG_WRITE_PROCESS=auto made definite: on for the
+    embedded store (its writes would run in the serving process), off for a Qdrant server (its
+    writes run in the server). An app made with create_app keeps auto, which there means off."""
+    if settings.write_process != "auto":
+        return settings
+    on = isinstance(store, EdgeStore)
+    return settings.model_copy(update={"write_process": "true" if on else "false"})
+
+
 class ProcessCommit:
     """The service's commit in its writer process (RAG_WRITE_PROCESS): its own store handle and
     encoder (the one the service's default collection serves, as the service's own), loaded on
-    the first write that embeds. The process runs at a lower CPU priority (nice WRITER_NICE) with
-    one PyTorch thread: in the service's process an edit's Python shared the interpreter lock
-    with the queries, and its passes the compute thread (docs/benchmarks.md, "The brief under
-    load"); here the kernel gives the queries' process the cores first."""
+    the first write that embeds. The process runs with one PyTorch thread under the kernel's
+    SCHED_IDLE policy (`idle_priority`): in the service's process an edit's Python shared the
+    interpreter lock with the queries, and its passes the compute thread; at nice 10 its own
+    passes still took time slices the queries wanted (docs/benchmarks.md, "The brief under
+    load"); now it runs on CPU that nothing else wants. A write waits while the cores are busy:
+    on a saturated machine edits become slow, never lost, and queries keep the cores."""
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
@@ -459,13 +472,12 @@ class ProcessCommit:
         return http_commit(store, self._load_encoder, self.settings, alias, upserts, deletes)
 
     def _start(self) -> Store:
-        import torch
-
         logging.basicConfig(
             level=self.settings.log_level, format="%(levelname)s %(name)s: %(message)s"
         )
-        with contextlib.suppress(OSError):
-            os.nice(WRITER_NICE)
+        log.info("writer process %d: %s priority", os.getpid(), idle_priority())
+        import torch
+
         torch.set_num_threads(1)
         self._store = open_store(self.settings)
         return self._store
@@ -479,6 +491,27 @@ class ProcessCommit:
                 self.settings, serving_record(self._store, self.settings.collection)
             )
         return self._encoder
+
+
+def idle_priority() -> str:
+    """Run this process only on CPU time nothing else wants: Linux's SCHED_IDLE, else nice
+    WRITER_NICE. Both are per thread: set on each thread running now (imports start some) and
+    inherited by those started later. Returns which was set."""
+    idle = getattr(os, "SCHED_IDLE", None)
+    tasks = Path("/proc/self/task")
+    threads = [int(t.name) for t in tasks.iterdir()] if tasks.is_dir() else [0]
+    for thread in threads:
+        try:
+            if idle is not None:
+                os.sched_setscheduler(thread, idle, os.sched_param(0))
+            else:
+                os.setpriority(os.PRIO_PROCESS, thread, WRITER_NICE)
+        except ProcessLookupError:  # a thread that ended meanwhile
+            continue
+        except OSError as exc:
+            log.warning("writer process: its CPU priority stays as it was: %s", exc)
+            return "the default"
+    return "SCHED_IDLE" if idle is not None else f"nice {WRITER_NICE}"
 
 
 def in_scope(doc: DocumentIn, access: Scope) -> Document:
