@@ -9,7 +9,8 @@ SQuAD questions (their BM25 terms) with random unit query vectors.
 Per engine: write throughput, seal time (payload indexes, flush, optimize), and, in a fresh
 process (what a serving replica pays): reopen time, p50/p95 per query for dense, bm25, hybrid
 (both lists in one batched call) and hybrid filtered on a keyword field (10% selectivity), the
-process's peak RSS, and the size on disk. Engine only: no query encoding.
+process's peak RSS, and the size on disk. Engine only: no query encoding. The build runs in a
+fresh process too: its peak RSS is the build's (write and seal).
 
 With `--quantization none binary`, each size is also built with binary vectors (float32
 originals on disk, rescored), beside float32; `--constants-out FILE` writes every Edge run's
@@ -189,13 +190,33 @@ def _memory() -> dict[str, float]:
     return out
 
 
+def build_probe(engine: str, root: Path, n: int, quantization: Quantization) -> dict[str, Any]:
+    """Run in a fresh process: `build`, and the build's peak RSS (the seal's optimize builds the
+    sealed segment beside the appendable one, so this is where a build's memory peaks)."""
+    figures = build(engine, root, n, quantization=quantization)
+    return figures | {"build_rss_mb": _memory()["rss_mb"]}
+
+
+def _build_in_subprocess(
+    engine: str, root: Path, n: int, quantization: Quantization
+) -> dict[str, Any]:
+    return _in_subprocess("build_probe", engine, str(root), str(n), quantization)
+
+
 def _probe_in_subprocess(engine: str, root: Path) -> dict[str, Any]:
+    return _in_subprocess("serve_probe", engine, str(root))
+
+
+def _in_subprocess(function: str, *args: str) -> dict[str, Any]:
+    """`function(*args)` of this module in a fresh Python (its own peak RSS); its JSON result.
+    Arguments that are digits are passed as ints, a path's as a Path."""
     code = (
-        "import json, sys; from pathlib import Path; from bench.bench_engine import serve_probe; "
-        "print(json.dumps(serve_probe(sys.argv[1], Path(sys.argv[2]))))"
+        "import json, sys; from pathlib import Path; import bench.bench_engine as b; "
+        "args = [int(a) if a.isdigit() else a for a in sys.argv[2:]]; args[1] = Path(args[1]); "
+        f"print(json.dumps(b.{function}(*args)))"
     )
     done = subprocess.run(
-        [sys.executable, "-c", code, engine, str(root)],
+        [sys.executable, "-c", code, function, *args],
         capture_output=True,
         text=True,
         check=True,
@@ -222,7 +243,7 @@ def run(
         for label, quantization, engine in runs:
             with tempfile.TemporaryDirectory() as tmp:
                 root = Path(tmp) / engine
-                row[label] = build(engine, root, n, quantization=quantization)
+                row[label] = _build_in_subprocess(engine, root, n, quantization)
                 row[label].update(_probe_in_subprocess(engine, root))
                 shutil.rmtree(root, ignore_errors=True)
         results[str(n)] = row
@@ -233,6 +254,7 @@ def run(
 CONSTANT_FIGURES = (
     "write_s",
     "seal_s",
+    "build_rss_mb",
     "reopen_s",
     "disk_mb",
     "rss_mb",
@@ -319,6 +341,7 @@ def _lines(
         ("hybrid_p50_ms", "hybrid p50 ms", "{:.2f}"),
         ("hybrid_p95_ms", "hybrid p95 ms", "{:.2f}"),
         ("hybrid_filtered_p50_ms", "filtered hybrid p50 ms", "{:.2f}"),
+        ("build_rss_mb", "build peak RSS MB", "{:,.0f}"),
         ("rss_mb", "serving peak RSS MB", "{:,.0f}"),
         ("rss_anon_mb", "  of which private MB", "{:,.0f}"),
         ("disk_mb", "disk MB", "{:,.0f}"),
@@ -358,6 +381,8 @@ def main(argv: list[str] | None = None) -> int:
         made = constants(
             results, command, query_encode_ms=query_encode_ms(), edits=edit_constants()
         )
+        if args.constants_out.is_file():  # keep what another benchmark added (bench_brief's)
+            made = json.loads(args.constants_out.read_text()) | made
         args.constants_out.write_text(json.dumps(made, indent=1) + "\n")
         print(f"plan constants written to {args.constants_out}", flush=True)
     return 0

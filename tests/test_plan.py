@@ -13,7 +13,14 @@ import pytest
 from bench.bench_engine import CONSTANT_FIGURES, constants
 from rag_retriever.cli import main
 from rag_retriever.errors import ConfigError
-from rag_retriever.ops.plan import CONSTANTS, Brief, Fit, load_constants, make_plan
+from rag_retriever.ops.plan import (
+    CONSTANTS,
+    Brief,
+    Fit,
+    describe,
+    load_constants,
+    make_plan,
+)
 
 
 def figures(n: int, rss_mb: float, p50: float, p95: float) -> dict[str, float]:
@@ -91,6 +98,27 @@ def test_memory_is_never_below_what_hnsw_must_keep_resident() -> None:
     assert binary.resident_floor_gb == pytest.approx(1_000_000 * (48 + 128) / 2**30)
     assert none.memory_gb == pytest.approx(none.resident_floor_gb)  # above the fitted 1,000 MB
     assert binary.memory_gb == pytest.approx(250 / 1024)  # the fit, above its floor
+
+
+def test_the_build_peak_is_fitted_and_checked_against_a_machine_and_a_node() -> None:
+    """The build's peak RSS grows as n^1.5 here (4 GB at 100k -> 126.5 GB at 1M): at 2M chunks
+    one machine's build needs 357.8 GB, a node's of 4 (500k chunks) 44.7 GB; constants from
+    before it was measured say so instead of guessing."""
+    measured = {
+        name: [p | {"build_rss_mb": 4096 * (p["chunks"] / 100_000) ** 1.5} for p in points]
+        for name, points in CASE["settings"].items()
+    }
+    plan = make_plan(Brief(chunks=2_000_000, nodes=4, memory_gb=64), dict(CASE, settings=measured))
+    none = plan.settings[0]
+    assert none.exponents["build memory"] == pytest.approx(1.5)
+    assert none.build_memory_gb == pytest.approx(4 * 20**1.5)
+    assert none.node_build_memory_gb == pytest.approx(4 * 5**1.5)
+    text = "\n".join(describe(plan))
+    assert "none: a build peaks at 357.8 GB on one machine (does NOT fit 64 GB)" in text
+    assert "44.7 GB a node of 4 (fits)" in text
+    old = make_plan(Brief(chunks=2_000_000), CASE)
+    assert old.settings[0].build_memory_gb is None
+    assert "none: build peak not in these constants" in "\n".join(describe(old))
 
 
 def test_latency_is_not_extrapolated_downwards() -> None:

@@ -123,6 +123,9 @@ class SettingPlan:
     node_disk_gb: float
     node_p95_ms: float
     exponents: dict[str, float]
+    # the build's peak RSS (write and seal, in the building process); None: not in the constants
+    build_memory_gb: float | None = None
+    node_build_memory_gb: float | None = None
     meets: dict[str, bool] = field(default_factory=dict)
 
 
@@ -228,6 +231,8 @@ def _setting(
     )
     # latency is not taken to fall with size: a fitted negative exponent is noise
     p50, p95 = (_rising(fit(key, 0.0)) for key in ("hybrid_p50_ms", "hybrid_p95_ms"))
+    # constants written before the build's peak was measured do not have it
+    build_memory = fit("build_rss_mb", 1.0) if all("build_rss_mb" in p for p in points) else None
     n = brief.chunks
     service_ms = p50.at(n) + encode_ms
     machine_qps = brief.cores * 1000.0 / service_ms
@@ -268,7 +273,10 @@ def _setting(
             "build": build.e,
             "p50": p50.e,
             "p95": p95.e,
-        },
+        }
+        | ({"build memory": build_memory.e} if build_memory else {}),
+        build_memory_gb=build_memory.at(n) / 1024 if build_memory else None,
+        node_build_memory_gb=build_memory.at(node_chunks) / 1024 if build_memory else None,
     )
     plan.meets.update(
         memory=plan.fits_one_machine,
@@ -279,6 +287,29 @@ def _setting(
 
 def _rising(fit: Fit) -> Fit:
     return fit if fit.e >= 0 else Fit(fit.at(max(fit.sizes)), 0.0, fit.sizes)
+
+
+def _build_memory_lines(plan: Plan) -> list[str]:
+    """Where a build's memory peaks, against a machine's: a build that does not fit must run on
+    a larger machine, or per node of the cluster."""
+    b = plan.brief
+    lines = []
+    for s in plan.settings:
+        if s.build_memory_gb is None or s.node_build_memory_gb is None:
+            lines.append(
+                f"{s.quantization}: build peak not in these constants (re-measure with "
+                f"`python -m bench.bench_engine --constants-out FILE`)"
+            )
+            continue
+        fits = s.build_memory_gb <= b.memory_gb * MEMORY_SHARE
+        node_fits = s.node_build_memory_gb <= b.memory_gb * MEMORY_SHARE
+        lines.append(
+            f"{s.quantization}: a build peaks at {s.build_memory_gb:.1f} GB on one machine "
+            f"({'fits' if fits else 'does NOT fit'} {b.memory_gb:g} GB), "
+            f"{s.node_build_memory_gb:.1f} GB a node of {b.nodes} "
+            f"({'fits' if node_fits else 'does NOT fit'})"
+        )
+    return lines
 
 
 def _edits(brief: Brief, edits: dict[str, Any]) -> dict[str, float]:
@@ -340,6 +371,8 @@ def describe(plan: Plan) -> list[str]:
             f"{s.quantization}: fitted growth {growth}; resident floor (vectors HNSW reads + "
             f"links) {s.resident_floor_gb:.1f} GB"
         )
+    lines.append("")
+    lines += _build_memory_lines(plan)
     e = plan.edits
     lines.append("")
     lines.append(f"edits: {e['chunks_changed_per_day']:,.0f} chunks changed a day")
