@@ -119,6 +119,10 @@ class CallProcess(Generic[A, R]):
     def pid(self) -> int:
         return int(self._process.pid or 0)
 
+    @property
+    def alive(self) -> bool:
+        return self._process.is_alive()
+
     def __call__(self, argument: A) -> R:
         try:
             self._conn.send(argument)

@@ -13,6 +13,7 @@ import signal
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -20,14 +21,20 @@ from fastapi.testclient import TestClient
 from qdrant_client import QdrantClient
 
 from rag_retriever.client import AsyncRetrieverClient, RetrieverClient, Unauthorized
-from rag_retriever.errors import ConfigError
+from rag_retriever.errors import ConfigError, UpdateRefused
 from rag_retriever.ingest.loaders import LoadedCorpus
 from rag_retriever.ingest.writer import ingest_documents, update_documents
 from rag_retriever.models.encoder import Encoder
 from rag_retriever.query.retriever import Retriever
 from rag_retriever.records import Document, SearchFilter
 from rag_retriever.service.server import create_app, serve_in_thread
-from rag_retriever.service.writes import Change, merge, writes_in_a_process
+from rag_retriever.service.writes import (
+    Change,
+    GroupCommitter,
+    WriteMetrics,
+    merge,
+    writes_in_a_process,
+)
 from rag_retriever.settings import Settings
 from rag_retriever.store import EdgeStore, ServerStore, Store
 
@@ -648,6 +655,10 @@ def test_writes_commit_in_the_writer_process(
         assert r.json()["error"] == "update_refused" and "'nope' has no live version" in r.text
         helper = app.state.write_process
         assert helper._process.is_alive() and helper.pid != os.getpid()
+        scraped = samples(http.get("/metrics", headers=auth(READ)).text)
+        assert scraped[("rag_write_process_up", ())] == 1
+        assert scraped[("rag_write_commits_total", (("outcome", "committed"),))] == 1
+        assert scraped[("rag_write_commits_total", (("outcome", "failed"),))] == 1  # the 409
         # it runs only on CPU nothing else wants (the policy its later threads inherit)
         assert os.sched_getscheduler(helper.pid) == os.SCHED_IDLE
         assert {os.sched_getscheduler(int(t)) for t in os.listdir(f"/proc/{helper.pid}/task")} == {
@@ -660,10 +671,64 @@ def test_writes_commit_in_the_writer_process(
         assert r.status_code == 503, r.text
         assert r.json()["error"] == "writer_unavailable"
         assert "writer process exited (code -9)" in r.text and "Restart the service" in r.text
+        assert (
+            samples(http.get("/metrics", headers=auth(READ)).text)[("rag_write_process_up", ())]
+            == 0
+        )
         hits = http.post("/v1/search", json={"query": "qdrant", "mode": "bm25"}, headers=auth(READ))
         assert hits.status_code == 200
     helper.close()
     assert not helper._process.is_alive()
+
+
+def samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """/metrics as {(sample name, sorted labels): value}."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    return {
+        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+    }
+
+
+def test_the_write_metrics_show_what_waits_and_what_was_committed_or_failed() -> None:
+    """A commit held back: one request pending, waiting since it came; released: committed and
+    counted with its time; a refused commit counts as failed. No writer process: no up gauge."""
+    release = threading.Event()
+    outcomes = iter([None, UpdateRefused("no live version")])
+
+    def commit(alias: str, upserts: Any, deletes: Any) -> Any:
+        release.wait(30)
+        refused = next(outcomes)
+        if refused is not None:
+            raise refused
+        # the committer logs the report's version and kind and hands it to its requests
+        return SimpleNamespace(collection="kb__v2", kind="delta")
+
+    committer = GroupCommitter(commit, window_s=0.0)
+    metrics = WriteMetrics(committer, None)
+
+    def scrape() -> dict[str, float]:
+        return {
+            f"{m.name}{''.join(s.labels.values())}": s.value
+            for m in metrics.collect()
+            for s in m.samples
+        }
+
+    change = committer.submit("kb", [Document("d1", "t", "text")], [])
+    assert scrape()["rag_writes_pending"] == 1
+    assert scrape()["rag_writes_oldest_pending_seconds"] >= 0
+    release.set()
+    assert change.done.wait(30) and change.error is None
+    after = scrape()
+    assert after["rag_writes_pending"] == 0 and after["rag_writes_oldest_pending_seconds"] == 0
+    assert after["rag_write_commitscommitted"] == 1 and after["rag_write_commitsfailed"] == 0
+    assert after["rag_write_commit_seconds"] > 0
+    assert "rag_write_process_up" not in after
+    refused = committer.submit("kb", [], ["d1"])
+    assert refused.done.wait(30) and isinstance(refused.error, UpdateRefused)
+    assert scrape()["rag_write_commitsfailed"] == 1
 
 
 def test_the_writer_process_needs_the_embedded_store(tmp_path: Path, tiny_encoder: Encoder) -> None:

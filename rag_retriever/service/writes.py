@@ -30,7 +30,7 @@ import threading
 import time
 import uuid
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any
@@ -38,6 +38,8 @@ from typing import Annotated, Any
 from fastapi import FastAPI, Request
 from fastapi import Path as PathParameter
 from fastapi.responses import JSONResponse
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
 from pydantic import BaseModel, ConfigDict, Field
 
 from rag_retriever.access import Scope
@@ -130,6 +132,20 @@ class GroupCommitter:
         self._workers: dict[str, threading.Thread] = {}
         self._changes: OrderedDict[str, Change] = OrderedDict()
         self._cond = threading.Condition()
+        # groups committed and failed, and their seconds (read by WriteMetrics at scrape time)
+        self.commits = {"committed": 0, "failed": 0}
+        self.commit_seconds = 0.0
+
+    def totals(self) -> tuple[dict[str, int], float]:
+        """Groups committed and failed so far, and the seconds their commits took."""
+        with self._cond:
+            return dict(self.commits), self.commit_seconds
+
+    def waiting(self) -> tuple[int, float]:
+        """Changes not yet committed or failed, and the seconds the oldest of them has waited."""
+        with self._cond:
+            received = [c.received for c in self._changes.values() if not c.done.is_set()]
+        return len(received), time.time() - min(received) if received else 0.0
 
     def submit(
         self,
@@ -183,6 +199,7 @@ class GroupCommitter:
 
     def _commit_group(self, alias: str, group: list[Change]) -> None:
         upserts, deletes = merge(group)
+        started = time.perf_counter()
         try:
             report = self._commit(alias, list(upserts.values()), sorted(deletes))
         except RagError as exc:
@@ -205,9 +222,50 @@ class GroupCommitter:
             )
             for change in group:
                 change.report = report
+        with self._cond:
+            self.commits["failed" if group[0].error else "committed"] += 1
+            self.commit_seconds += time.perf_counter() - started
         for change in group:
             change.grouped = len(group)
             change.done.set()
+
+
+class WriteMetrics(Collector):
+    """The writes' metrics, read at scrape time: what waits, what was committed or failed and in
+    how long, and whether the writer process (RAG_WRITE_PROCESS) is alive."""
+
+    def __init__(self, committer: GroupCommitter, helper: CallProcess[Any, Any] | None) -> None:
+        self.committer = committer
+        self.helper = helper
+
+    def collect(self) -> Iterator[Any]:
+        waiting, oldest = self.committer.waiting()
+        yield GaugeMetricFamily(
+            "rag_writes_pending", "write requests not yet committed or failed", value=waiting
+        )
+        yield GaugeMetricFamily(
+            "rag_writes_oldest_pending_seconds",
+            "seconds the oldest write request not yet committed has waited (0: none waits)",
+            value=oldest,
+        )
+        commits, seconds = self.committer.totals()
+        groups = CounterMetricFamily(
+            "rag_write_commits",
+            "groups of writes committed as a version, or failed",
+            labels=["outcome"],
+        )
+        for outcome, n in commits.items():
+            groups.add_metric([outcome], n)
+        yield groups
+        yield CounterMetricFamily(
+            "rag_write_commit_seconds", "seconds spent committing groups of writes", value=seconds
+        )
+        if self.helper is not None:
+            yield GaugeMetricFamily(
+                "rag_write_process_up",
+                "1 while the writer process (RAG_WRITE_PROCESS) is alive; 0: writes answer 503",
+                value=1.0 if self.helper.alive else 0.0,
+            )
 
 
 def merge(group: Sequence[Change]) -> tuple[dict[DocKey, Document], set[DocKey]]:
@@ -358,6 +416,9 @@ def add_write_routes(app: FastAPI, retriever: Retriever, settings: Settings) -> 
         max_document_chars=settings.max_document_chars,
     )
     app.state.committer = committer
+    app.state.metrics.registry.register(
+        WriteMetrics(committer, getattr(app.state, "write_process", None))
+    )
 
     def scoped(request: Request, alias: str) -> Scope:
         """The key's scope, once it is known to open `alias` (server.KeyCheck checked that
