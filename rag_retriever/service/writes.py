@@ -387,22 +387,23 @@ def add_write_routes(app: FastAPI, retriever: Retriever, settings: Settings) -> 
             retriever.store, lambda: retriever.encoder, settings, alias, upserts, deletes
         )
 
+    helper: CallProcess[tuple[str, list[Document], list[DocKey]], IngestReport] | None = None
     if settings.write_process == "true":
         if not isinstance(retriever.store, EdgeStore):
             raise ConfigError(
                 "RAG_WRITE_PROCESS needs the embedded store (Qdrant Edge): a Qdrant server's "
                 "writes run in the server already; unset RAG_WRITE_PROCESS or RAG_QDRANT_URL"
             )
-        helper: CallProcess[tuple[str, list[Document], list[DocKey]], IngestReport]
-        helper = CallProcess(ProcessCommit(settings), "writer")
-        app.state.write_process = helper
-        log.info("writes commit in a writer process of their own (pid %d)", helper.pid)
+        # `writer`: the same process under a name the closure below sees as never None
+        helper = writer = CallProcess(ProcessCommit(settings), "writer")
+        app.state.write_process = writer
+        log.info("writes commit in a writer process of their own (pid %d)", writer.pid)
 
         def commit(
             alias: str, upserts: Sequence[Document], deletes: Sequence[DocKey]
         ) -> IngestReport:
             try:
-                return helper((alias, list(upserts), list(deletes)))
+                return writer((alias, list(upserts), list(deletes)))
             except HelperFailed as exc:
                 log.error("%s", exc)
                 raise WriterUnavailable(
@@ -416,9 +417,7 @@ def add_write_routes(app: FastAPI, retriever: Retriever, settings: Settings) -> 
         max_document_chars=settings.max_document_chars,
     )
     app.state.committer = committer
-    app.state.metrics.registry.register(
-        WriteMetrics(committer, getattr(app.state, "write_process", None))
-    )
+    app.state.metrics.registry.register(WriteMetrics(committer, helper))
 
     def scoped(request: Request, alias: str) -> Scope:
         """The key's scope, once it is known to open `alias` (server.KeyCheck checked that
@@ -509,7 +508,7 @@ def writes_in_a_process(settings: Settings, store: Store) -> Settings:
     if settings.write_process != "auto":
         return settings
     on = isinstance(store, EdgeStore)
-    return settings.model_copy(update={"write_process": "true" if on else "false"})
+    return settings.replace(write_process="true" if on else "false")
 
 
 class ProcessCommit:
