@@ -11,6 +11,7 @@ import json
 import os
 import signal
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
@@ -21,12 +22,13 @@ from fastapi.testclient import TestClient
 from qdrant_client import QdrantClient
 
 from rag_retriever.client import AsyncRetrieverClient, RetrieverClient, Unauthorized
-from rag_retriever.errors import ConfigError, UpdateRefused
+from rag_retriever.errors import CollectionNotFound, ConfigError, UpdateRefused
 from rag_retriever.ingest.loaders import LoadedCorpus
 from rag_retriever.ingest.writer import ingest_documents, update_documents
 from rag_retriever.models.encoder import Encoder
 from rag_retriever.query.retriever import Retriever
 from rag_retriever.records import Document, SearchFilter
+from rag_retriever.service import writes
 from rag_retriever.service.server import create_app, serve_in_thread
 from rag_retriever.service.writes import (
     Change,
@@ -729,6 +731,33 @@ def test_the_write_metrics_show_what_waits_and_what_was_committed_or_failed() ->
     refused = committer.submit("kb", [], ["d1"])
     assert refused.done.wait(30) and isinstance(refused.error, UpdateRefused)
     assert scrape()["rag_write_commitsfailed"] == 1
+
+
+def test_the_pending_gauge_counts_a_backlog_longer_than_the_changes_kept_for_lookups(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Only the last KEEP_CHANGES changes are kept for status lookups; the pending gauge still
+    counts every change not yet committed, and the oldest one's wait."""
+    monkeypatch.setattr(writes, "KEEP_CHANGES", 2)
+    release = threading.Event()
+
+    def commit(alias: str, upserts: Any, deletes: Any) -> Any:
+        release.wait(30)
+        return SimpleNamespace(collection="kb__v2", kind="delta")
+
+    committer = GroupCommitter(commit, window_s=0.0)
+    first = committer.submit("kb", [Document("d0", "t", "text")], [])
+    time.sleep(0.01)  # the later changes are received later
+    changes = [committer.submit("kb", [Document(f"d{i}", "t", "text")], []) for i in range(1, 5)]
+    with pytest.raises(CollectionNotFound):
+        committer.get(first.id)  # forgotten for lookups, still pending
+    before = time.time()
+    pending, oldest = committer.waiting()
+    assert pending == 5
+    assert before - first.received <= oldest <= time.time() - first.received  # the first's wait
+    release.set()
+    assert all(c.done.wait(30) for c in [first, *changes])
+    assert committer.waiting() == (0, 0.0)
 
 
 def test_the_writer_process_needs_the_embedded_store(tmp_path: Path, tiny_encoder: Encoder) -> None:

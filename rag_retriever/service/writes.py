@@ -131,6 +131,9 @@ class GroupCommitter:
         self._pending: dict[str, list[Change]] = {}
         self._workers: dict[str, threading.Thread] = {}
         self._changes: OrderedDict[str, Change] = OrderedDict()
+        # every change not yet committed or failed, oldest first (`_changes` keeps only the
+        # last KEEP_CHANGES for status lookups; a backlog can be longer)
+        self._open: dict[str, Change] = {}
         self._cond = threading.Condition()
         # groups committed and failed, and their seconds (read by WriteMetrics at scrape time)
         self.commits = {"committed": 0, "failed": 0}
@@ -144,8 +147,8 @@ class GroupCommitter:
     def waiting(self) -> tuple[int, float]:
         """Changes not yet committed or failed, and the seconds the oldest of them has waited."""
         with self._cond:
-            received = [c.received for c in self._changes.values() if not c.done.is_set()]
-        return len(received), time.time() - min(received) if received else 0.0
+            oldest = next(iter(self._open.values()), None)
+            return len(self._open), time.time() - oldest.received if oldest else 0.0
 
     def submit(
         self,
@@ -165,6 +168,7 @@ class GroupCommitter:
         with self._cond:
             self._pending.setdefault(alias, []).append(change)
             self._changes[change.id] = change
+            self._open[change.id] = change
             while len(self._changes) > KEEP_CHANGES:
                 self._changes.popitem(last=False)
             if alias not in self._workers:
@@ -225,6 +229,8 @@ class GroupCommitter:
         with self._cond:
             self.commits["failed" if group[0].error else "committed"] += 1
             self.commit_seconds += time.perf_counter() - started
+            for change in group:
+                del self._open[change.id]
         for change in group:
             change.grouped = len(group)
             change.done.set()
