@@ -32,6 +32,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -192,9 +193,43 @@ def _memory() -> dict[str, float]:
 
 def build_probe(engine: str, root: Path, n: int, quantization: Quantization) -> dict[str, Any]:
     """Run in a fresh process: `build`, and the build's peak RSS (the seal's optimize builds the
-    sealed segment beside the appendable one, so this is where a build's memory peaks)."""
-    figures = build(engine, root, n, quantization=quantization)
-    return figures | {"build_rss_mb": _memory()["rss_mb"]}
+    sealed segment beside the appendable one, so this is where a build's memory peaks). Most
+    of that RSS is mapped shard files, which the kernel can drop and read again; the private
+    part (RssAnon, which it cannot) has no peak counter, so a thread samples it."""
+    private = _PeakSampler("RssAnon")
+    try:
+        figures = build(engine, root, n, quantization=quantization)
+    finally:
+        private.stop()
+    return figures | {"build_rss_mb": _memory()["rss_mb"], "build_private_mb": private.peak_mb}
+
+
+class _PeakSampler:
+    """The largest value of one /proc/self/status field, read every `every_s` in a thread."""
+
+    def __init__(self, field: str, every_s: float = 0.1) -> None:
+        self.field = field
+        self.peak_mb = 0.0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(every_s,), daemon=True)
+        self._thread.start()
+
+    def _run(self, every_s: float) -> None:
+        while True:
+            self._read()
+            if self._stop.wait(every_s):
+                return
+
+    def _read(self) -> None:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key == self.field:
+                self.peak_mb = max(self.peak_mb, int(value.split()[0]) / 1024)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+        self._read()
 
 
 def _build_in_subprocess(
@@ -266,6 +301,8 @@ CONSTANT_FIGURES = (
     "hybrid_filtered_p50_ms",
     "hybrid_filtered_p95_ms",
 )
+# figures a point may lack (constants written before they were measured)
+OPTIONAL_FIGURES = ("build_private_mb",)
 
 
 def constants(
@@ -283,7 +320,9 @@ def constants(
             if not label.startswith("edge"):
                 continue
             quantization = label.partition("-")[2] or "none"
-            point = {"chunks": int(n)} | {k: float(figures[k]) for k in CONSTANT_FIGURES}
+            point = {"chunks": int(n)} | {
+                k: float(figures[k]) for k in (*CONSTANT_FIGURES, *OPTIONAL_FIGURES) if k in figures
+            }
             settings.setdefault(quantization, []).append(point)
     return {
         "measured": {
@@ -342,6 +381,7 @@ def _lines(
         ("hybrid_p95_ms", "hybrid p95 ms", "{:.2f}"),
         ("hybrid_filtered_p50_ms", "filtered hybrid p50 ms", "{:.2f}"),
         ("build_rss_mb", "build peak RSS MB", "{:,.0f}"),
+        ("build_private_mb", "  of which private MB", "{:,.0f}"),
         ("rss_mb", "serving peak RSS MB", "{:,.0f}"),
         ("rss_anon_mb", "  of which private MB", "{:,.0f}"),
         ("disk_mb", "disk MB", "{:,.0f}"),
@@ -352,6 +392,33 @@ def _lines(
             text += f"   {peer_name} {fmt.format(peer[key]):>10}   ratio {ratio:.2f}"
         lines.append(text)
     return lines
+
+
+def merged_constants(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
+    """`new`'s constants over an existing file's: what another benchmark added (bench_brief's
+    `served`) stays, and so do the sizes this run did not measure (a 1M run added to the 100k
+    and 300k points of an earlier one), each size's figures from its latest run; when earlier
+    points stay, the command names both runs."""
+    by_size: dict[str, dict[int, dict[str, float]]] = {
+        name: {int(p["chunks"]): p for p in points}
+        for name, points in (old.get("settings") or {}).items()
+    }
+    kept = any(
+        n not in {int(p["chunks"]) for p in new["settings"].get(name, [])}
+        for name, sizes in by_size.items()
+        for n in sizes
+    )
+    for name, points in new["settings"].items():
+        by_size.setdefault(name, {}).update({int(p["chunks"]): p for p in points})
+    merged = old | new
+    merged["settings"] = {
+        name: [sizes[n] for n in sorted(sizes)] for name, sizes in by_size.items()
+    }
+    if kept and old.get("measured", {}).get("command"):
+        merged["measured"] = new["measured"] | {
+            "command": f"{old['measured']['command']} && {new['measured']['command']}"
+        }
+    return merged
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -381,8 +448,8 @@ def main(argv: list[str] | None = None) -> int:
         made = constants(
             results, command, query_encode_ms=query_encode_ms(), edits=edit_constants()
         )
-        if args.constants_out.is_file():  # keep what another benchmark added (bench_brief's)
-            made = json.loads(args.constants_out.read_text()) | made
+        if args.constants_out.is_file():
+            made = merged_constants(json.loads(args.constants_out.read_text()), made)
         args.constants_out.write_text(json.dumps(made, indent=1) + "\n")
         print(f"plan constants written to {args.constants_out}", flush=True)
     return 0

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from bench.bench_engine import CONSTANT_FIGURES, constants
+from bench.bench_engine import CONSTANT_FIGURES, constants, merged_constants
 from rag_retriever.cli import main
 from rag_retriever.errors import ConfigError
 from rag_retriever.ops.plan import (
@@ -121,6 +121,37 @@ def test_the_build_peak_is_fitted_and_checked_against_a_machine_and_a_node() -> 
     assert "none: build peak not in these constants" in "\n".join(describe(old))
 
 
+def test_a_build_whose_private_memory_fits_runs_by_paging_its_shard_files() -> None:
+    """RSS 4 GB at 100k growing as n^1.5, of which 1 GB private growing as n: at 2M chunks the
+    build's RSS (357.8 GB) exceeds 64 GB but its private 20 GB fits, so it runs by paging the
+    mapped shard files; a node's (500k) fits whole; at 10M the private 100 GB does not fit."""
+    measured = {
+        name: [
+            p
+            | {
+                "build_rss_mb": 4096 * (p["chunks"] / 100_000) ** 1.5,
+                "build_private_mb": 1024 * p["chunks"] / 100_000,
+            }
+            for p in points
+        ]
+        for name, points in CASE["settings"].items()
+    }
+    constants = dict(CASE, settings=measured)
+    plan = make_plan(Brief(chunks=2_000_000, nodes=4, memory_gb=64), constants)
+    none = plan.settings[0]
+    assert none.exponents["build private memory"] == pytest.approx(1.0)
+    assert none.build_private_gb == pytest.approx(20.0)
+    assert none.node_build_private_gb == pytest.approx(5.0)
+    text = "\n".join(describe(plan))
+    assert (
+        "none: a build peaks at 357.8 GB RSS on one machine, 20.0 GB of it private (fits 64 GB "
+        "only by paging shard files from disk); 44.7 GB, 5.0 GB private, a node of 4 (fits)"
+    ) in text
+    assert "mapped shard files" in text
+    big = "\n".join(describe(make_plan(Brief(chunks=10_000_000, memory_gb=64), constants)))
+    assert "100.0 GB of it private (does NOT fit 64 GB)" in big
+
+
 def test_latency_is_not_extrapolated_downwards() -> None:
     falling = dict(
         CASE,
@@ -155,6 +186,33 @@ def test_the_benchmark_writes_what_the_plan_reads(tmp_path: Path) -> None:
     path = tmp_path / "c.json"
     path.write_text(json.dumps(made))
     assert load_constants(path)["settings"].keys() == {"none", "binary"}
+
+
+def test_a_run_at_a_new_size_adds_its_points_to_the_constants_file() -> None:
+    """A 1M run written over the 100k/300k file: each setting keeps the sizes it did not measure,
+    a size measured again takes the new figures, another benchmark's part stays, and the command
+    names both runs (so the file says how to measure all of it again)."""
+    old_row = {k: 1.0 for k in CONSTANT_FIGURES}
+    new_row = {k: 2.0 for k in CONSTANT_FIGURES}
+    first = "python -m bench.bench_engine --sizes 100000 300000"
+    old = constants({"100000": {"edge": old_row}, "300000": {"edge": old_row}}, first)
+    old["served"] = {"chunks": 2468}
+    second = "python -m bench.bench_engine --sizes 300000 1000000 --quantization binary"
+    new = constants(
+        {"300000": {"edge-binary": new_row}, "1000000": {"edge-binary": new_row}}, second
+    )
+    merged = merged_constants(old, new)
+    assert [p["chunks"] for p in merged["settings"]["none"]] == [100_000, 300_000]
+    assert [(p["chunks"], p["seal_s"]) for p in merged["settings"]["binary"]] == [
+        (300_000, 2.0),
+        (1_000_000, 2.0),
+    ]
+    assert merged["served"] == {"chunks": 2468}
+    assert merged["measured"]["command"] == f"{first} && {second}"
+    again = constants({"100000": {"edge": new_row}, "300000": {"edge": new_row}}, first)
+    remeasured = merged_constants(old, again)  # every old point measured again: one command
+    assert remeasured["measured"]["command"] == first
+    assert [p["seal_s"] for p in remeasured["settings"]["none"]] == [2.0, 2.0]
 
 
 def test_the_cli_plans_the_brief_from_the_shipped_constants(

@@ -126,6 +126,9 @@ class SettingPlan:
     # the build's peak RSS (write and seal, in the building process); None: not in the constants
     build_memory_gb: float | None = None
     node_build_memory_gb: float | None = None
+    # of it, the private memory (the rest is mapped shard files); None: not in the constants
+    build_private_gb: float | None = None
+    node_build_private_gb: float | None = None
     meets: dict[str, bool] = field(default_factory=dict)
 
 
@@ -233,6 +236,9 @@ def _setting(
     p50, p95 = (_rising(fit(key, 0.0)) for key in ("hybrid_p50_ms", "hybrid_p95_ms"))
     # constants written before the build's peak was measured do not have it
     build_memory = fit("build_rss_mb", 1.0) if all("build_rss_mb" in p for p in points) else None
+    build_private = (
+        fit("build_private_mb", 1.0) if all("build_private_mb" in p for p in points) else None
+    )
     n = brief.chunks
     service_ms = p50.at(n) + encode_ms
     machine_qps = brief.cores * 1000.0 / service_ms
@@ -274,9 +280,12 @@ def _setting(
             "p50": p50.e,
             "p95": p95.e,
         }
-        | ({"build memory": build_memory.e} if build_memory else {}),
+        | ({"build memory": build_memory.e} if build_memory else {})
+        | ({"build private memory": build_private.e} if build_private else {}),
         build_memory_gb=build_memory.at(n) / 1024 if build_memory else None,
         node_build_memory_gb=build_memory.at(node_chunks) / 1024 if build_memory else None,
+        build_private_gb=build_private.at(n) / 1024 if build_private else None,
+        node_build_private_gb=build_private.at(node_chunks) / 1024 if build_private else None,
     )
     plan.meets.update(
         memory=plan.fits_one_machine,
@@ -301,15 +310,39 @@ def _build_memory_lines(plan: Plan) -> list[str]:
                 f"`python -m bench.bench_engine --constants-out FILE`)"
             )
             continue
-        fits = s.build_memory_gb <= b.memory_gb * MEMORY_SHARE
-        node_fits = s.node_build_memory_gb <= b.memory_gb * MEMORY_SHARE
+        limit, size = b.memory_gb * MEMORY_SHARE, f" {b.memory_gb:g} GB"
+        if s.build_private_gb is None or s.node_build_private_gb is None:
+            lines.append(
+                f"{s.quantization}: a build peaks at {s.build_memory_gb:.1f} GB on one machine "
+                f"({_build_fit(s.build_memory_gb, s.build_memory_gb, limit, size)}), "
+                f"{s.node_build_memory_gb:.1f} GB a node of {b.nodes} "
+                f"({_build_fit(s.node_build_memory_gb, s.node_build_memory_gb, limit)})"
+            )
+            continue
+        machine = _build_fit(s.build_memory_gb, s.build_private_gb, limit, size)
         lines.append(
-            f"{s.quantization}: a build peaks at {s.build_memory_gb:.1f} GB on one machine "
-            f"({'fits' if fits else 'does NOT fit'} {b.memory_gb:g} GB), "
-            f"{s.node_build_memory_gb:.1f} GB a node of {b.nodes} "
-            f"({'fits' if node_fits else 'does NOT fit'})"
+            f"{s.quantization}: a build peaks at {s.build_memory_gb:.1f} GB RSS on one machine, "
+            f"{s.build_private_gb:.1f} GB of it private ({machine}); "
+            f"{s.node_build_memory_gb:.1f} GB, {s.node_build_private_gb:.1f} GB private, a node "
+            f"of {b.nodes} ({_build_fit(s.node_build_memory_gb, s.node_build_private_gb, limit)})"
+        )
+    if any(s.build_private_gb is not None for s in plan.settings):
+        lines.append(
+            "a build's RSS beyond its private memory is mapped shard files: the kernel can page "
+            "them out and read them again, so a build whose private memory fits still runs, "
+            "slower by those reads (not measured)"
         )
     return lines
+
+
+def _build_fit(rss_gb: float, private_gb: float, limit_gb: float, machine: str = "") -> str:
+    """Whether a build fits `limit_gb`: whole, only with its mapped shard files paged (its
+    private memory fits), or not at all."""
+    if rss_gb <= limit_gb:
+        return f"fits{machine}"
+    if private_gb <= limit_gb:
+        return f"fits{machine} only by paging shard files from disk"
+    return f"does NOT fit{machine}"
 
 
 def _edits(brief: Brief, edits: dict[str, Any]) -> dict[str, float]:
