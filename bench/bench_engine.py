@@ -398,7 +398,11 @@ def merged_constants(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]
     """`new`'s constants over an existing file's: what another benchmark added (bench_brief's
     `served`) stays, and so do the sizes this run did not measure (a 1M run added to the 100k
     and 300k points of an earlier one), each size's figures from its latest run; when earlier
-    points stay, the command names both runs."""
+    points stay, the command names both runs. A file measured on another machine (other cores,
+    memory or engine) is replaced whole: a fit through both would describe neither."""
+    was, now = old.get("measured") or {}, new["measured"]
+    if any(was.get(k) != now[k] for k in ("cores", "memory_gb", "engine")):
+        return new
     by_size: dict[str, dict[int, dict[str, float]]] = {
         name: {int(p["chunks"]): p for p in points}
         for name, points in (old.get("settings") or {}).items()
@@ -414,10 +418,8 @@ def merged_constants(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]
     merged["settings"] = {
         name: [sizes[n] for n in sorted(sizes)] for name, sizes in by_size.items()
     }
-    if kept and old.get("measured", {}).get("command"):
-        merged["measured"] = new["measured"] | {
-            "command": f"{old['measured']['command']} && {new['measured']['command']}"
-        }
+    if kept and was.get("command"):
+        merged["measured"] = now | {"command": f"{was['command']} && {now['command']}"}
     return merged
 
 

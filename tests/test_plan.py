@@ -191,7 +191,8 @@ def test_the_benchmark_writes_what_the_plan_reads(tmp_path: Path) -> None:
 def test_a_run_at_a_new_size_adds_its_points_to_the_constants_file() -> None:
     """A 1M run written over the 100k/300k file: each setting keeps the sizes it did not measure,
     a size measured again takes the new figures, another benchmark's part stays, and the command
-    names both runs (so the file says how to measure all of it again)."""
+    names both runs (so the file says how to measure all of it again); another machine's run
+    replaces the file."""
     old_row = {k: 1.0 for k in CONSTANT_FIGURES}
     new_row = {k: 2.0 for k in CONSTANT_FIGURES}
     first = "python -m bench.bench_engine --sizes 100000 300000"
@@ -213,6 +214,8 @@ def test_a_run_at_a_new_size_adds_its_points_to_the_constants_file() -> None:
     remeasured = merged_constants(old, again)  # every old point measured again: one command
     assert remeasured["measured"]["command"] == first
     assert [p["seal_s"] for p in remeasured["settings"]["none"]] == [2.0, 2.0]
+    elsewhere = dict(new, measured=new["measured"] | {"cores": 64})
+    assert merged_constants(old, elsewhere) == elsewhere  # another machine's: nothing of this one
 
 
 def test_the_cli_plans_the_brief_from_the_shipped_constants(
