@@ -29,7 +29,6 @@ import datetime
 import json
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 import threading
@@ -41,7 +40,7 @@ from typing import Any
 import numpy as np
 
 from bench.bench_bm25 import synthetic_chunks
-from bench.bench_common import percentile, read_jsonl, real_sentences, shared_path
+from bench.bench_common import child_json, percentile, read_jsonl, real_sentences, shared_path
 from rag_retriever.models.bm25 import BM25Model, Tokenizer
 from rag_retriever.records import QUANTIZATIONS, Quantization, SearchFilter
 from rag_retriever.store import (
@@ -183,11 +182,17 @@ def _memory() -> dict[str, float]:
     end split into private memory (RssAnon) and mapped shard files (RssFile: page cache the
     kernel can drop and re-read)."""
     fields = {"VmHWM": "rss_mb", "RssAnon": "rss_anon_mb", "RssFile": "rss_file_mb"}
+    status = _status_mb()
+    return {name: status[key] for key, name in fields.items() if key in status}
+
+
+def _status_mb() -> dict[str, float]:
+    """The sizes /proc/self/status gives (its kB fields), in MB."""
     out = {}
     for line in Path("/proc/self/status").read_text().splitlines():
         key, _, value = line.partition(":")
-        if key in fields:
-            out[fields[key]] = int(value.split()[0]) / 1024
+        if value.endswith(" kB"):
+            out[key] = int(value.split()[0]) / 1024
     return out
 
 
@@ -221,10 +226,7 @@ class _PeakSampler:
                 return
 
     def _read(self) -> None:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            key, _, value = line.partition(":")
-            if key == self.field:
-                self.peak_mb = max(self.peak_mb, int(value.split()[0]) / 1024)
+        self.peak_mb = max(self.peak_mb, _status_mb().get(self.field, 0.0))
 
     def stop(self) -> None:
         self._stop.set()
@@ -250,14 +252,8 @@ def _in_subprocess(function: str, *args: str) -> dict[str, Any]:
         "args = [int(a) if a.isdigit() else a for a in sys.argv[2:]]; args[1] = Path(args[1]); "
         f"print(json.dumps(b.{function}(*args)))"
     )
-    done = subprocess.run(
-        [sys.executable, "-c", code, function, *args],
-        capture_output=True,
-        text=True,
-        check=True,
-        cwd=Path(__file__).resolve().parents[1],
-    )
-    return dict(json.loads(done.stdout.strip().splitlines()[-1]))
+    here = str(Path(__file__).resolve().parents[1])
+    return child_json(code, [function, *args], dict(os.environ), f"bench_engine's {function}", here)
 
 
 def run(
