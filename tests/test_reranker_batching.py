@@ -11,6 +11,7 @@ import pytest
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
+from transformers import AutoModelForSequenceClassification
 
 from rag_retriever.models.device import (
     AUTO_RERANK_BATCH_SIZE,
@@ -77,15 +78,73 @@ def test_half_weights_on_cuda_only() -> None:
     assert holds_half_weights(Precision(torch.device("cuda"), "bf16"))
     assert not holds_half_weights(Precision(torch.device("cuda"), "fp32"))
     assert not holds_half_weights(Precision(torch.device("cpu"), "bf16"))  # autocast there
-    model = for_inference(torch.nn.Linear(2, 2), Precision(torch.device("cpu"), "bf16"))
-    assert next(model.parameters()).dtype == torch.float32
 
 
-@pytest.mark.parametrize(("weights", "autocast"), [(torch.float32, True), (torch.bfloat16, False)])
-def test_autocast_only_over_weights_of_another_dtype(weights: torch.dtype, autocast: bool) -> None:
-    model = torch.nn.Linear(2, 2).to(weights)
+def test_on_the_cpu_only_linear_layers_hold_bf16_and_the_scores_are_bit_for_bit_autocasts(
+    tiny_reranker_dir: Path,
+) -> None:
+    # The oracle: the same model with every weight in fp32 under bf16 autocast, which casts a
+    # linear layer's weight and bias to bf16 on every pass (what the CPU path did before).
+    reranker = CrossEncoderReranker.load(tiny_reranker_dir, device="cpu", dtype="bf16")
+    model = reranker.model
+    linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    assert {p.dtype for m in linears for p in m.parameters()} == {torch.bfloat16}
+    others = {p.dtype for n, p in model.named_parameters() if "LayerNorm" in n or "embeddings" in n}
+    assert others == {torch.float32}  # layer norms and embeddings stay exact
+    reference = for_inference(  # fp32 weights, with the same CPU attention
+        AutoModelForSequenceClassification.from_pretrained(tiny_reranker_dir),
+        Precision(torch.device("cpu"), "fp32"),
+    )
+    pairs = reranker.tokenizer(
+        ["who named normandy"] * 3,
+        ["the normans gave their name to normandy", "bm25", "a b c d e f g h"],
+        padding=True,
+        return_tensors="pt",
+    )
+    with inference(reranker.precision, model):
+        assert torch.is_autocast_enabled("cpu")
+        ours = model(**pairs).logits
+    with torch.inference_mode(), torch.autocast("cpu", dtype=torch.bfloat16):
+        expected = reference(**pairs).logits
+    assert torch.equal(ours, expected)
+
+
+def test_a_linear_weight_that_another_module_shares_keeps_its_dtype() -> None:
+    embedding = torch.nn.Embedding(5, 4)
+    decoder = torch.nn.Linear(4, 5, bias=False)
+    decoder.weight = embedding.weight  # tied, as a masked-language-model head is
+    attention = torch.nn.MultiheadAttention(4, 1)
+    free = torch.nn.Linear(4, 4)
+    for_inference(
+        torch.nn.ModuleList([embedding, decoder, attention, free]),
+        Precision(torch.device("cpu"), "bf16"),
+    )
+    assert embedding.weight.dtype == torch.float32
+    assert attention.out_proj.weight.dtype == torch.float32
+    assert free.weight.dtype == free.bias.dtype == torch.bfloat16
+    trained_next = for_inference(
+        torch.nn.Linear(2, 2), Precision(torch.device("cpu"), "bf16"), half_weights=False
+    )
+    assert next(trained_next.parameters()).dtype == torch.float32
+
+
+@pytest.mark.parametrize(
+    ("weights", "autocast"),
+    [
+        ((torch.float32,) * 2, True),
+        ((torch.bfloat16,) * 2, False),
+        ((torch.bfloat16, torch.float32), True),
+    ],
+)
+def test_autocast_unless_every_weight_has_the_target_dtype(
+    weights: tuple[torch.dtype, torch.dtype], autocast: bool
+) -> None:
+    model = torch.nn.Sequential(
+        torch.nn.Linear(2, 2).to(weights[0]), torch.nn.LayerNorm(2).to(weights[1])
+    )
     with inference(Precision(torch.device("cpu"), "bf16"), model):
         assert torch.is_autocast_enabled("cpu") is autocast
+        model(torch.ones(1, 2, dtype=weights[1]))  # mixed weights run under autocast
 
 
 def test_batch_size_auto_is_the_devices_default(tiny_reranker_dir: Path) -> None:
