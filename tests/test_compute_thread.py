@@ -11,8 +11,17 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
-from rag_retriever.models.device import BACKGROUND, URGENT, ComputeThread, training_thread
+from rag_retriever.models.device import (
+    BACKGROUND,
+    COMPUTE,
+    SMALL_PASS_TOKENS,
+    URGENT,
+    ComputeThread,
+    threads_for,
+    training_thread,
+)
 from rag_retriever.models.encoder import Encoder
 from rag_retriever.models.reranker import CrossEncoderReranker
 
@@ -128,3 +137,48 @@ def test_passes_asked_within_inline_run_in_the_asking_thread(tiny_encoder_dir: P
     seen.clear()
     encoder.encode_queries(["apples"])  # outside: the compute thread again
     assert seen == {"rag-compute"}
+
+
+def test_a_small_pass_runs_on_one_intra_op_thread_and_a_large_one_on_the_setting(
+    tiny_encoder_dir: Path, tiny_reranker_dir: Path
+) -> None:
+    """SMALL_PASS_TOKENS (device.py): a query's pass on one OpenMP thread, a batch of passages
+    on the process's setting; the setting is the same after either. The oracle: the thread
+    count a forward hook sees."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)  # the rule only narrows a setting above one
+    try:
+        encoder = Encoder.load(str(tiny_encoder_dir), device="cpu", dtype="fp32", batch_size=64)
+        reranker = CrossEncoderReranker.load(tiny_reranker_dir, device="cpu", dtype="fp32")
+        seen: list[int] = []
+        for model in (encoder.model, reranker.model):
+            model.register_forward_hook(lambda *_: seen.append(torch.get_num_threads()))
+        encoder.encode_queries(["apples and pears"])
+        reranker.score("apples", ["pears"])
+        assert seen == [1, 1]
+        seen.clear()
+        long = " ".join(["apples and pears"] * 20)  # 60 tokens a text, 64 texts in one pass
+        assert SMALL_PASS_TOKENS < 64 * 60
+        encoder.encode_passages([long] * 64)
+        reranker.score("apples", [long] * 32)
+        assert seen == [2, 2]
+        assert torch.get_num_threads() == 2
+        assert COMPUTE.run(torch.get_num_threads) == 2  # put back on the compute thread too
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_threads_for_leaves_a_single_thread_setting_and_unknown_sizes_alone() -> None:
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        with threads_for(None):
+            assert torch.get_num_threads() == 2
+        with threads_for(SMALL_PASS_TOKENS + 1):
+            assert torch.get_num_threads() == 2
+        with pytest.raises(ZeroDivisionError), threads_for(SMALL_PASS_TOKENS):
+            assert torch.get_num_threads() == 1
+            _ = 1 / 0
+        assert torch.get_num_threads() == 2  # put back after an error too
+    finally:
+        torch.set_num_threads(threads)

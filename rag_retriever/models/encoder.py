@@ -253,7 +253,11 @@ class Encoder:
         try:
             for batch in prefetch:
                 vectors = forward(
-                    self.precision, self.model, partial(self._forward, batch), priority
+                    self.precision,
+                    self.model,
+                    partial(self._forward, batch),
+                    priority,
+                    tokens=batch.n_padded,
                 )
                 results.add(batch.rows, vectors)
                 bar.update(len(batch.rows))
@@ -364,6 +368,11 @@ class TokenBatch:
         return TokenBatch(
             self.rows[start:stop], {k: v[start:stop] for k, v in self.tensors.items()}
         )
+
+    @property
+    def n_padded(self) -> int:
+        """Tokens a forward pass over the batch computes: rows x padded length."""
+        return self.tensors["input_ids"].numel()
 
     def to(self, device: torch.device) -> dict[str, torch.Tensor]:
         # non_blocking: from pinned memory (CUDA) the copy overlaps the work queued before it

@@ -205,7 +205,8 @@ class CrossEncoderReranker:
         for batch in tokens.batches(self.batch_size, pin=pin):
             rows.append(batch.rows)
             on_device = batch.to(self.precision.device)
-            logits.append(forward(self.precision, self.model, partial(self.logits, on_device)))
+            pass_ = partial(self.logits, on_device)
+            logits.append(forward(self.precision, self.model, pass_, tokens=batch.n_padded))
         scores = np.empty(len(passages), dtype=np.float32)
         # one device-to-host copy (one wait for the device) per call, not one per batch
         scores[np.concatenate(rows)] = torch.cat(logits).cpu().numpy()
