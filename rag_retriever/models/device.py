@@ -6,10 +6,10 @@ else fp32. Explicit choices are honoured or refused with a clear error, never sw
 
 For inference, a CUDA model holds its weights in the chosen half precision (`for_inference`):
 autocast over fp32 weights would cast every weight again on every forward pass. On the CPU under
-bf16 autocast only the linear layers hold bf16 weights (`linear_weights_in`): autocast casts a
-linear layer's weight and bias to bf16 anyway, so the vectors are bit for bit the same, and the
-cast no longer runs on every pass (a 10-token query's encoding took 9.1 ms, 18.1 ms of CPU on 2
-cores, with the casts; 5.7 ms and 11.3 ms without them). The whole model in bf16 encoded
+bf16 autocast only the linear layers hold bf16 weights, packed once for oneDNN
+(`linear.bf16_linear_layers`): autocast would cast them to bf16 on every pass, and oneDNN reorder
+them on every call (a 10-token query's encoding took 9.1 ms, 18.1 ms of CPU on 2 cores, with
+both; without the casts 5.7 ms and 11.3 ms). The whole model in bf16 encoded
 1.3-1.5x faster (137-170 vs 94-122 SQuAD chunks/s, 2 cores with AVX512-BF16), but layer norms and
 the residual stream then run in bf16 too: SciFact's dense nDCG@10 fell 0.0018 and recall@10
 0.0037, outside the README tables' +-0.0005 (README "GPU and CPU speed"). A model that is
@@ -33,6 +33,7 @@ import torch
 
 from rag_retriever.errors import ConfigError
 from rag_retriever.models.attention import use_cpu_attention
+from rag_retriever.models.linear import bf16_linear_layers
 from rag_retriever.settings import default_of
 
 
@@ -121,39 +122,15 @@ def for_inference(
         use_cpu_attention(model)
     if half_weights and holds_half_weights(precision):
         model = model.to(precision.torch_dtype)
-    elif half_weights and precision.dtype != "fp32":
-        linear_weights_in(model, precision.torch_dtype)
+    elif half_weights and precision.dtype == "bf16":
+        bf16_linear_layers(model)
     return model.eval()
-
-
-def linear_weights_in(model: torch.nn.Module, dtype: torch.dtype) -> None:
-    """The weights and biases of `model`'s linear layers cast to `dtype` once, in place, for
-    inference under autocast to `dtype`, which casts them to it on every pass otherwise. A linear
-    layer whose weight another module also uses (a decoder tied to the word embeddings) keeps
-    its dtype: the other module would read the cast weight outside autocast's linear ops; so
-    does one inside `nn.MultiheadAttention`, whose fused path reads its layers' weights itself."""
-    keep = {
-        id(param)
-        for module in model.modules()
-        if not isinstance(module, torch.nn.Linear)
-        for param in module.parameters(recurse=False)
-    }
-    keep |= {
-        id(child.weight)
-        for module in model.modules()
-        if isinstance(module, torch.nn.MultiheadAttention)
-        for child in module.modules()
-        if isinstance(child, torch.nn.Linear)
-    }
-    for module in model.modules():
-        if isinstance(module, torch.nn.Linear) and id(module.weight) not in keep:
-            module.to(dtype)
 
 
 @contextlib.contextmanager
 def inference(precision: Precision, model: torch.nn.Module | None = None) -> Iterator[None]:
     """No gradients, and autocast unless all of `model`'s weights are already in the target
-    dtype (some of them are, on the CPU: `linear_weights_in`)."""
+    dtype (some of them are, on the CPU: `bf16_linear_layers`)."""
     weights = {p.dtype for p in model.parameters()} if model is not None else {torch.float32}
     cast = contextlib.nullcontext() if weights == {precision.torch_dtype} else precision.autocast()
     with torch.inference_mode(), cast:
