@@ -182,3 +182,23 @@ def test_threads_for_leaves_a_single_thread_setting_and_unknown_sizes_alone() ->
         assert torch.get_num_threads() == 2  # put back after an error too
     finally:
         torch.set_num_threads(threads)
+
+
+def test_a_models_weights_are_cast_and_packed_on_the_compute_thread(
+    tiny_encoder_dir: Path, tiny_reranker_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The cast's parallel kernels on the loading thread gave that thread an OpenMP team of its
+    own, and every pass on the compute thread then ran 1.6x slower (device.for_inference)."""
+    from rag_retriever.models import device
+
+    seen: list[str] = []
+    prepare = device.bf16_linear_layers
+
+    def recorded(model: torch.nn.Module) -> int:
+        seen.append(threading.current_thread().name)
+        return prepare(model)
+
+    monkeypatch.setattr(device, "bf16_linear_layers", recorded)
+    Encoder.load(str(tiny_encoder_dir), device="cpu", dtype="bf16")
+    CrossEncoderReranker.load(tiny_reranker_dir, device="cpu", dtype="bf16")
+    assert seen == ["rag-compute", "rag-compute"]
