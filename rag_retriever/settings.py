@@ -229,6 +229,13 @@ class Settings(BaseSettings):
         "commit the HTTP service's writes in a process of its own that runs only on idle CPU "
         "(auto: in `serve` on embedded Qdrant Edge)",
     )
+    # Longer than the idle expiry of clients' and proxies' connection pools (httpx 5 s, nginx
+    # upstream and cloud load balancers 60 s): with uvicorn's 5 s the server closed a pooled
+    # connection as a client sent on it, and the client read a reset (httpx.ReadError: 1 of
+    # 3,013 queries in `bench.bench_brief`, a known race: uvicorn's and httpx's both 5 s).
+    keep_alive_s: PositiveInt = _setting(
+        75, "seconds the HTTP service keeps an idle client connection open"
+    )
     max_batch_size: PositiveInt = _setting(64, "most questions in one batch request")
     max_body_bytes: PositiveInt = _setting(1_000_000, "largest accepted HTTP request body")
 

@@ -746,3 +746,33 @@ def test_an_error_quoting_a_lone_surrogate_is_still_answered(served: Served) -> 
     with TestClient(app) as http:
         r = http.get("/refuse")
     assert r.status_code == 422 and r.json()["detail"] == "the field 'a\\ud800' is unknown"
+
+
+def test_serve_keeps_an_idle_connection_open_longer_than_client_pools_do(
+    served: Served, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """uvicorn's default keep-alive (5 s) equals httpx's pool expiry: the server closed pooled
+    connections as clients sent on them (an httpx.ReadError under load). `serve` passes
+    RAG_KEEP_ALIVE_S (--keep-alive-s) to uvicorn; the default outlasts httpx's pools. uvicorn's
+    Server is replaced (it would serve until stopped); the app and its config are real."""
+    configs: list[Any] = []
+
+    class Captured:
+        def __init__(self, config: Any) -> None:
+            configs.append(config)
+
+        def run(self, sockets: list[socket.socket]) -> None:
+            for sock in sockets:
+                sock.close()
+
+    monkeypatch.setattr(server.uvicorn, "Server", Captured)
+    monkeypatch.setattr(server.Retriever, "from_settings", lambda settings: served.retriever)
+    assert cli.main(["serve", "--port", "0", "--write-process", "false"]) == 0
+    assert (
+        cli.main(["serve", "--port", "0", "--write-process", "false", "--keep-alive-s", "90"]) == 0
+    )
+    default, chosen = (c.timeout_keep_alive for c in configs)
+    client_pool_s = httpx.Limits().keepalive_expiry
+    assert client_pool_s is not None and default == Settings().keep_alive_s > client_pool_s
+    assert chosen == 90
+    assert cli.main(["serve", "--port", "0", "--keep-alive-s", "0"]) == 2  # refused at start-up

@@ -193,6 +193,7 @@ def add_serve(sub: Any) -> None:
         "keys_file",
         "write_window_ms",
         "write_process",
+        "keep_alive_s",
         "lock_wait_s",
         "query_log",
         "query_log_text",

@@ -788,7 +788,12 @@ def serve(settings: Settings, *, host: str = "127.0.0.1", port: int = 8000) -> N
         # for a scraper inside the network: the same registry, on a port of its own, no key
         start_http_server(settings.metrics_port, addr=host, registry=app.state.metrics.registry)
         log.info("metrics on http://%s:%d/metrics", host, settings.metrics_port)
-    config = uvicorn.Config(app, workers=1, log_level=settings.log_level.lower())
+    config = uvicorn.Config(
+        app,
+        workers=1,
+        log_level=settings.log_level.lower(),
+        timeout_keep_alive=settings.keep_alive_s,
+    )
     uvicorn.Server(config).run(sockets=[sock])
 
 
