@@ -20,7 +20,7 @@ from rag_retriever.models.device import (
     holds_half_weights,
     inference,
 )
-from rag_retriever.models.linear import PackedLinear
+from rag_retriever.models.linear import PackedLinear, can_pack
 from rag_retriever.models.reranker import CrossEncoderReranker
 from tests.conftest import WORDS
 
@@ -89,7 +89,8 @@ def test_on_the_cpu_only_linear_layers_hold_bf16_packed_and_the_scores_are_autoc
     reranker = CrossEncoderReranker.load(tiny_reranker_dir, device="cpu", dtype="bf16")
     model = reranker.model
     linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
-    assert all(isinstance(m, PackedLinear) for m in linears)  # oneDNN on this machine's torch
+    # packed where this torch has oneDNN (it has on this machine: test_linear.py), else plain
+    assert all(isinstance(m, PackedLinear) == can_pack() for m in linears)
     assert {p.dtype for m in linears for p in m.parameters()} == {torch.bfloat16}
     others = {p.dtype for n, p in model.named_parameters() if "LayerNorm" in n or "embeddings" in n}
     assert others == {torch.float32}  # layer norms and embeddings stay exact
