@@ -134,8 +134,12 @@ def for_inference(
 def inference(precision: Precision, model: torch.nn.Module | None = None) -> Iterator[None]:
     """No gradients, and autocast unless all of `model`'s weights are already in the target
     dtype (some of them are, on the CPU: `bf16_linear_layers`)."""
-    weights = {p.dtype for p in model.parameters()} if model is not None else {torch.float32}
-    cast = contextlib.nullcontext() if weights == {precision.torch_dtype} else precision.autocast()
+    # on every pass: stops at the first weight of another dtype (a CPU model's embeddings)
+    dtypes = iter(()) if model is None else (p.dtype for p in model.parameters())
+    held = next(dtypes, None) == precision.torch_dtype and all(
+        dtype == precision.torch_dtype for dtype in dtypes
+    )
+    cast = contextlib.nullcontext() if held else precision.autocast()
     with torch.inference_mode(), cast:
         yield
 

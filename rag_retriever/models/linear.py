@@ -18,11 +18,7 @@ itself.
 
 from __future__ import annotations
 
-import logging
-
 import torch
-
-log = logging.getLogger(__name__)
 
 # The batch size oneDNN packs a weight for (a hint: any batch size runs on the packed weight).
 PACK_ROWS_HINT = 32
