@@ -1,6 +1,7 @@
 """The CPU attention (rag_retriever/models/attention.py) against PyTorch's own scaled dot-product
-attention: the same output in fp32, the same hidden states of a whole model with padding, and
-the `sdpa` path itself wherever it is not meant to apply (gradients, dropout, causal)."""
+attention: the same output in fp32 on every real token (padding past a group's longest sequence
+is zeros), any other mask applied as it is, the same hidden states of a whole model with padding,
+and the `sdpa` path itself wherever it is not meant to apply (gradients, dropout, causal)."""
 
 from __future__ import annotations
 
@@ -50,18 +51,98 @@ def test_grouped_attention_equals_pytorch_sdpa(batch: int, length: int) -> None:
         expected_unmasked = torch.nn.functional.scaled_dot_product_attention(q, k, v)
     assert weights is None
     assert out.shape == (batch, length, 4, 8)
-    torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(out[keep], expected[keep], atol=1e-5, rtol=1e-5)
+    assert torch.isfinite(out).all()
     torch.testing.assert_close(unmasked, expected_unmasked.transpose(1, 2), atol=1e-5, rtol=1e-5)
+
+
+def test_padding_past_a_sequence_alone_is_zeros_and_never_computed() -> None:
+    """A sequence that goes alone is cut to its length: its padded rows are zeros, whatever the
+    padded positions hold (NaN here, which would poison any product that read them)."""
+    q, k, v, keep, mask = padded(3, 12, 170, 8, seed=5)  # one 170-token sequence a group
+    for tensor in (q, k, v):
+        tensor.transpose(1, 2)[~keep] = float("nan")
+    with torch.inference_mode():
+        out, _ = grouped_attention(Bidirectional(), q, k, v, mask)
+    assert torch.isfinite(out[keep]).all()
+    assert (out[~keep] == 0).all()
+
+
+def test_any_other_mask_is_applied_as_it_is() -> None:
+    """Left padding, a mask that differs between query rows, and a soft bias are not right
+    padding: every row is computed with the mask added, as `sdpa` does."""
+    q, k, v, keep, _ = padded(4, 2, 10, 8, seed=7)
+    left = keep.flip(-1)
+    left_mask = torch.zeros(4, 1, 10, 10).masked_fill_(~left[:, None, None, :], -3e38)
+    causal = torch.full((10, 10), -3e38).triu(1).expand(4, 1, 10, 10)
+    bias = torch.randn(4, 1, 10, 10)
+    with torch.inference_mode():
+        for mask in (left_mask, causal, bias):
+            out, _ = grouped_attention(Bidirectional(), q, k, v, mask)
+            expected = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+            torch.testing.assert_close(out, expected.transpose(1, 2), atol=1e-5, rtol=1e-5)
+
+
+def test_right_padding_lengths_only_for_a_tokenizers_padding() -> None:
+    _, _, _, keep, mask = padded(5, 2, 9, 4, seed=2)
+    assert attention.right_padding_lengths(mask, 9, 9) == keep.sum(-1).tolist()
+    assert attention.right_padding_lengths(None, 9, 9) is None
+    assert attention.right_padding_lengths(mask, 9, 8) is None
+    assert attention.right_padding_lengths(mask.flip(-1), 9, 9) is None  # left padding
+    mild = mask.clamp(min=-5.0)  # exp(score - 5) is not 0: not padding
+    assert attention.right_padding_lengths(mild, 9, 9) is None
+    rows_differ = mask.clone()
+    rows_differ[0, 0, 3, 8] = -3e38
+    assert attention.right_padding_lengths(rows_differ, 9, 9) is None
+    # outside a pass nothing is kept: a mask changed in place is checked again
+    assert attention.right_padding_lengths(mask, 9, 9) is not None
+    changed = mask.clone()
+    assert attention.right_padding_lengths(changed, 9, 9) is not None
+    changed[0, 0, 2, 0] = -3e38
+    assert attention.right_padding_lengths(changed, 9, 9) is None
+
+
+def test_a_pass_checks_each_mask_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    checked: list[int] = []
+    real_check = attention._right_padding_lengths
+
+    def spy(mask: torch.Tensor, k_len: int) -> list[int] | None:
+        checked.append(id(mask))
+        return real_check(mask, k_len)
+
+    monkeypatch.setattr(attention, "_right_padding_lengths", spy)
+    _, _, _, keep, mask = padded(3, 2, 7, 4, seed=4)
+    other = mask.clone()
+    with attention.one_pass():
+        for _ in range(6):  # six layers
+            assert attention.right_padding_lengths(mask, 7, 7) == keep.sum(-1).tolist()
+        attention.right_padding_lengths(other, 7, 7)
+    assert checked == [id(mask), id(other)]
+    attention.right_padding_lengths(mask, 7, 7)  # after the pass: checked again
+    assert len(checked) == 3
+
+
+def test_bf16_attention_is_bf16_and_close_to_fp32() -> None:
+    """Under bf16 (autocast gives bf16 q, k, v) each score is rounded to bf16 once; the output
+    stays within bf16 rounding of fp32 attention on every real token."""
+    q, k, v, keep, mask = padded(6, 12, 40, 32, seed=11)
+    with torch.inference_mode():
+        expected = torch.nn.functional.scaled_dot_product_attention(
+            q, k, v, attn_mask=keep[:, None, None, :]
+        ).transpose(1, 2)
+        half, _ = grouped_attention(Bidirectional(), q.bfloat16(), k.bfloat16(), v.bfloat16(), mask)
+    assert half.dtype == torch.bfloat16
+    torch.testing.assert_close(half[keep].float(), expected[keep], atol=0.03, rtol=0.02)
 
 
 def test_groups_are_sized_by_the_score_budget(monkeypatch: pytest.MonkeyPatch) -> None:
     """A budget of one sequence's scores gives groups of one; the result does not change."""
-    q, k, v, _, mask = padded(6, 2, 12, 8, seed=3)
+    q, k, v, keep, mask = padded(6, 2, 12, 8, seed=3)
     with torch.inference_mode():
         together, _ = grouped_attention(Bidirectional(), q, k, v, mask)
         monkeypatch.setattr(attention, "GROUP_SCORE_BYTES", 2 * 12 * 12 * 4)
         alone, _ = grouped_attention(Bidirectional(), q, k, v, mask)
-    torch.testing.assert_close(together, alone, atol=1e-6, rtol=1e-6)
+    torch.testing.assert_close(together[keep], alone[keep], atol=1e-6, rtol=1e-6)
 
 
 def test_gradients_dropout_and_causal_attention_go_to_sdpa(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -32,7 +32,7 @@ from typing import Any, ParamSpec, TypeVar
 import torch
 
 from rag_retriever.errors import ConfigError
-from rag_retriever.models.attention import use_cpu_attention
+from rag_retriever.models.attention import one_pass, use_cpu_attention
 from rag_retriever.models.linear import bf16_linear_layers
 from rag_retriever.settings import default_of
 
@@ -284,7 +284,7 @@ def forward(
             return fn()
 
     def run() -> T:
-        with inference(precision, model), threads_for(tokens):
+        with inference(precision, model), threads_for(tokens), one_pass():
             return fn()
 
     return COMPUTE.run(run, priority)
