@@ -34,6 +34,7 @@ import asyncio
 import json
 import os
 import random
+import resource
 import shutil
 import socket
 import subprocess
@@ -209,14 +210,64 @@ def _serve(data: Path) -> tuple[subprocess.Popen[bytes], str]:
     raise RuntimeError("rag-retriever serve did not become ready in 300 s")
 
 
+def cpu_seconds(pid: int) -> float:
+    """CPU seconds (user + system) process `pid` has used, all its threads; 0 once it is gone."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def children(pid: int) -> list[int]:
+    """`pid`'s child processes now (its helpers: the writer, the shard writer)."""
+    kids: list[int] = []
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        try:
+            kids += [int(k) for k in (task / "children").read_text().split()]
+        except OSError:
+            continue
+    return kids
+
+
+class CpuMeter:
+    """CPU cores a process and its helpers used over a phase (Linux /proc; helpers that started
+    during the phase count from 0, those that ended before its end are missed)."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.t0 = time.monotonic()
+        self.own0 = cpu_seconds(pid)
+        self.kids0 = {k: cpu_seconds(k) for k in children(pid)}
+
+    def cores(self) -> dict[str, float]:
+        elapsed = time.monotonic() - self.t0
+        own = cpu_seconds(self.pid) - self.own0
+        kids = sum(cpu_seconds(k) - self.kids0.get(k, 0.0) for k in children(self.pid))
+        return {"server_cores": own / elapsed, "helpers_cores": kids / elapsed}
+
+
+def _reaped_cpu_s() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
 def phase(
-    url: str, qps: float, clients: int, seconds: float, edits_per_day: float
+    url: str,
+    qps: float,
+    clients: int,
+    seconds: float,
+    edits_per_day: float,
+    server_pid: int | None = None,
 ) -> dict[str, Any]:
+    meter = CpuMeter(server_pid) if server_pid else None
     procs = [_spawn("queries", url, qps / clients, seconds, seed) for seed in range(clients)]
     editor = (
         _spawn("edits", url, edits_per_day / SECONDS_A_DAY, seconds, 99) if edits_per_day else None
     )
+    reaped0, started = _reaped_cpu_s(), time.monotonic()
     results = [json.loads(p.communicate()[0]) for p in procs]
+    cpu = meter.cores() if meter else {}
     latencies = [x for r in results for x in r["latencies_ms"]]
     errors = [e for r in results for e in r["errors"]]
     out: dict[str, Any] = {
@@ -230,6 +281,10 @@ def phase(
     }
     if editor is not None:
         edits = json.loads(editor.communicate()[0])
+    if meter:  # the load's own processes, their start included, on the same cores
+        cpu["load_cores"] = (_reaped_cpu_s() - reaped0) / (time.monotonic() - started)
+        out["cpu"] = cpu
+    if editor is not None:
         out |= {
             "edits_sent": edits["sent"],
             "edits_failed": len(edits["errors"]),
@@ -267,9 +322,9 @@ def run(
         try:
             phase(url, qps, clients, min(seconds, 10), 0)  # warm-up, not reported
             # one query at a time, near enough: what a query costs through the service alone
-            single = phase(url, 2, 1, min(seconds, 30), 0)
+            single = phase(url, 2, 1, min(seconds, 30), 0, server.pid)
             phases = [
-                phase(url, qps, clients, seconds, rate)
+                phase(url, qps, clients, seconds, rate, server.pid)
                 for rate in (0, edits_per_day, 10 * edits_per_day)
             ]
         finally:
@@ -337,6 +392,13 @@ def report(results: dict[str, Any]) -> list[str]:
             f"{p['p50_ms']:.1f} ms, p95 {p['p95_ms']:.1f} ms ({ratio:.2f}x the peer's), "
             f"p99 {p['p99_ms']:.1f} ms"
         )
+        if "cpu" in p:
+            c = p["cpu"]
+            lines.append(
+                f"    CPU cores used: the server {c['server_cores']:.2f}, its helper processes "
+                f"(the writer) {c['helpers_cores']:.2f}, the load's own processes "
+                f"{c['load_cores']:.2f}"
+            )
     return lines
 
 
