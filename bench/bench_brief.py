@@ -219,31 +219,34 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def children(pid: int) -> list[int]:
-    """`pid`'s child processes now (its helpers: the writer, the shard writer)."""
-    kids: list[int] = []
+def descendants(pid: int) -> list[int]:
+    """`pid`'s child processes now and theirs (the writer, the compactions it starts)."""
+    found: list[int] = []
     for task in Path(f"/proc/{pid}/task").glob("*"):
         try:
-            kids += [int(k) for k in (task / "children").read_text().split()]
+            kids = [int(k) for k in (task / "children").read_text().split()]
         except OSError:
             continue
-    return kids
+        for kid in kids:
+            found += [kid, *descendants(kid)]
+    return found
 
 
 class CpuMeter:
-    """CPU cores a process and its helpers used over a phase (Linux /proc; helpers that started
-    during the phase count from 0, those that ended before its end are missed)."""
+    """CPU cores a process and its helpers (all its descendants) used over a phase (Linux /proc;
+    helpers that started during the phase count from 0; those that ended before its end are
+    missed: a compaction process that came and went)."""
 
     def __init__(self, pid: int) -> None:
         self.pid = pid
         self.t0 = time.monotonic()
         self.own0 = cpu_seconds(pid)
-        self.kids0 = {k: cpu_seconds(k) for k in children(pid)}
+        self.kids0 = {k: cpu_seconds(k) for k in descendants(pid)}
 
     def cores(self) -> dict[str, float]:
         elapsed = time.monotonic() - self.t0
         own = cpu_seconds(self.pid) - self.own0
-        kids = sum(cpu_seconds(k) - self.kids0.get(k, 0.0) for k in children(self.pid))
+        kids = sum(cpu_seconds(k) - self.kids0.get(k, 0.0) for k in descendants(self.pid))
         return {"server_cores": own / elapsed, "helpers_cores": kids / elapsed}
 
 
@@ -396,7 +399,7 @@ def report(results: dict[str, Any]) -> list[str]:
             c = p["cpu"]
             lines.append(
                 f"    CPU cores used: the server {c['server_cores']:.2f}, its helper processes "
-                f"(the writer) {c['helpers_cores']:.2f}, the load's own processes "
+                f"(the writer, compactions) {c['helpers_cores']:.2f}, the load's own processes "
                 f"{c['load_cores']:.2f}"
             )
     return lines

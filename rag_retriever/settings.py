@@ -222,6 +222,15 @@ class Settings(BaseSettings):
     write_window_ms: NonNegativeInt = _setting(
         200, "milliseconds the HTTP service gathers document writes into one version"
     )
+    # Each version costs every serving process a load of its new shards, and Qdrant Edge's load
+    # holds Python's GIL (4-20 ms, every thread stopped). At 10x the brief's edit rate (2.3 a
+    # second) a version every ~0.4 s doubled the p95 of 50 queries/s; one a second at most kept
+    # it within 1.2x (docs/benchmarks.md, "The brief under load").
+    write_interval_ms: NonNegativeInt = _setting(
+        1000,
+        "fewest milliseconds between the starts of two versions the HTTP service commits for "
+        "one collection (writes that arrive meanwhile join the next; 0 = no minimum)",
+    )
     # auto: on in `rag-retriever serve` on Qdrant Edge; off in an app made with create_app
     # (its Retriever's models live in its own process) and on a Qdrant server.
     write_process: WriteProcess = _setting(

@@ -1,7 +1,10 @@
-"""bench/bench_brief.py's CPU accounting: a process and the helpers it starts, from /proc."""
+"""bench/bench_brief.py's CPU accounting: a process and the helpers it and they start, from
+/proc."""
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 import sys
 import time
@@ -9,12 +12,13 @@ from pathlib import Path
 
 import pytest
 
-from bench.bench_brief import CpuMeter, children, cpu_seconds
+from bench.bench_brief import CpuMeter, cpu_seconds, descendants
 
 # The helper burns this much CPU time (not wall time: a loaded machine only makes it slower).
 BURN_S = 0.3
+TICK_S = 1 / os.sysconf("SC_CLK_TCK")  # /proc counts in clock ticks
 
-HELPER = f"""
+BURNER = f"""
 import sys, time
 while time.process_time() < {BURN_S}:
     pass
@@ -22,32 +26,36 @@ open(sys.argv[1], "w").close()
 time.sleep(60)
 """
 
-PARENT = """
+# Starts `sys.argv[1]` (code) with the rest of its arguments, then waits.
+SPAWNER = """
 import subprocess, sys, time
-helper = subprocess.Popen([sys.executable, "-c", sys.argv[1], sys.argv[2]])
+helper = subprocess.Popen([sys.executable, "-c", *sys.argv[1:]])
 time.sleep(60)
 """
 
 
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs Linux /proc")
-def test_the_meter_counts_a_helper_started_during_the_phase(tmp_path: Path) -> None:
+def test_the_meter_counts_helpers_of_helpers_started_during_the_phase(tmp_path: Path) -> None:
+    """server -> writer -> compaction: the compaction's CPU counts, from 0."""
     done = tmp_path / "burnt"
-    parent = subprocess.Popen([sys.executable, "-c", PARENT, HELPER, str(done)])
+    server = subprocess.Popen([sys.executable, "-c", SPAWNER, SPAWNER, BURNER, str(done)])
     try:
-        meter = CpuMeter(parent.pid)
+        meter = CpuMeter(server.pid)
         deadline = time.monotonic() + 60
         while not done.exists():
             assert time.monotonic() < deadline, "the helper never finished its work"
             time.sleep(0.05)
         cores = meter.cores()
         elapsed = time.monotonic() - meter.t0
-        (helper,) = children(parent.pid)
-        assert cpu_seconds(helper) >= BURN_S
-        assert cores["helpers_cores"] * elapsed >= BURN_S * 0.9  # counted from 0
-        assert cores["server_cores"] * elapsed < cpu_seconds(helper)
+        writer, compaction = descendants(server.pid)
+        assert descendants(writer) == [compaction]
+        assert cpu_seconds(compaction) >= BURN_S - 2 * TICK_S
+        helpers_s = cores["helpers_cores"] * elapsed
+        assert helpers_s >= cpu_seconds(compaction) - 2 * TICK_S  # counted from 0
+        assert cores["server_cores"] * elapsed < cpu_seconds(compaction)
     finally:
-        for pid in children(parent.pid):
-            subprocess.run(["kill", str(pid)], check=False)
-        parent.kill()
-        parent.wait()
-    assert cpu_seconds(parent.pid) == 0.0  # gone: nothing to read
+        for pid in descendants(server.pid):
+            os.kill(pid, signal.SIGKILL)
+        server.kill()
+        server.wait()
+    assert cpu_seconds(server.pid) == 0.0  # gone: nothing to read

@@ -104,6 +104,7 @@ def http(
         "data_dir": tmp_path,
         "keys_file": keys_file,
         "write_window_ms": 10,
+        "write_interval_ms": 0,
         "bm25_rebase_drift": 1.0,
     }
     with TestClient(create_app(retriever, Settings(**values))) as client:
@@ -510,7 +511,9 @@ def test_the_clients_and_langchain_pass_the_key_and_the_tenant(
     from rag_retriever.service.server import serve_in_thread
 
     retriever = build(edge, tiny_encoder, tmp_path)
-    settings = Settings(data_dir=tmp_path, keys_file=keys_file, write_window_ms=10)
+    settings = Settings(
+        data_dir=tmp_path, keys_file=keys_file, write_window_ms=10, write_interval_ms=0
+    )
     with serve_in_thread(create_app(retriever, settings)) as url:
         with RetrieverClient(url, api_key="k-admin", write_api_key="k-admin") as admin:
             hits = admin.search("alpha refunds", mode="bm25", k=10, tenant="globex")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import os
 import signal
 import threading
@@ -58,6 +59,7 @@ def make_app(tmp_path: Path, encoder: Encoder, **settings: object) -> tuple[Test
         "api_key": READ,
         "write_api_key": WRITE,
         "write_window_ms": 50,
+        "write_interval_ms": 0,
         "bm25_rebase_drift": 1.0,
         **settings,
     }
@@ -136,7 +138,9 @@ def test_a_delete_over_http_loads_no_model(tmp_path: Path, tiny_encoder: Encoder
 
     # a BM25-only service: the model would load on the first request that needs it
     retriever = Retriever(load_encoder=load, store=store, collection="kb")
-    settings = Settings(data_dir=tmp_path, write_api_key=WRITE, write_window_ms=10)
+    settings = Settings(
+        data_dir=tmp_path, write_api_key=WRITE, write_window_ms=10, write_interval_ms=0
+    )
     with TestClient(create_app(retriever, settings)) as http:
         r = http.post(
             "/v1/collections/kb/documents:delete", json={"ids": ["d1"]}, headers=auth(WRITE)
@@ -295,6 +299,7 @@ def edge_app(tmp_path: Path, encoder: Encoder, **settings: object) -> tuple[Any,
         "data_dir": tmp_path,
         "write_api_key": WRITE,
         "write_window_ms": 10,
+        "write_interval_ms": 0,
         "bm25_rebase_drift": 1.0,
         **settings,
     }
@@ -622,6 +627,7 @@ def test_writes_commit_in_the_writer_process(
         api_key=READ,
         write_api_key=WRITE,
         write_window_ms=10,
+        write_interval_ms=0,
         embed_model=str(tiny_encoder_dir),
         write_process="true",
         collection="kb",
@@ -758,6 +764,40 @@ def test_the_pending_gauge_counts_a_backlog_longer_than_the_changes_kept_for_loo
     release.set()
     assert all(c.done.wait(30) for c in [first, *changes])
     assert committer.waiting() == (0, 0.0)
+
+
+def test_versions_start_at_least_the_interval_apart() -> None:
+    """Changes that arrive while a version commits join the next, which starts no sooner than
+    `interval_s` after it; a lone change after a quiet spell waits only the window."""
+    starts: list[float] = []
+    groups: list[int] = []
+    first_started = threading.Event()
+    release = threading.Event()
+
+    def commit(alias: str, upserts: Any, deletes: Any) -> Any:
+        starts.append(time.monotonic())
+        groups.append(len(upserts))
+        first_started.set()
+        release.wait(30)
+        return SimpleNamespace(collection="kb__v2", kind="delta")
+
+    committer = GroupCommitter(commit, window_s=0.0, interval_s=0.3)
+    first = committer.submit("kb", [Document("d0", "t", "text")], [])
+    assert first_started.wait(30)
+    later = [committer.submit("kb", [Document(f"d{i}", "t", "text")], []) for i in (1, 2)]
+    release.set()
+    assert all(c.done.wait(30) and c.error is None for c in [first, *later])
+    assert groups == [1, 2]
+    assert starts[1] - starts[0] >= 0.3
+    assert [c.grouped for c in later] == [2, 2]
+    # the wait, by how long ago the previous version started
+    assert committer.delay_s(math.inf) == 0.0
+    assert committer.delay_s(0.1) == pytest.approx(0.2)
+    assert committer.delay_s(0.5) == 0.0
+    windowed = GroupCommitter(commit, window_s=0.2, interval_s=1.0)
+    assert windowed.delay_s(math.inf) == 0.2  # quiet: the window alone
+    assert windowed.delay_s(0.9) == 0.2
+    assert windowed.delay_s(0.25) == pytest.approx(0.75)
 
 
 def test_the_writer_process_needs_the_embedded_store(tmp_path: Path, tiny_encoder: Encoder) -> None:

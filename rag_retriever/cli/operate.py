@@ -192,6 +192,7 @@ def add_serve(sub: Any) -> None:
         *STORE,
         "keys_file",
         "write_window_ms",
+        "write_interval_ms",
         "write_process",
         "keep_alive_s",
         "lock_wait_s",

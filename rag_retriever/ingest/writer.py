@@ -1014,7 +1014,8 @@ class _EncoderSlot:
     def get(self) -> PassageEncoder:
         if self.loaded is None:
             assert self._load is not None
-            log.info("loading the embedding model (this write has chunks to embed)")
+            # the loader logs a load; a service's writer keeps its model between writes
+            log.debug("this write has chunks to embed: getting the embedding model")
             self.loaded = self._load()
         return self.loaded
 

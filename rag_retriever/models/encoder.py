@@ -169,6 +169,7 @@ class Encoder:
         trainable: bool = False,
     ) -> Encoder:
         resolved = resolve_model(spec) if isinstance(spec, str) else spec
+        log.info("loading the embedding model %s", resolved.source)
         try:
             with quiet_transformers():
                 tokenizer = transformers.AutoTokenizer.from_pretrained(resolved.source)

@@ -25,6 +25,7 @@ idempotent).
 from __future__ import annotations
 
 import logging
+import math
 import os
 import threading
 import time
@@ -120,13 +121,21 @@ class Change:
 
 
 class GroupCommitter:
-    """Gathers changes per alias for `window_s`, then commits them as one version."""
+    """Gathers changes per alias for `window_s`, then commits them as one version; a version
+    starts at least `interval_s` after the alias's previous one started (a lone write after a
+    quiet spell waits only the window)."""
 
     def __init__(
-        self, commit: Commit, *, window_s: float, max_document_chars: int = MAX_DOCUMENT_CHARS
+        self,
+        commit: Commit,
+        *,
+        window_s: float,
+        interval_s: float = 0.0,
+        max_document_chars: int = MAX_DOCUMENT_CHARS,
     ) -> None:
         self._commit = commit
         self.window_s = window_s
+        self.interval_s = interval_s
         self.max_document_chars = max_document_chars
         self._pending: dict[str, list[Change]] = {}
         self._workers: dict[str, threading.Thread] = {}
@@ -191,15 +200,24 @@ class GroupCommitter:
         return change
 
     def _run(self, alias: str) -> None:
+        last_start = -math.inf
         while True:
             with self._cond:
                 while not self._pending.get(alias):
                     self._cond.wait()
-            time.sleep(self.window_s)  # let the rest of the burst arrive
+            time.sleep(self.delay_s(time.monotonic() - last_start))
             with self._cond:
                 group = self._pending.pop(alias, [])
             if group:
+                last_start = time.monotonic()
                 self._commit_group(alias, group)
+
+    def delay_s(self, since_last_start: float) -> float:
+        """How long pending changes wait for the rest of their burst, `since_last_start` seconds
+        after the alias's previous version started: the window, or what keeps versions
+        `interval_s` apart (each costs every serving process a shard load, settings.py's
+        RAG_WRITE_INTERVAL_MS says why)."""
+        return max(self.window_s, self.interval_s - since_last_start)
 
     def _commit_group(self, alias: str, group: list[Change]) -> None:
         upserts, deletes = merge(group)
@@ -420,6 +438,7 @@ def add_write_routes(app: FastAPI, retriever: Retriever, settings: Settings) -> 
     committer = GroupCommitter(
         commit,
         window_s=settings.write_window_ms / 1000,
+        interval_s=settings.write_interval_ms / 1000,
         max_document_chars=settings.max_document_chars,
     )
     app.state.committer = committer
