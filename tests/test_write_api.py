@@ -836,3 +836,11 @@ def test_an_app_made_with_create_app_commits_in_its_own_process_under_auto(
         assert r.status_code == 200, r.text
     assert served_docs(store)["d1"] == "qdrant vector search"
     store.close()
+
+
+def test_a_negative_write_interval_is_refused_at_start_up() -> None:
+    from rag_retriever import cli
+
+    with pytest.raises(ConfigError, match="RAG_WRITE_INTERVAL_MS"):
+        Settings.from_env({"RAG_WRITE_INTERVAL_MS": "-1"})
+    assert cli.main(["serve", "--port", "0", "--write-interval-ms", "-5"]) == 2
