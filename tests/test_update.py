@@ -30,7 +30,7 @@ from rag_retriever.models.encoder import Encoder
 from rag_retriever.models.profiles import ModelProfile, write_profile_file
 from rag_retriever.query.retriever import Retriever
 from rag_retriever.records import Document, embed_text
-from rag_retriever.store import DENSE, SPARSE, EdgeStore, ServerStore, StageQuery, Store
+from rag_retriever.store import DENSE, SPARSE, EdgeStore, Record, ServerStore, StageQuery, Store
 from rag_retriever.store import shards as shards_module
 from rag_retriever.store import terms as terms_module
 
@@ -180,6 +180,93 @@ def test_an_unchanged_upsert_writes_nothing(
     assert report.kind == "unchanged" and report.collection == first.collection
     assert (report.unchanged, report.not_found, report.promoted) == (2, 1, False)
     assert [i.name for i in any_store.versions("kb")] == [first.collection]
+
+
+def _paragraphs(rng: random.Random, n: int) -> list[str]:
+    """`n` paragraphs of 24 words: one chunk apiece at the default chunk budget."""
+    return [
+        ". ".join(" ".join(rng.choice(WORDS) for _ in range(8)) for _ in range(3)) + "."
+        for _ in range(n)
+    ]
+
+
+def test_an_edit_rewrites_only_the_chunks_it_changed(
+    any_store: Store, tiny_encoder: Encoder, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A sentence added to the fourth paragraph of a long document: the delta writes the first
+    chunk (it carries the document's hash), the changed chunk and those its offsets moved, and
+    keeps the rest as the live version holds them. Oracle: a full build of the edited corpus
+    (same ids, payloads and vectors); the points written and removed, counted at the store."""
+    rng = random.Random(7)
+    paragraphs = _paragraphs(rng, 8)
+    long = Document("long", "A long one", "\n\n".join(paragraphs))
+    others = [doc(i, rng) for i in range(5)]
+    first = write(any_store, tiny_encoder, tmp_path, [long, *others])
+    before = {
+        int(r.payload["chunk_index"]): r.id
+        for r in any_store.scroll(first.collection)
+        if r.payload["doc_id"] == "long"
+    }
+    assert len(before) == len(paragraphs), "one chunk a paragraph"
+    edited_paragraphs = list(paragraphs)
+    edited_paragraphs[3] += " An added sentence about qdrant."
+    edited = dataclasses.replace(long, text="\n\n".join(edited_paragraphs))
+    upserted: list[str] = []
+    dropped: list[str] = []
+    upsert, derive = any_store.upsert, any_store.derive
+    monkeypatch.setattr(
+        any_store,
+        "upsert",
+        lambda name, ids, *a, **k: (upserted.extend(ids), upsert(name, ids, *a, **k))[1],
+    )
+    monkeypatch.setattr(
+        any_store,
+        "derive",
+        lambda name, base, record, drop: derive(name, base, record, dropped.extend(drop) or drop),
+    )
+    report = update(any_store, tiny_encoder, tmp_path, [edited])
+    assert report.kind == "delta" and report.chunks == first.chunks
+    at = {before[i]: i for i in before}
+    # chunk 0 (the hash), chunk 3 (the new sentence) and every later one (moved offsets)
+    expected = {before[i] for i in before if i == 0 or i >= 3}
+    assert set(upserted) == set(dropped) == expected, sorted(at[i] for i in upserted)
+    # the new version holds what a full build of the edited corpus holds
+    fresh = EdgeStore(tmp_path / "fresh")
+    rebuilt = ingest_documents(
+        LoadedCorpus((edited, *others), 0, "t"),
+        alias="kb",
+        encoder=tiny_encoder,
+        store=fresh,
+        lock_dir=tmp_path / "fresh-locks",
+    )
+
+    def points(store: Store, name: str) -> dict[str, Record]:
+        ids = [r.id for r in store.scroll(name)]
+        return {r.id: r for r in store.retrieve(name, ids, with_dense=True, with_sparse=True)}
+
+    got, want = points(any_store, report.collection), points(fresh, rebuilt.collection)
+    # only the new texts were encoded (the changed chunk, and the next one's overlap); the moved
+    # ones kept their vectors
+    old_texts = {r.payload["text"] for r in any_store.scroll(first.collection)}
+    assert report.encoded == len({r.payload["text"] for r in want.values()} - old_texts) >= 1
+    assert got.keys() == want.keys()
+    for pid, ref in want.items():
+        assert {**got[pid].payload, "doc_hash": ""} == {**ref.payload, "doc_hash": ""}
+        np.testing.assert_allclose(got[pid].dense, ref.dense, rtol=1e-5, atol=1e-6)
+        # the same terms (the weights follow each version's lineage of BM25 statistics)
+        assert sorted(got[pid].sparse.indices) == sorted(ref.sparse.indices)
+    # a kept point is the live version's, untouched: payload (its hash included) and vectors
+    old = points(any_store, first.collection)
+    for pid in set(before.values()) - expected:
+        assert got[pid].payload == old[pid].payload
+        np.testing.assert_array_equal(got[pid].dense, old[pid].dense)
+        assert got[pid].sparse == old[pid].sparse
+    fresh.close()
+    # the document's hash is the new one: the same text again is unchanged, the old one a delta
+    assert update(any_store, tiny_encoder, tmp_path, [edited]).kind == "unchanged"
+    upserted.clear()
+    back = update(any_store, tiny_encoder, tmp_path, [long])
+    assert back.kind == "delta" and set(upserted) == expected
 
 
 @pytest.mark.parametrize("engine", ["edge", "server"])

@@ -266,6 +266,22 @@ def document_hash(doc: Document) -> str:
     return content_hash(json.dumps([doc.title, doc.text, dict(doc.metadata)], sort_keys=True))
 
 
+def kept_chunks(live: Sequence[Chunk], new: Sequence[Chunk]) -> set[str]:
+    """The ids of a rewritten document's chunks that stay as the live version holds them: the
+    same id (document and position) with the same payload (text, offsets, heading, metadata).
+    Their points are neither removed nor written again, so an edit costs the chunks it changed
+    (a sentence added to one paragraph rewrites that chunk and those whose offsets it moved).
+    The first chunk is always rewritten: it carries the document's hash.
+
+    >>> a = Chunk("id0", "d", "T", 0, 0, 5, "Intro", 2, "h0")
+    >>> b = Chunk("id1", "d", "T", 1, 6, 10, "Body", 2, "h1")
+    >>> sorted(kept_chunks([a, b], [a, b])), kept_chunks([a, b], [a, dataclasses.replace(b, end=11)])
+    (['id1'], set())
+    """
+    by_id = {c.id: c for c in live}
+    return {c.id for c in new if c.chunk_index > 0 and by_id.get(c.id) == c}
+
+
 @dataclass
 class _LiveDocs:
     """What the live version holds of some documents: each one's hash and chunks."""
@@ -275,7 +291,10 @@ class _LiveDocs:
 
     def add(self, payload: dict[str, Any]) -> None:
         chunk = Chunk.from_payload(payload)
-        self.hashes[chunk.doc_key] = str(payload.get("doc_hash") or "")
+        # the first chunk holds the document's hash: an edit rewrites it always, and may keep
+        # later chunks (with the hash of an earlier text) as they are (`kept_chunks`)
+        if chunk.chunk_index == 0 or chunk.doc_key not in self.hashes:
+            self.hashes[chunk.doc_key] = str(payload.get("doc_hash") or "")
         self.chunks.setdefault(chunk.doc_key, []).append(chunk)
 
     def sort(self) -> _LiveDocs:
@@ -514,10 +533,15 @@ class _Job:
             return self._report(
                 corpus, kind="unchanged", name=self.live_name, record=self.live, delta=delta
             )
-        new_chunks = [c for chunks in self._chunk(delta.write) for c in chunks]
+        new_chunks: list[Chunk] = []
+        gone: list[Chunk] = []
+        for doc, its_chunks in zip(delta.write, self._chunk(delta.write), strict=True):
+            old = live.chunks.get(doc.key, [])
+            kept = kept_chunks(old, its_chunks)
+            new_chunks += [c for c in its_chunks if c.id not in kept]
+            gone += [c for c in old if c.id not in kept]
+        gone += [c for key in delta.remove for c in live.chunks.get(key, [])]
         self.lap("chunk")
-        touched = [d.key for d in delta.write] + delta.remove
-        gone = [c for key in touched for c in live.chunks.get(key, [])]
         new_terms = [self._terms(c) for c in new_chunks]
         bm25 = BM25Model(self.live.bm25, self.store.doc_freqs(self.live_name)).with_delta(
             added=new_terms, removed=[self._terms(c) for c in gone]
