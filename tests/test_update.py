@@ -13,8 +13,9 @@ import json
 import random
 import sqlite3
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -214,16 +215,18 @@ def test_an_edit_rewrites_only_the_chunks_it_changed(
     upserted: list[str] = []
     dropped: list[str] = []
     upsert, derive = any_store.upsert, any_store.derive
-    monkeypatch.setattr(
-        any_store,
-        "upsert",
-        lambda name, ids, *a, **k: (upserted.extend(ids), upsert(name, ids, *a, **k))[1],
-    )
-    monkeypatch.setattr(
-        any_store,
-        "derive",
-        lambda name, base, record, drop: derive(name, base, record, dropped.extend(drop) or drop),
-    )
+
+    def counted_upsert(name: str, ids: Sequence[str], *args: Any, **kwargs: Any) -> None:
+        upserted.extend(ids)
+        upsert(name, ids, *args, **kwargs)
+
+    def counted_derive(name: str, base: str, record: Any, drop: Iterable[str]) -> None:
+        drop = list(drop)
+        dropped.extend(drop)
+        derive(name, base, record, drop)
+
+    monkeypatch.setattr(any_store, "upsert", counted_upsert)
+    monkeypatch.setattr(any_store, "derive", counted_derive)
     report = update(any_store, tiny_encoder, tmp_path, [edited])
     assert report.kind == "delta" and report.chunks == first.chunks
     at = {before[i]: i for i in before}
@@ -251,10 +254,13 @@ def test_an_edit_rewrites_only_the_chunks_it_changed(
     assert report.encoded == len({r.payload["text"] for r in want.values()} - old_texts) >= 1
     assert got.keys() == want.keys()
     for pid, ref in want.items():
-        assert {**got[pid].payload, "doc_hash": ""} == {**ref.payload, "doc_hash": ""}
-        np.testing.assert_allclose(got[pid].dense, ref.dense, rtol=1e-5, atol=1e-6)
+        mine = got[pid]
+        assert {**mine.payload, "doc_hash": ""} == {**ref.payload, "doc_hash": ""}
+        assert mine.dense is not None and ref.dense is not None
+        np.testing.assert_allclose(mine.dense, ref.dense, rtol=1e-5, atol=1e-6)
         # the same terms (the weights follow each version's lineage of BM25 statistics)
-        assert sorted(got[pid].sparse.indices) == sorted(ref.sparse.indices)
+        assert mine.sparse is not None and ref.sparse is not None
+        assert sorted(mine.sparse.indices) == sorted(ref.sparse.indices)
     # a kept point is the live version's, untouched: payload (its hash included) and vectors
     old = points(any_store, first.collection)
     for pid in set(before.values()) - expected:
