@@ -28,7 +28,7 @@ from rag_retriever.query.retriever import Retriever
 from rag_retriever.records import Document
 from rag_retriever.store import ServerStore
 from rag_retriever.store.catalog import apply_retention, promote_version, rollback
-from rag_retriever.store.server import CATALOG
+from rag_retriever.store.server import CATALOG, WHERE_SUFFIX
 from tests.test_update import WORDS
 
 
@@ -64,11 +64,11 @@ def expected(docs: dict[str, Document]) -> dict[str, str]:
     return {d.id: d.text for d in docs.values()}
 
 
-def physical_points(store: ServerStore) -> int:
+def physical_points(store: ServerStore, suffix: str = "__points") -> int:
     return sum(
         store.client.count(c.name, exact=True).count
         for c in store.client.get_collections().collections
-        if c.name != CATALOG
+        if c.name != CATALOG and c.name.endswith(suffix)
     )
 
 
@@ -137,12 +137,14 @@ def test_a_ten_document_edit_writes_what_it_changes_whatever_the_corpus_size(
     corpus.update({d.id: d for d in changed})
     del corpus["d10"], corpus["d11"]
     assert served(server, report.collection) == expected(corpus)
-    # 8 chunks added, 7 marked removed (5 replaced, 2 deleted): never the corpus, never copied
-    assert writes.points == 15 and writes.copied_reads == 0
+    # 8 chunks added, 7 marked removed (5 replaced, 2 deleted), and the 8 chunk ids' "where"
+    # points (the versions that wrote them): never the corpus, never copied
+    assert writes.points == 8 + 7 + 8 and writes.copied_reads == 0
     assert writes.points <= 10 * 10
     assert writes.catalog <= 12  # the version's record, frequencies, counter, alias
     assert served(server, first.collection) == before  # the base serves what it served
     assert physical_points(server) == size + 8  # one collection, the base's points shared
+    assert physical_points(server, WHERE_SUFFIX) == 8  # the ids a derived version wrote
 
 
 def test_a_reader_of_the_base_never_sees_a_delta_being_written(
@@ -200,6 +202,47 @@ def test_rollback_then_an_edit_forks_and_every_version_keeps_what_it_served(
     assert physical_points(server) == len(model[v4.collection])  # nothing no version sees
 
 
+def test_a_collection_made_before_where_points_is_still_edited_right(
+    server: ServerStore, tiny_encoder: Encoder, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """0.4 made no "where" collection: its versions are looked up and marked by filter, and the
+    versions derived from them too; a new build gets one, and an edit then scans no points."""
+    rng = random.Random(11)
+    corpus = {f"d{i}": doc(i, rng) for i in range(12)}
+    v1 = write(server, tiny_encoder, tmp_path, list(corpus.values()))
+    physical = server._entry(v1.collection).physical
+    # as 0.4 left it
+    server.client.delete_collection(physical + WHERE_SUFFIX)
+    server._catalog_set(v1.collection, {"located": False})
+    server._entries.clear()
+    for i in range(2):
+        new = [doc(1, rng, f" v{i}"), doc(20 + i, rng)]
+        changed = dict(corpus) | {d.id: d for d in new}
+        del changed[f"d{2 + i}"]
+        report = edit(server, tiny_encoder, tmp_path, new, [f"d{2 + i}"])
+        corpus = changed
+        assert not server._entry(report.collection).located
+        assert served(server, report.collection) == expected(corpus)
+    # a full build of today makes the "where" collection, and an edit then reads points by id
+    rebuilt = write(server, tiny_encoder, tmp_path, list(corpus.values()), full=True)
+    assert server._entry(rebuilt.collection).located
+    scans: list[Any] = []
+    real = server.client.scroll
+
+    def scroll(collection: str, *args: Any, **kw: Any) -> Any:
+        if collection != CATALOG:
+            scans.append(kw.get("scroll_filter"))
+        return real(collection, *args, **kw)
+
+    monkeypatch.setattr(server.client, "scroll", scroll)
+    changed = dict(corpus, d1=doc(1, rng, " again"))
+    report = edit(server, tiny_encoder, tmp_path, [changed["d1"]], ["d5"])
+    assert len(scans) == 1  # the edited documents' live chunks, by document id
+    monkeypatch.setattr(server.client, "scroll", real)
+    del changed["d5"]
+    assert served(server, report.collection) == expected(changed)
+
+
 def test_a_number_once_given_is_never_given_again(
     server: ServerStore, tiny_encoder: Encoder, tmp_path: Path
 ) -> None:
@@ -249,6 +292,7 @@ print("finished", file=sys.stderr, flush=True)
 SERVER_KILL_POINTS = [
     ("derive", 1, "after", False),  # the catalog point written, removals marked
     ("_mark_removed", 1, "before", False),  # the catalog point written, nothing marked
+    ("_note_writer", 1, "after", False),  # the "where" points written, not the points
     ("upsert", 1, "after", False),  # the delta's points written
     ("seal", 1, "after", False),  # still building
     ("point_alias", 1, "after", True),  # served; the old version not yet retired

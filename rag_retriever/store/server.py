@@ -13,6 +13,9 @@ Layout on the server:
     <alias>__<slug>__v<N>__points      the points of version N, a full build, and of every
                                        version derived from it (the same model, chunking and
                                        quantization)
+    <alias>__<slug>__v<N>__points__where   per logical id a derived version wrote, the numbers
+                                       of the versions that wrote it: a lookup by logical id
+                                       reads points by their physical ids, never a scan
 
 Each point carries the logical id the writer gave it (`_rag_pid`), the version that added it
 (`_rag_added`) and the versions that removed it (`_rag_removed`); its physical id is made of
@@ -21,8 +24,11 @@ one of its ancestors (itself included) added and none of them removed: its ances
 runs of version numbers (one run while each version derives from the one before; a new run after
 a rollback or a failed build), so the visibility filter is a few integer ranges however many
 deltas there were. A delta (`derive`) writes its catalog point, marks the points it drops as
-removed by it (their payload only) and adds its own points: a 10-document edit writes about
-twice its chunks, never the corpus (bench/bench_update.py, docs/versions.md). Readers of other
+removed by it (their payload only), notes its number on the "where" points of the ids it
+writes and adds its own points: a 10-document edit writes about three times its chunks, never
+the corpus (bench/bench_update.py, docs/versions.md). Marking and reading by logical id looks
+up the candidates (the full build's point and those of the versions on the id's "where" point)
+by physical id and keeps the ones the version sees. Readers of other
 versions are not affected: the new version's number is outside their ancestry.
 
 Serving an alias is one catalog point replaced in one call, so a reader sees the old or the new
@@ -87,6 +93,11 @@ _VISIBILITY_INDEXES: Final[dict[str, IndexKind]] = {
 ENTRY_TTL_S: Final = 1.0
 # Ids per call when points are looked up or marked by logical id.
 ID_BATCH: Final = 1024
+# Beside each physical collection (made with it): per logical id written by a derived version,
+# the numbers of the versions that wrote it (its "where" point), so a lookup by logical id is a
+# lookup of physical ids, never a filtered scan of the collection.
+WHERE_SUFFIX: Final = "__where"
+WRITERS: Final = "n"
 _NAMESPACE: Final = uuid.UUID("6f1c2a52-3d0e-4f39-9a53-7c0de1b2e7a4")
 
 Runs = tuple[tuple[int, int], ...]
@@ -101,6 +112,14 @@ class _Version:
     physical: str
     number: int
     runs: Runs
+    # whether the physical collection has its "where" collection (made since 0.5; older ones
+    # are read with filters)
+    located: bool = False
+
+    @property
+    def base(self) -> int:
+        """The number of the full build that made the physical collection."""
+        return self.runs[0][0]
 
 
 def _catalog_id(kind: str, name: str) -> str:
@@ -122,6 +141,26 @@ def ancestry(base: Runs, base_number: int, number: int) -> Runs:
     if hi == base_number and number == base_number + 1:
         return (*base[:-1], (lo, number))
     return (*base, (number, number))
+
+
+def within(runs: Runs, number: int) -> bool:
+    return any(lo <= number <= hi for lo, hi in runs)
+
+
+def sees(runs: Runs, payload: Mapping[str, Any]) -> bool:
+    """Whether a version with these runs sees a point with this payload: `visible` in Python.
+
+    >>> sees(((3, 5),), {ADDED: 3, REMOVED: [6]}), sees(((3, 5),), {ADDED: 3, REMOVED: [4]})
+    (True, False)
+    """
+    return within(runs, int(payload[ADDED])) and not any(
+        within(runs, int(n)) for n in payload.get(REMOVED) or ()
+    )
+
+
+def where_id(pid: str) -> str:
+    """The id of logical point `pid`'s "where" point (the versions that wrote it)."""
+    return str(uuid.uuid5(_NAMESPACE, f"where:{pid}"))
 
 
 def visible(runs: Runs) -> Any:
@@ -299,7 +338,9 @@ class ServerStore(Store):
         cached = self._entries.get(name)
         if cached is not None and not fresh and time.monotonic() - cached[0] < ENTRY_TTL_S:
             return cached[1]
-        found = self._catalog_get("version", name, ("alias", "physical", "number", "runs"))
+        found = self._catalog_get(
+            "version", name, ("alias", "physical", "number", "runs", "located")
+        )
         if found is None:
             self._entries.pop(name, None)
             raise CollectionNotFound(f"collection {name!r} no longer exists")
@@ -309,11 +350,14 @@ class ServerStore(Store):
             found["physical"],
             int(found["number"]),
             tuple((int(lo), int(hi)) for lo, hi in found["runs"]),
+            bool(found.get("located")),
         )
         self._entries[name] = (time.monotonic(), entry)
         return entry
 
-    def _new_version(self, name: str, record: VersionRecord, physical: str, runs: Runs) -> None:
+    def _new_version(
+        self, name: str, record: VersionRecord, physical: str, runs: Runs, *, located: bool
+    ) -> None:
         counter = self._catalog_get("counter", record.alias, ("number",)) or {}
         self._catalog_put(
             "counter", record.alias, {"number": max(record.version, int(counter.get("number", 0)))}
@@ -327,6 +371,7 @@ class ServerStore(Store):
                 "physical": physical,
                 "number": record.version,
                 "runs": [list(r) for r in runs],
+                "located": located,
                 "meta": record.to_json(),
                 "doc_freqs": {},
             },
@@ -379,7 +424,7 @@ class ServerStore(Store):
         from qdrant_client import models as qm
 
         physical = f"{name}__points"
-        self._new_version(name, record, physical, ((record.version, record.version),))
+        self._new_version(name, record, physical, ((record.version, record.version),), located=True)
         with self._call():
             self.client.create_collection(
                 physical,
@@ -396,6 +441,13 @@ class ServerStore(Store):
                 replication_factor=self.replication_factor,
                 write_consistency_factor=self.write_consistency_factor,
             )
+            self.client.create_collection(
+                physical + WHERE_SUFFIX,
+                vectors_config={},
+                shard_number=self.shard_number,
+                replication_factor=self.replication_factor,
+                write_consistency_factor=self.write_consistency_factor,
+            )
         self._index(physical, _VISIBILITY_INDEXES)
 
     def derive(self, name: str, base: str, record: VersionRecord, drop: Iterable[str]) -> None:
@@ -403,13 +455,89 @@ class ServerStore(Store):
         on the points it drops. Nothing of the base is copied."""
         parent = self._entry(base, fresh=True)
         runs = ancestry(parent.runs, parent.number, record.version)
-        self._new_version(name, record, parent.physical, runs)
-        self._mark_removed(parent.physical, parent.runs, record.version, sorted(set(drop)))
+        self._new_version(name, record, parent.physical, runs, located=parent.located)
+        self._mark_removed(parent, record.version, sorted(set(drop)))
+
+    def _writers(self, entry: _Version, pids: Sequence[str]) -> dict[str, list[int]]:
+        """The numbers of the derived versions that wrote each of these logical ids (its "where"
+        point; a full build's writes are implied by the physical collection)."""
+        with self._call(entry.name):
+            found = self.client.retrieve(
+                entry.physical + WHERE_SUFFIX,
+                ids=[where_id(pid) for pid in pids],
+                with_payload=[WRITERS],
+            )
+        by_id = {str(p.id): [int(n) for n in (p.payload or {}).get(WRITERS) or ()] for p in found}
+        return {pid: by_id.get(where_id(pid), []) for pid in pids}
+
+    def _located(
+        self, entry: _Version, pids: Sequence[str], *, payload: Any, vectors: Any = False
+    ) -> list[Any]:
+        """The points `entry` sees of these logical ids, read by physical id: each one's
+        candidates are the full build's point and those of the versions that wrote it since."""
+        writers = self._writers(entry, pids)
+        ids = [
+            point_id(pid, n)
+            for pid in pids
+            for n in sorted({entry.base, *writers[pid]})
+            if within(entry.runs, n)
+        ]
+        with self._call(entry.name):
+            points = self.client.retrieve(
+                entry.physical, ids=ids, with_payload=payload, with_vectors=vectors
+            )
+        return [p for p in points if sees(entry.runs, p.payload or {})]
+
+    def _note_writer(self, entry: _Version, pids: Sequence[str]) -> None:
+        """Add `entry`'s number to these logical ids' "where" points, before their points are
+        written: a "where" point lists every version that may hold one, and maybe more."""
+        from qdrant_client import models as qm
+
+        writers = self._writers(entry, pids)
+        points = [
+            qm.PointStruct(
+                id=where_id(pid), vector={}, payload={WRITERS: sorted({*found, entry.number})}
+            )
+            for pid, found in writers.items()
+            if entry.number not in found
+        ]
+        if points:
+            with self._call(entry.name):
+                self.client.upsert(entry.physical + WHERE_SUFFIX, points=points, wait=True)
 
     def _mark_removed(
-        self, physical: str, runs: Runs, number: int, pids: Sequence[str], *, skip_own: bool = False
+        self, entry: _Version, number: int, pids: Sequence[str], *, skip_own: bool = False
     ) -> None:
-        """Mark the points with these logical ids that `runs` sees as removed by `number`."""
+        """Mark the points with these logical ids that `entry` sees as removed by `number`."""
+        if entry.located:
+            for start in range(0, len(pids), ID_BATCH):
+                found = self._located(
+                    entry, pids[start : start + ID_BATCH], payload=[ADDED, REMOVED]
+                )
+                self._set_removed(
+                    entry.physical,
+                    number,
+                    [p for p in found if not (skip_own and (p.payload or {})[ADDED] == number)],
+                )
+            return
+        self._mark_removed_by_filter(entry.physical, entry.runs, number, pids, skip_own=skip_own)
+
+    def _set_removed(self, physical: str, number: int, points: Sequence[Any]) -> None:
+        """Add `number` to these points' removal marks (one call per set of earlier marks)."""
+        marks: dict[tuple[int, ...], list[str]] = {}
+        for p in points:
+            removed = tuple((p.payload or {}).get(REMOVED) or ())
+            marks.setdefault(removed, []).append(str(p.id))
+        for removed, ids in marks.items():
+            with self._call(physical):
+                self.client.set_payload(
+                    physical, payload={REMOVED: [*removed, number]}, points=ids, wait=True
+                )
+
+    def _mark_removed_by_filter(
+        self, physical: str, runs: Runs, number: int, pids: Sequence[str], *, skip_own: bool
+    ) -> None:
+        """`_mark_removed` on a physical collection made before "where" points (0.4)."""
         from qdrant_client import models as qm
 
         for start in range(0, len(pids), ID_BATCH):
@@ -425,7 +553,7 @@ class ServerStore(Store):
                 if skip_own
                 else []
             )
-            marks: dict[tuple[int, ...], list[str]] = {}
+            found: list[Any] = []
             offset: Any = None
             while True:
                 with self._call(physical):
@@ -436,16 +564,10 @@ class ServerStore(Store):
                         offset=offset,
                         with_payload=[REMOVED],
                     )
-                for p in points:
-                    removed = tuple((p.payload or {}).get(REMOVED) or ())
-                    marks.setdefault(removed, []).append(str(p.id))
+                found += points
                 if offset is None:
                     break
-            for removed, ids in marks.items():
-                with self._call(physical):
-                    self.client.set_payload(
-                        physical, payload={REMOVED: [*removed, number]}, points=ids, wait=True
-                    )
+            self._set_removed(physical, number, found)
 
     def upsert(
         self,
@@ -461,7 +583,9 @@ class ServerStore(Store):
         entry = self._entry(name)
         if entry.runs != ((entry.number, entry.number),):
             # a derived version replaces what its ancestors hold under these ids
-            self._mark_removed(entry.physical, entry.runs, entry.number, list(ids), skip_own=True)
+            if entry.located:
+                self._note_writer(entry, ids)
+            self._mark_removed(entry, entry.number, list(ids), skip_own=True)
         points = [
             qm.PointStruct(
                 id=point_id(pid, entry.number),
@@ -526,6 +650,7 @@ class ServerStore(Store):
         if not kept:
             with self._call():
                 self.client.delete_collection(physical)
+                self.client.delete_collection(physical + WHERE_SUFFIX)
             return
         # Points of versions numbered past these (a writer filling one now) are left alone.
         newest = max(number for number, _ in kept)
@@ -601,8 +726,6 @@ class ServerStore(Store):
         with_sparse: bool = False,
         with_payload: bool = True,
     ) -> list[Record]:
-        from qdrant_client import models as qm
-
         wanted = sorted(set(ids))
         if not wanted:
             return []
@@ -611,19 +734,15 @@ class ServerStore(Store):
         out: list[Record] = []
         for start in range(0, len(wanted), ID_BATCH):
             batch = wanted[start : start + ID_BATCH]
-            with self._call(name):
-                points, _ = self.client.scroll(
-                    entry.physical,
-                    scroll_filter=qm.Filter(
-                        must=[
-                            qm.FieldCondition(key=PID, match=qm.MatchAny(any=batch)),
-                            visible(entry.runs),
-                        ]
-                    ),
-                    limit=len(batch),
-                    with_payload=True if with_payload else [PID],
-                    with_vectors=vectors or False,
+            if entry.located:
+                points = self._located(
+                    entry,
+                    batch,
+                    payload=True if with_payload else [PID, ADDED, REMOVED],
+                    vectors=vectors or False,
                 )
+            else:
+                points = self._retrieve_by_filter(entry, batch, with_payload, vectors)
             for p in points:
                 payload = p.payload or {}
                 out.append(
@@ -636,6 +755,27 @@ class ServerStore(Store):
                     )
                 )
         return out
+
+    def _retrieve_by_filter(
+        self, entry: _Version, batch: list[str], with_payload: bool, vectors: list[str]
+    ) -> list[Any]:
+        """`retrieve` on a physical collection made before "where" points (0.4)."""
+        from qdrant_client import models as qm
+
+        with self._call(entry.name):
+            points, _ = self.client.scroll(
+                entry.physical,
+                scroll_filter=qm.Filter(
+                    must=[
+                        qm.FieldCondition(key=PID, match=qm.MatchAny(any=batch)),
+                        visible(entry.runs),
+                    ]
+                ),
+                limit=len(batch),
+                with_payload=True if with_payload else [PID],
+                with_vectors=vectors or False,
+            )
+        return list(points)
 
     def scroll(self, name: str, *, flt: SearchFilter | None = None) -> Iterator[Record]:
         entry = self._entry(name)
