@@ -32,6 +32,8 @@ computed at open, as versions were opened before.
 Usage: python -m bench.bench_update [--sizes 100000] [--deltas 100] [--rebuild] [--cold-reopen]
 [--server 100000] [--e2e] [--delta-recall] [--vocabulary 54000 500000 2000000]   (`--sizes` with
 no number skips part 1; `--cold-reopen` drops the page cache before a second reopen: root only)
+python -m bench.bench_update --edit-constants rag_retriever/ops/capacity.json   (only the edit
+figures `rag-retriever plan` reads, replaced in that file)
 """
 
 from __future__ import annotations
@@ -848,7 +850,20 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="also reopen with the page cache dropped first (needs root)",
     )
+    parser.add_argument(
+        "--edit-constants",
+        type=Path,
+        metavar="FILE",
+        help="only measure what `rag-retriever plan` needs of an edit (`edit_constants`) and "
+        'replace the "edits" entry of this constants file (bench_engine --constants-out)',
+    )
     args = parser.parse_args(argv)
+    if args.edit_constants:
+        made = json.loads(args.edit_constants.read_text())
+        made["edits"] = edit_constants()
+        args.edit_constants.write_text(json.dumps(made, indent=1) + "\n")
+        print(f"edits: {made['edits']} -> {args.edit_constants}", flush=True)
+        return 0
     results = run(
         tuple(args.sizes),
         args.deltas,

@@ -226,19 +226,25 @@ def test_a_collection_made_before_where_points_is_still_edited_right(
     # a full build of today makes the "where" collection, and an edit then reads points by id
     rebuilt = write(server, tiny_encoder, tmp_path, list(corpus.values()), full=True)
     assert server._entry(rebuilt.collection).located
-    scans: list[Any] = []
-    real = server.client.scroll
+    scans: list[str] = []
+    real = {method: getattr(server.client, method) for method in ("scroll", "count")}
 
-    def scroll(collection: str, *args: Any, **kw: Any) -> Any:
-        if collection != CATALOG:
-            scans.append(kw.get("scroll_filter"))
-        return real(collection, *args, **kw)
+    def spy(method: str) -> Any:
+        def call(collection: str, *args: Any, **kw: Any) -> Any:
+            if collection != CATALOG:
+                scans.append(method)
+            return real[method](collection, *args, **kw)
 
-    monkeypatch.setattr(server.client, "scroll", scroll)
+        return call
+
+    for method in real:
+        monkeypatch.setattr(server.client, method, spy(method))
     changed = dict(corpus, d1=doc(1, rng, " again"))
     report = edit(server, tiny_encoder, tmp_path, [changed["d1"]], ["d5"])
-    assert len(scans) == 1  # the edited documents' live chunks, by document id
-    monkeypatch.setattr(server.client, "scroll", real)
+    # the live chunks and the marks read by id; the count kept from the writes
+    assert scans == []
+    for method, call in real.items():
+        monkeypatch.setattr(server.client, method, call)
     del changed["d5"]
     assert served(server, report.collection) == expected(changed)
 

@@ -24,7 +24,12 @@ from rank_bm25 import BM25Okapi
 
 from rag_retriever.errors import DocumentError, UpdateRefused
 from rag_retriever.ingest.loaders import LoadedCorpus
-from rag_retriever.ingest.writer import ingest_documents, update_documents
+from rag_retriever.ingest.writer import (
+    FIRST_PROBE,
+    PROBE_GROWTH,
+    ingest_documents,
+    update_documents,
+)
 from rag_retriever.models import bm25 as bm25_module
 from rag_retriever.models.bm25 import BM25Model, Tokenizer, as_doc_freqs
 from rag_retriever.models.encoder import Encoder
@@ -273,6 +278,49 @@ def test_an_edit_rewrites_only_the_chunks_it_changed(
     upserted.clear()
     back = update(any_store, tiny_encoder, tmp_path, [long])
     assert back.kind == "delta" and set(upserted) == expected
+
+
+def test_an_edit_reads_every_live_chunk_of_long_documents(
+    any_store: Store, tiny_encoder: Encoder, tmp_path: Path
+) -> None:
+    """An edit reads a document's live chunks by id, FIRST_PROBE at first and PROBE_GROWTH times
+    more each time all were found: documents of one chunk and of each side of those bounds,
+    edited at their end or deleted, leave nothing of their old chunks behind. Oracle: a full
+    build of the edited corpus."""
+    rng = random.Random(17)
+    sizes = [1, FIRST_PROBE, FIRST_PROBE + 1, FIRST_PROBE * (1 + PROBE_GROWTH) + 1]
+    # one chunk a paragraph, the first two paragraphs in one
+    docs = [Document(f"long{n}", "Long", "\n\n".join(_paragraphs(rng, n + (n > 1)))) for n in sizes]
+    first = write(any_store, tiny_encoder, tmp_path, docs)
+
+    def held(store: Store, name: str) -> dict[tuple[str, int], str]:
+        return {
+            (r.payload["doc_id"], r.payload["chunk_index"]): r.payload["text"]
+            for r in store.scroll(name)
+        }
+
+    chunks = Counter(doc_id for doc_id, _ in held(any_store, first.collection))
+    assert sorted(chunks.values()) == sizes
+    edited = [
+        dataclasses.replace(d, text=d.text.rsplit("\n\n", 1)[0] + "\n\nA new end.") for d in docs
+    ]
+    for kept, gone in ((edited[::2], docs[1::2]), (edited[1::2], docs[::2])):
+        report = update(any_store, tiny_encoder, tmp_path, kept, [d.id for d in gone])
+        fresh = EdgeStore(tmp_path / f"fresh{len(kept)}{kept[0].id}")
+        rebuilt = ingest_documents(
+            LoadedCorpus(tuple(kept), 0, "t"),
+            alias="kb",
+            encoder=tiny_encoder,
+            store=fresh,
+            lock_dir=tmp_path / "fresh-locks",
+        )
+        assert report.kind == "delta" and held(any_store, report.collection) == held(
+            fresh, rebuilt.collection
+        )
+        assert any_store.count(report.collection) == rebuilt.chunks
+        fresh.close()
+        # back to the documents as first written, for the next round
+        update(any_store, tiny_encoder, tmp_path, docs)
 
 
 @pytest.mark.parametrize("engine", ["edge", "server"])

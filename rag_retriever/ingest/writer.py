@@ -53,6 +53,7 @@ import json
 import logging
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -87,7 +88,7 @@ from rag_retriever.records import (
     Chunk,
     DocKey,
     Document,
-    SearchFilter,
+    chunk_point_id,
     content_hash,
     doc_key,
     show_key,
@@ -119,8 +120,12 @@ log = logging.getLogger(__name__)
 # smaller batches so that memory stays flat on any corpus size.
 ENCODE_BLOCK = 1024
 UPSERT_BATCH = 256
-# Document ids per filtered read of the live version (a delta reads only what it touches).
+# Documents per read of the live version (a delta reads only what it touches).
 LOOKUP_BATCH = 256
+# How many chunk ids of each document the first read of an edit's live documents asks for, and
+# how much more each next read asks for (of the documents that had all of them).
+FIRST_PROBE = 16
+PROBE_GROWTH = 4
 # Encoded blocks waiting for the write stage: one being written, one ready, while the next one
 # is encoded (rag_retriever/ingest/pipeline.py); each is ENCODE_BLOCK x dim float32 (1.5 MB for MiniLM).
 PIPELINE_DEPTH = 2
@@ -511,18 +516,28 @@ class _Job:
             )
 
     def _read_live_docs(self, keys: Sequence[DocKey]) -> _LiveDocs:
-        """The live version's chunks of these documents only (a filtered, indexed read; the
-        same id in another tenant is another document, and is left out)."""
+        """The live version's chunks of these documents only, read by chunk id: a document's
+        chunks are numbered from 0 without gaps, so ids past its last are asked for and not
+        found. The first read asks for FIRST_PROBE chunks of each document, and each next read,
+        of the documents that had all of them, for PROBE_GROWTH times more."""
         assert self.live_name is not None
         live = _LiveDocs()
-        wanted = set(keys)
-        ids = sorted({doc_id for _, doc_id in wanted})
-        for at in range(0, len(ids), LOOKUP_BATCH):
-            flt = SearchFilter(doc_ids=tuple(ids[at : at + LOOKUP_BATCH]))
-            for point in self.store.scroll(self.live_name, flt=flt):
-                payload = dict(point.payload)
-                if Chunk.from_payload(payload).doc_key in wanted:
+        keys = sorted(set(keys))
+        for at in range(0, len(keys), LOOKUP_BATCH):
+            pending, start, width = keys[at : at + LOOKUP_BATCH], 0, FIRST_PROBE
+            while pending:
+                ids = [
+                    chunk_point_id(doc_id, index, tenant)
+                    for tenant, doc_id in pending
+                    for index in range(start, start + width)
+                ]
+                found: Counter[DocKey] = Counter()
+                for point in self.store.retrieve(self.live_name, ids):
+                    payload = dict(point.payload)
+                    found[Chunk.from_payload(payload).doc_key] += 1
                     live.add(payload)
+                pending = [key for key in pending if found[key] == width]
+                start, width = start + width, width * PROBE_GROWTH
         return live.sort()
 
     # -- a delta ------------------------------------------------------------------------------

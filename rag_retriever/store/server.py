@@ -28,7 +28,8 @@ removed by it (their payload only), notes its number on the "where" points of th
 writes and adds its own points: a 10-document edit writes about three times its chunks, never
 the corpus (bench/bench_update.py, docs/versions.md). Marking and reading by logical id looks
 up the candidates (the full build's point and those of the versions on the id's "where" point)
-by physical id and keeps the ones the version sees. Readers of other
+by physical id and keeps the ones the version sees. A sealed version stores its point count
+(a derived one's kept from its writes), so counting it reads one catalog point. Readers of other
 versions are not affected: the new version's number is outside their ancestry.
 
 Serving an alias is one catalog point replaced in one call, so a reader sees the old or the new
@@ -45,6 +46,12 @@ fields are integer and keyword payload indexes; a write waits for `write_consist
 replicas; a catalog point is read on every query after ENTRY_TTL_S, so a deleted version stops
 answering within that time (retention's grace period is far longer). docs/versions.md says
 what would differ with shard keys and replication.
+
+Why one module: `ServerStore` is the `Store` contract on one engine, and every method reads or
+writes the one layout above (the catalog, a physical collection and its "where" collection)
+through the same calls, errors and caches; split, each part would need the others' catalog and
+lookup helpers. What is pure moved out: the visibility fields, ancestry and filters are
+store/visibility.py.
 """
 
 from __future__ import annotations
@@ -78,12 +85,22 @@ from rag_retriever.store.base import (
     metadata_path,
 )
 from rag_retriever.store.record import VersionRecord
+from rag_retriever.store.visibility import (
+    ADDED,
+    NAMESPACE,
+    PID,
+    REMOVED,
+    Runs,
+    ancestry,
+    gaps,
+    point_id,
+    sees,
+    visible,
+    where_id,
+    within,
+)
 
 CATALOG: Final = "rag_retriever_catalog"
-# The visibility fields of a point (never a chunk record's own: those have no leading "_").
-PID: Final = "_rag_pid"
-ADDED: Final = "_rag_added"
-REMOVED: Final = "_rag_removed"
 _VISIBILITY_INDEXES: Final[dict[str, IndexKind]] = {
     PID: "keyword",
     ADDED: "integer",
@@ -98,9 +115,6 @@ ID_BATCH: Final = 1024
 # lookup of physical ids, never a filtered scan of the collection.
 WHERE_SUFFIX: Final = "__where"
 WRITERS: Final = "n"
-_NAMESPACE: Final = uuid.UUID("6f1c2a52-3d0e-4f39-9a53-7c0de1b2e7a4")
-
-Runs = tuple[tuple[int, int], ...]
 
 
 @dataclass(frozen=True)
@@ -123,54 +137,7 @@ class _Version:
 
 
 def _catalog_id(kind: str, name: str) -> str:
-    return str(uuid.uuid5(_NAMESPACE, f"{kind}:{name}"))
-
-
-def point_id(pid: str, number: int) -> str:
-    """The physical id of logical point `pid` as version `number` wrote it."""
-    return str(uuid.uuid5(_NAMESPACE, f"{pid}@{number}"))
-
-
-def ancestry(base: Runs, base_number: int, number: int) -> Runs:
-    """The runs a version derived from `base` sees: the base's, and its own number.
-
-    >>> ancestry(((3, 7),), 7, 8), ancestry(((3, 7),), 7, 10)
-    (((3, 8),), ((3, 7), (10, 10)))
-    """
-    lo, hi = base[-1]
-    if hi == base_number and number == base_number + 1:
-        return (*base[:-1], (lo, number))
-    return (*base, (number, number))
-
-
-def within(runs: Runs, number: int) -> bool:
-    return any(lo <= number <= hi for lo, hi in runs)
-
-
-def sees(runs: Runs, payload: Mapping[str, Any]) -> bool:
-    """Whether a version with these runs sees a point with this payload: `visible` in Python.
-
-    >>> sees(((3, 5),), {ADDED: 3, REMOVED: [6]}), sees(((3, 5),), {ADDED: 3, REMOVED: [4]})
-    (True, False)
-    """
-    return within(runs, int(payload[ADDED])) and not any(
-        within(runs, int(n)) for n in payload.get(REMOVED) or ()
-    )
-
-
-def where_id(pid: str) -> str:
-    """The id of logical point `pid`'s "where" point (the versions that wrote it)."""
-    return str(uuid.uuid5(_NAMESPACE, f"where:{pid}"))
-
-
-def visible(runs: Runs) -> Any:
-    """The points a version with these runs sees: added in one of them, removed in none."""
-    from qdrant_client import models as qm
-
-    def within(key: str) -> list[Any]:
-        return [qm.FieldCondition(key=key, range=qm.Range(gte=lo, lte=hi)) for lo, hi in runs]
-
-    return qm.Filter(should=within(ADDED), must_not=[qm.Filter(should=within(REMOVED))])
+    return str(uuid.uuid5(NAMESPACE, f"{kind}:{name}"))
 
 
 def _strip(payload: Mapping[str, Any] | None) -> dict[str, Any]:
@@ -207,6 +174,10 @@ class ServerStore(Store):
             threading.RLock() if self.embedded else contextlib.nullcontext()
         )
         self._entries: dict[str, tuple[float, _Version]] = {}
+        # Per derived version being written through this store: the points it sees, kept from
+        # the engine's answers (its parent's count, less the points it marked, plus the points
+        # it added), stored with it at seal so that counting it never scans the collection.
+        self._seen: dict[str, int] = {}
         self._catalog_seen = False
 
     @property
@@ -455,8 +426,11 @@ class ServerStore(Store):
         on the points it drops. Nothing of the base is copied."""
         parent = self._entry(base, fresh=True)
         runs = ancestry(parent.runs, parent.number, record.version)
+        seen = self.count(base) if parent.located else None
         self._new_version(name, record, parent.physical, runs, located=parent.located)
-        self._mark_removed(parent, record.version, sorted(set(drop)))
+        marked = self._mark_removed(parent, record.version, sorted(set(drop)))
+        if seen is not None:
+            self._seen[name] = seen - marked
 
     def _writers(self, entry: _Version, pids: Sequence[str]) -> dict[str, list[int]]:
         """The numbers of the derived versions that wrote each of these logical ids (its "where"
@@ -488,9 +462,10 @@ class ServerStore(Store):
             )
         return [p for p in points if sees(entry.runs, p.payload or {})]
 
-    def _note_writer(self, entry: _Version, pids: Sequence[str]) -> None:
+    def _note_writer(self, entry: _Version, pids: Sequence[str]) -> set[str]:
         """Add `entry`'s number to these logical ids' "where" points, before their points are
-        written: a "where" point lists every version that may hold one, and maybe more."""
+        written: a "where" point lists every version that may hold one, and maybe more. Returns
+        the ids it was added to (the others were written by `entry` before, or tried to be)."""
         from qdrant_client import models as qm
 
         writers = self._writers(entry, pids)
@@ -504,26 +479,30 @@ class ServerStore(Store):
         if points:
             with self._call(entry.name):
                 self.client.upsert(entry.physical + WHERE_SUFFIX, points=points, wait=True)
+        return {pid for pid, found in writers.items() if entry.number not in found}
 
     def _mark_removed(
         self, entry: _Version, number: int, pids: Sequence[str], *, skip_own: bool = False
-    ) -> None:
-        """Mark the points with these logical ids that `entry` sees as removed by `number`."""
-        if entry.located:
-            for start in range(0, len(pids), ID_BATCH):
-                found = self._located(
-                    entry, pids[start : start + ID_BATCH], payload=[ADDED, REMOVED]
-                )
-                self._set_removed(
-                    entry.physical,
-                    number,
-                    [p for p in found if not (skip_own and (p.payload or {})[ADDED] == number)],
-                )
-            return
-        self._mark_removed_by_filter(entry.physical, entry.runs, number, pids, skip_own=skip_own)
+    ) -> int:
+        """Mark the points with these logical ids that `entry` sees as removed by `number`;
+        how many there were."""
+        if not entry.located:
+            return self._mark_removed_by_filter(
+                entry.physical, entry.runs, number, pids, skip_own=skip_own
+            )
+        marked = 0
+        for start in range(0, len(pids), ID_BATCH):
+            found = self._located(entry, pids[start : start + ID_BATCH], payload=[ADDED, REMOVED])
+            marked += self._set_removed(
+                entry.physical,
+                number,
+                [p for p in found if not (skip_own and (p.payload or {})[ADDED] == number)],
+            )
+        return marked
 
-    def _set_removed(self, physical: str, number: int, points: Sequence[Any]) -> None:
-        """Add `number` to these points' removal marks (one call per set of earlier marks)."""
+    def _set_removed(self, physical: str, number: int, points: Sequence[Any]) -> int:
+        """Add `number` to these points' removal marks (one call per set of earlier marks);
+        how many points."""
         marks: dict[tuple[int, ...], list[str]] = {}
         for p in points:
             removed = tuple((p.payload or {}).get(REMOVED) or ())
@@ -533,13 +512,16 @@ class ServerStore(Store):
                 self.client.set_payload(
                     physical, payload={REMOVED: [*removed, number]}, points=ids, wait=True
                 )
+        return len(points)
 
     def _mark_removed_by_filter(
         self, physical: str, runs: Runs, number: int, pids: Sequence[str], *, skip_own: bool
-    ) -> None:
+    ) -> int:
         """`_mark_removed` on a physical collection made before "where" points (0.4)."""
         from qdrant_client import models as qm
 
+        marked = 0
+        found: list[Any]
         for start in range(0, len(pids), ID_BATCH):
             # the selective condition first: an engine without indexes checks it first
             must = [
@@ -553,7 +535,7 @@ class ServerStore(Store):
                 if skip_own
                 else []
             )
-            found: list[Any] = []
+            found = []
             offset: Any = None
             while True:
                 with self._call(physical):
@@ -567,7 +549,8 @@ class ServerStore(Store):
                 found += points
                 if offset is None:
                     break
-            self._set_removed(physical, number, found)
+            marked += self._set_removed(physical, number, found)
+        return marked
 
     def upsert(
         self,
@@ -583,9 +566,10 @@ class ServerStore(Store):
         entry = self._entry(name)
         if entry.runs != ((entry.number, entry.number),):
             # a derived version replaces what its ancestors hold under these ids
-            if entry.located:
-                self._note_writer(entry, ids)
-            self._mark_removed(entry, entry.number, list(ids), skip_own=True)
+            fresh = self._note_writer(entry, ids) if entry.located else set()
+            marked = self._mark_removed(entry, entry.number, list(ids), skip_own=True)
+            if name in self._seen:
+                self._seen[name] += len(fresh) - marked + self._absent(entry, set(ids) - fresh)
         points = [
             qm.PointStruct(
                 id=point_id(pid, entry.number),
@@ -600,8 +584,28 @@ class ServerStore(Store):
         with self._call(name):
             self.client.upsert(entry.physical, points=points, wait=True)
 
+    def _absent(self, entry: _Version, pids: set[str]) -> int:
+        """How many of these logical ids `entry` has not written a point for yet."""
+        if not pids:
+            return 0
+        with self._call(entry.name):
+            found = self.client.retrieve(
+                entry.physical,
+                ids=[point_id(pid, entry.number) for pid in pids],
+                with_payload=False,
+            )
+        return len(pids) - len(found)
+
     def seal(self, name: str, indexes: Mapping[str, IndexKind], *, merge_base: bool = True) -> None:
-        self._index(self._entry(name).physical, indexes)
+        """Payload indexes, then the count of points the version sees, stored with it: a
+        derived version's kept from its writes, a full build's counted once here."""
+        entry = self._entry(name)
+        self._index(entry.physical, indexes)
+        seen = self._seen.pop(name, None)
+        if seen is None and entry.located and entry.runs == ((entry.number, entry.number),):
+            seen = self._count(entry)
+        if seen is not None:
+            self._catalog_set(name, {"points": seen})
 
     def _index(self, physical: str, indexes: Mapping[str, IndexKind]) -> None:
         """Payload indexes (path -> kind) the physical collection does not have yet."""
@@ -654,8 +658,17 @@ class ServerStore(Store):
             return
         # Points of versions numbered past these (a writer filling one now) are left alone.
         newest = max(number for number, _ in kept)
+        # A point no kept version sees was marked removed, or added by a version none of them
+        # descends from: the `should` a server answers from its indexes, not by a scan.
+        candidates: list[Any] = [qm.FieldCondition(key=REMOVED, range=qm.Range(gte=0))] + [
+            qm.FieldCondition(key=ADDED, range=qm.Range(gte=lo, lte=hi))
+            for lo, hi in gaps([r for _, runs in kept for r in runs], newest)
+        ]
         unseen = qm.Filter(
-            must=[qm.FieldCondition(key=ADDED, range=qm.Range(lte=newest))],
+            must=[
+                qm.FieldCondition(key=ADDED, range=qm.Range(lte=newest)),
+                qm.Filter(should=candidates),
+            ],
             must_not=[visible(runs) for _, runs in kept],
         )
         with self._call(physical):
@@ -669,8 +682,16 @@ class ServerStore(Store):
         self._catalog_put("alias", alias, {"alias": alias, "name": name})
 
     def count(self, name: str) -> int:
-        entry = self._entry(name)
-        with self._call(name):
+        """A sealed version's stored count, else the points its visibility filter matches."""
+        found = self._catalog_get("version", name, ("points",))
+        if found is None:
+            raise CollectionNotFound(f"collection {name!r} no longer exists")
+        if found.get("points") is not None:
+            return int(found["points"])
+        return self._count(self._entry(name))
+
+    def _count(self, entry: _Version) -> int:
+        with self._call(entry.name):
             return int(
                 self.client.count(
                     entry.physical, count_filter=visible(entry.runs), exact=True
