@@ -29,6 +29,7 @@ from rag_retriever.records import Document
 from rag_retriever.store import ServerStore
 from rag_retriever.store.catalog import apply_retention, promote_version, rollback
 from rag_retriever.store.server import CATALOG, WHERE_SUFFIX
+from rag_retriever.store.server_terms import TERMS_SUFFIX
 from tests.test_update import WORDS
 
 
@@ -84,6 +85,7 @@ class Writes:
 
     def __init__(self, client: Any, monkeypatch: pytest.MonkeyPatch) -> None:
         self.points = 0
+        self.terms = 0  # BM25 table points
         self.catalog = 0
         self.copied_reads = 0
         for method, count in (
@@ -111,6 +113,8 @@ class Writes:
         def spy(collection: str, *args: Any, **kw: Any) -> Any:
             if collection == CATALOG:
                 self.catalog += 1
+            elif collection.endswith(TERMS_SUFFIX):
+                self.terms += count(kw)
             else:
                 self.points += count(kw)
             return real(collection, *args, **kw)
@@ -140,6 +144,14 @@ def test_a_ten_document_edit_writes_what_it_changes_whatever_the_corpus_size(
     # 8 chunks added, 7 marked removed (5 replaced, 2 deleted), and the 8 chunk ids' "where"
     # points (the versions that wrote them): never the corpus, never copied
     assert writes.points == 8 + 7 + 8 and writes.copied_reads == 0
+    # BM25: the changed terms' frequencies go in the version's catalog entry, on the table it
+    # shares; in the small corpus they pass a quarter of its vocabulary: a new table
+    terms = server._catalog_get("version", report.collection, ("terms",))["terms"]
+    if size == 400:
+        assert terms["changes"] and terms["table"] == first.collection and writes.terms == 0
+    else:
+        assert not terms["changes"] and terms["table"] == report.collection
+        assert writes.terms == terms["table_size"] == terms["size"]  # one point a term here
     assert writes.points <= 10 * 10
     assert writes.catalog <= 12  # the version's record, frequencies, counter, alias
     assert served(server, first.collection) == before  # the base serves what it served
@@ -231,7 +243,7 @@ def test_a_collection_made_before_where_points_is_still_edited_right(
 
     def spy(method: str) -> Any:
         def call(collection: str, *args: Any, **kw: Any) -> Any:
-            if collection != CATALOG:
+            if collection.endswith("__points"):  # (a new BM25 table reads the old one)
                 scans.append(method)
             return real[method](collection, *args, **kw)
 
@@ -247,6 +259,41 @@ def test_a_collection_made_before_where_points_is_still_edited_right(
         monkeypatch.setattr(server.client, method, call)
     del changed["d5"]
     assert served(server, report.collection) == expected(changed)
+
+
+def test_a_bm25_table_goes_with_the_last_version_naming_it(
+    server: ServerStore, tiny_encoder: Encoder, tmp_path: Path
+) -> None:
+    """A small edit layers its frequencies on the table; one past a quarter of the vocabulary
+    writes a new table; once retention has deleted every version naming the old one, its
+    points go. Each version's BM25 is checked against rank-bm25 elsewhere (test_update.py)."""
+    rng = random.Random(13)
+    corpus = {f"d{i}": doc(i, rng) for i in range(200)}
+    v1 = write(server, tiny_encoder, tmp_path, list(corpus.values()), keep_versions=5)
+    physical = server._entry(v1.collection).physical
+
+    def table_points(table: str) -> int:
+        from qdrant_client import models as qm
+
+        match = qm.FieldCondition(key="table", match=qm.MatchValue(value=table))
+        return server.client.count(
+            physical + TERMS_SUFFIX, count_filter=qm.Filter(must=[match]), exact=True
+        ).count
+
+    def terms_of(name: str) -> dict[str, Any]:
+        return server._catalog_get("version", name, ("terms",))["terms"]
+
+    assert table_points(v1.collection) == terms_of(v1.collection)["table_size"] > 0
+    v2 = edit(server, tiny_encoder, tmp_path, [doc(1, rng, " two")], keep_versions=5)
+    assert terms_of(v2.collection)["table"] == v1.collection and terms_of(v2.collection)["changes"]
+    # most documents rewritten with new words: past a quarter of the vocabulary
+    new_words = [doc(i, rng, f" zz{i} yy{i}") for i in range(150)]
+    v3 = edit(server, tiny_encoder, tmp_path, new_words, keep_versions=5)
+    assert terms_of(v3.collection)["table"] == v3.collection
+    assert table_points(v3.collection) > 0 and table_points(v1.collection) > 0
+    deleted = apply_retention(server, "kb", keep=1, grace_s=0)
+    assert sorted(deleted) == sorted([v1.collection, v2.collection])
+    assert table_points(v1.collection) == 0 and table_points(v3.collection) > 0
 
 
 def test_a_number_once_given_is_never_given_again(

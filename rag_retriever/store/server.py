@@ -6,13 +6,15 @@ Example:
 
 Layout on the server:
 
-    rag_retriever_catalog              one point a version (its record, BM25 document
-                                       frequencies, physical collection and visible versions),
+    rag_retriever_catalog              one point a version (its record, its BM25 table
+                                       and the changes since it, physical collection and
+                                       visible versions),
                                        one an alias (the version it serves), one an alias's
                                        counter (the highest version number ever given)
     <alias>__<slug>__v<N>__points      the points of version N, a full build, and of every
                                        version derived from it (the same model, chunking and
                                        quantization)
+    <alias>__<slug>__v<N>__points__terms   BM25 document frequency tables (server_terms.py)
     <alias>__<slug>__v<N>__points__where   per logical id a derived version wrote, the numbers
                                        of the versions that wrote it: a lookup by logical id
                                        reads points by their physical ids, never a scan
@@ -68,7 +70,7 @@ import numpy as np
 
 from rag_retriever import conditions
 from rag_retriever.errors import CollectionNotFound, StoreUnavailable
-from rag_retriever.models.bm25 import SparseVector
+from rag_retriever.models.bm25 import DocFreqs, SparseVector
 from rag_retriever.records import TENANT_FIELD, Quantization, SearchFilter
 from rag_retriever.store.base import (
     DENSE,
@@ -85,6 +87,8 @@ from rag_retriever.store.base import (
     metadata_path,
 )
 from rag_retriever.store.record import VersionRecord
+from rag_retriever.store.server_terms import TABLE, TERMS_SUFFIX, ServerTermTable, write_table
+from rag_retriever.store.terms import REBASE_FRACTION
 from rag_retriever.store.visibility import (
     ADDED,
     NAMESPACE,
@@ -178,6 +182,9 @@ class ServerStore(Store):
         # the engine's answers (its parent's count, less the points it marked, plus the points
         # it added), stored with it at seal so that counting it never scans the collection.
         self._seen: dict[str, int] = {}
+        # BM25 tables read (collection, table) -> table: a table never changes, so what it
+        # read is kept for every version that shares it
+        self._tables: dict[tuple[str, str], ServerTermTable] = {}
         self._catalog_seen = False
 
     @property
@@ -380,14 +387,61 @@ class ServerStore(Store):
     def write_meta(self, name: str, meta: Mapping[str, Any]) -> None:
         self._catalog_set(name, {"meta": dict(meta)})
 
-    def doc_freqs(self, name: str) -> dict[str, int]:
-        found = self._catalog_get("version", name, ("doc_freqs",))
+    def doc_freqs(self, name: str) -> Mapping[str, int]:
+        """A table the version shares with others and its changes since it (server_terms.py),
+        or (a version made before tables, 0.4) one dict kept whole in its catalog entry."""
+        found = self._catalog_get("version", name, ("doc_freqs", "terms"))
         if found is None:
             raise CollectionNotFound(f"collection {name!r} no longer exists")
-        return dict(found.get("doc_freqs") or {})
+        terms = found.get("terms")
+        if not terms:
+            return dict(found.get("doc_freqs") or {})
+        physical = self._entry(name).physical
+        key = (physical + TERMS_SUFFIX, str(terms["table"]))
+        table = self._tables.get(key)
+        if table is None:
+            table = ServerTermTable(
+                self.client, lambda: self._call(name), *key, int(terms["table_size"])
+            )
+            self._tables[key] = table
+        return DocFreqs(
+            table,
+            {str(t): int(n) for t, n in terms["changes"].items()},
+            int(terms["size"]),
+            {int(df): int(n) for df, n in terms["histogram"]},
+        )
 
     def put_doc_freqs(self, name: str, doc_freqs: Mapping[str, int]) -> None:
-        self._catalog_set(name, {"doc_freqs": dict(doc_freqs.items())})
+        """The changes since the table the frequencies are layered on, or (a full build's,
+        changes past REBASE_FRACTION of the table, a version made before tables) a new table."""
+        entry = self._entry(name)
+        if not entry.located:  # a physical collection made before tables (0.4)
+            self._catalog_set(name, {"doc_freqs": dict(doc_freqs.items())})
+            return
+        collection = entry.physical + TERMS_SUFFIX
+        base = doc_freqs.base if isinstance(doc_freqs, DocFreqs) else None
+        if (
+            isinstance(doc_freqs, DocFreqs)
+            and isinstance(base, ServerTermTable)
+            and base.collection == collection
+            and len(doc_freqs.changes) <= REBASE_FRACTION * max(len(base), 1)
+        ):
+            table, table_size, size = base.table, len(base), len(doc_freqs)
+            changes, histogram = dict(doc_freqs.changes), doc_freqs.histogram
+        else:
+            table = name
+            table_size, histogram = write_table(
+                self.client, lambda: self._call(name), collection, table, doc_freqs.items()
+            )
+            changes, size = {}, table_size
+        terms = {
+            "table": table,
+            "table_size": table_size,
+            "changes": changes,
+            "size": size,
+            "histogram": sorted(histogram.items()),
+        }
+        self._catalog_set(name, {"terms": terms, "terms_table": table, "doc_freqs": {}})
 
     def create(self, name: str, dim: int, record: VersionRecord) -> None:
         """A full build: a new physical collection, which the versions derived from it share.
@@ -412,14 +466,16 @@ class ServerStore(Store):
                 replication_factor=self.replication_factor,
                 write_consistency_factor=self.write_consistency_factor,
             )
-            self.client.create_collection(
-                physical + WHERE_SUFFIX,
-                vectors_config={},
-                shard_number=self.shard_number,
-                replication_factor=self.replication_factor,
-                write_consistency_factor=self.write_consistency_factor,
-            )
+            for beside in (WHERE_SUFFIX, TERMS_SUFFIX):
+                self.client.create_collection(
+                    physical + beside,
+                    vectors_config={},
+                    shard_number=self.shard_number,
+                    replication_factor=self.replication_factor,
+                    write_consistency_factor=self.write_consistency_factor,
+                )
         self._index(physical, _VISIBILITY_INDEXES)
+        self._index(physical + TERMS_SUFFIX, {TABLE: "keyword"})
 
     def derive(self, name: str, base: str, record: VersionRecord, drop: Iterable[str]) -> None:
         """A version over `base`'s physical collection: its catalog point, then a removal mark
@@ -637,14 +693,42 @@ class ServerStore(Store):
             entry = self._entry(name, fresh=True)
         except CollectionNotFound:
             return
+        table = (self._catalog_get("version", name, ("terms_table",)) or {}).get("terms_table")
         with self._call():
             self.client.delete(
                 self.catalog, points_selector=[_catalog_id("version", name)], wait=True
             )
         self._entries.pop(name, None)
-        self._sweep(entry.physical)
+        if self._sweep(entry.physical):
+            # the table it named, or (killed before naming one) the one it may have been
+            # writing: a table is named after the version that writes it
+            self._drop_table(entry.physical, str(table or name))
 
-    def _sweep(self, physical: str) -> None:
+    def _drop_table(self, physical: str, table: str) -> None:
+        """The points of a BM25 table no remaining version names."""
+        from qdrant_client import models as qm
+
+        named = {
+            p.get("terms_table")
+            for p in self._catalog_scroll("version", ("terms_table",), physical=physical)
+        }
+        if table in named:
+            return
+        self._tables.pop((physical + TERMS_SUFFIX, table), None)
+        with self._call():
+            self.client.delete(
+                physical + TERMS_SUFFIX,
+                points_selector=qm.FilterSelector(
+                    filter=qm.Filter(
+                        must=[qm.FieldCondition(key=TABLE, match=qm.MatchValue(value=table))]
+                    )
+                ),
+                wait=True,
+            )
+
+    def _sweep(self, physical: str) -> bool:
+        """Delete the points no remaining version of `physical` sees; whether any remains (if
+        none, the physical collection and those beside it go)."""
         from qdrant_client import models as qm
 
         kept = [
@@ -653,9 +737,9 @@ class ServerStore(Store):
         ]
         if not kept:
             with self._call():
-                self.client.delete_collection(physical)
-                self.client.delete_collection(physical + WHERE_SUFFIX)
-            return
+                for beside in ("", WHERE_SUFFIX, TERMS_SUFFIX):
+                    self.client.delete_collection(physical + beside)
+            return False
         # Points of versions numbered past these (a writer filling one now) are left alone.
         newest = max(number for number, _ in kept)
         # A point no kept version sees was marked removed, or added by a version none of them
@@ -675,6 +759,7 @@ class ServerStore(Store):
             self.client.delete(
                 physical, points_selector=qm.FilterSelector(filter=unseen), wait=True
             )
+        return True
 
     def point_alias(self, alias: str, name: str) -> None:
         """One catalog point replaced in one call: a reader sees the old or the new target."""
