@@ -65,6 +65,13 @@ def expected(docs: dict[str, Document]) -> dict[str, str]:
     return {d.id: d.text for d in docs.values()}
 
 
+def terms_of(store: ServerStore, name: str) -> dict[str, Any]:
+    """A version's BM25 table and changes, as its catalog entry holds them."""
+    found = store._catalog_get("version", name, ("terms",))
+    assert found is not None
+    return dict(found["terms"])
+
+
 def physical_points(store: ServerStore, suffix: str = "__points") -> int:
     return sum(
         store.client.count(c.name, exact=True).count
@@ -146,7 +153,7 @@ def test_a_ten_document_edit_writes_what_it_changes_whatever_the_corpus_size(
     assert writes.points == 8 + 7 + 8 and writes.copied_reads == 0
     # BM25: the changed terms' frequencies go in the version's catalog entry, on the table it
     # shares; in the small corpus they pass a quarter of its vocabulary: a new table
-    terms = server._catalog_get("version", report.collection, ("terms",))["terms"]
+    terms = terms_of(server, report.collection)
     if size == 400:
         assert terms["changes"] and terms["table"] == first.collection and writes.terms == 0
     else:
@@ -280,16 +287,16 @@ def test_a_bm25_table_goes_with_the_last_version_naming_it(
             physical + TERMS_SUFFIX, count_filter=qm.Filter(must=[match]), exact=True
         ).count
 
-    def terms_of(name: str) -> dict[str, Any]:
-        return server._catalog_get("version", name, ("terms",))["terms"]
-
-    assert table_points(v1.collection) == terms_of(v1.collection)["table_size"] > 0
+    assert table_points(v1.collection) == terms_of(server, v1.collection)["table_size"] > 0
     v2 = edit(server, tiny_encoder, tmp_path, [doc(1, rng, " two")], keep_versions=5)
-    assert terms_of(v2.collection)["table"] == v1.collection and terms_of(v2.collection)["changes"]
+    assert (
+        terms_of(server, v2.collection)["table"] == v1.collection
+        and terms_of(server, v2.collection)["changes"]
+    )
     # most documents rewritten with new words: past a quarter of the vocabulary
     new_words = [doc(i, rng, f" zz{i} yy{i}") for i in range(150)]
     v3 = edit(server, tiny_encoder, tmp_path, new_words, keep_versions=5)
-    assert terms_of(v3.collection)["table"] == v3.collection
+    assert terms_of(server, v3.collection)["table"] == v3.collection
     assert table_points(v3.collection) > 0 and table_points(v1.collection) > 0
     deleted = apply_retention(server, "kb", keep=1, grace_s=0)
     assert sorted(deleted) == sorted([v1.collection, v2.collection])
