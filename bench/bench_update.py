@@ -30,7 +30,8 @@ the last version opened for a query (its terms' IDF read term by term) against e
 computed at open, as versions were opened before.
 
 Usage: python -m bench.bench_update [--sizes 100000] [--deltas 100] [--rebuild] [--cold-reopen]
-[--server 100000] [--e2e] [--delta-recall] [--vocabulary 54000 500000 2000000]   (`--sizes` with
+[--server 100000] [--e2e] [--delta-recall] [--vocabulary 54000 500000 2000000]
+[--server-vocabulary 54000 500000]   (`--sizes` with
 no number skips part 1; `--cold-reopen` drops the page cache before a second reopen: root only)
 python -m bench.bench_update --edit-constants rag_retriever/ops/capacity.json   (only the edit
 figures `rag-retriever plan` reads, replaced in that file)
@@ -687,6 +688,61 @@ def run_vocabulary(
     return out
 
 
+def run_server_vocabulary(
+    sizes: tuple[int, ...] = (54_000, 500_000), rounds: int = 5
+) -> dict[str, Any]:
+    """Part 4 on the server path (qdrant-client's in-process implementation of the server
+    API): a 10-document delta's BM25 statistics step (the parent's frequencies read, the delta
+    applied, the new version's written) through ServerStore, a table and changes (0.5) against
+    the peer, the same store with the physical collection marked as made before tables (0.4:
+    the whole vocabulary in each version's catalog entry), in one run."""
+    from qdrant_client import QdrantClient
+
+    from rag_retriever.models.bm25 import BM25Model
+    from rag_retriever.store import ServerStore
+    from rag_retriever.store.record import bare_record
+
+    rng = random.Random(0)
+    letters = "abcdefghijklmnopqrstuvwxyz"
+    out: dict[str, Any] = {}
+    for n in sizes:
+        words = ["".join(rng.choices(letters, k=rng.randint(4, 12))) + str(i) for i in range(n)]
+        docs = [[rng.choice(words) for _ in range(60)] for _ in range(20 + 10 * rounds)]
+        model = BM25Model.build([words[i : i + 50] for i in range(0, n, 50)] + docs)
+        seconds: dict[str, list[float]] = {"tables": [], "whole": []}
+        finals = {}
+        for arm, alias in (("tables", "ours"), ("whole", "peer")):
+            store = ServerStore(QdrantClient(":memory:"))
+            first = f"{alias}__random-{DIM}__v1"
+            store.create(first, DIM, bare_record(first, dim=DIM, bm25=model.stats))
+            if arm == "whole":  # as 0.4 made it: every version keeps the whole vocabulary
+                store._catalog_set(first, {"located": False})
+                store._entries.clear()
+            store.put_doc_freqs(first, model.doc_freqs)
+            current, name = model, first
+            for k in range(rounds):
+                added = [*docs[20 + 10 * k : 30 + 10 * k], [f"new{k}x{i}" for i in range(30)]]
+                removed = docs[10 * k : 10 * k + 10] if k < 2 else []
+                child = f"{alias}__random-{DIM}__v{k + 2}"
+                store.derive(child, name, bare_record(child, dim=DIM, bm25=model.stats), [])
+                t0 = time.perf_counter()
+                new = BM25Model(current.stats, store.doc_freqs(name)).with_delta(
+                    added=added, removed=removed
+                )
+                store.put_doc_freqs(child, new.doc_freqs)
+                seconds[arm].append(time.perf_counter() - t0)
+                current, name = new, child
+            finals[arm] = dict(store.doc_freqs(name).items())
+            store.close()
+        assert finals["tables"] == finals["whole"]
+        out[str(n)] = {
+            "terms": n,
+            "delta_s_median": float(np.median(seconds["tables"])),
+            "peer_s_median": float(np.median(seconds["whole"])),
+        }
+    return out
+
+
 def _rss_mb() -> float:
     for line in Path("/proc/self/status").read_text().splitlines():
         if line.startswith("VmRSS:"):
@@ -700,6 +756,7 @@ def report(
     server: dict[str, Any] | None = None,
     delta_recall: dict[str, Any] | None = None,
     vocabulary: dict[str, Any] | None = None,
+    server_vocabulary: dict[str, Any] | None = None,
 ) -> list[str]:
     lines = []
     for n, r in results.items():
@@ -807,6 +864,13 @@ def report(
             f"{row['open_every_idf_s_median']:.2f} s -> "
             f"{row['open_every_idf_s_median'] / row['open_query_s_median']:.0f}x"
         )
+    for row in (server_vocabulary or {}).values():
+        lines.append(
+            f"server path (qdrant-client in-process), BM25 statistics of a 10-document delta, "
+            f"{row['terms']:,} terms: table + changes {row['delta_s_median'] * 1000:.0f} ms "
+            f"(median) vs the whole vocabulary in each version's catalog entry (0.4) "
+            f"{row['peer_s_median']:.2f} s -> {row['peer_s_median'] / row['delta_s_median']:.0f}x"
+        )
     if e2e:
         lines.append(
             f"end to end, SQuAD dev + SciFact ({e2e['documents']:,} documents, {e2e['chunks']:,} "
@@ -833,6 +897,12 @@ def main(argv: list[str] | None = None) -> int:
         type=int,
         nargs="*",
         help="also the BM25 statistics step of a delta at these vocabulary sizes",
+    )
+    parser.add_argument(
+        "--server-vocabulary",
+        type=int,
+        nargs="*",
+        help="also the BM25 statistics step of a server-path delta at these vocabulary sizes",
     )
     parser.add_argument(
         "--rebuild",
@@ -875,7 +945,10 @@ def main(argv: list[str] | None = None) -> int:
     e2e = run_e2e() if args.e2e else None
     recall = run_delta_recall() if args.delta_recall else None
     vocabulary = run_vocabulary(tuple(args.vocabulary)) if args.vocabulary else None
-    for text in report(results, e2e, server, recall, vocabulary):
+    server_vocabulary = (
+        run_server_vocabulary(tuple(args.server_vocabulary)) if args.server_vocabulary else None
+    )
+    for text in report(results, e2e, server, recall, vocabulary, server_vocabulary):
         print(text, flush=True)
     return 0
 

@@ -32,6 +32,8 @@ TABLE: Final = "table"
 TERMS: Final = "terms"
 # Points per call when a table is written or read.
 BATCH: Final = 1024
+# Points per page when a whole table is read.
+ITEMS_PAGE: Final = 8192
 # Terms a table remembers of its lookups (a table never changes: a query's terms are read once).
 CACHE_TERMS: Final = 1 << 20
 
@@ -87,22 +89,20 @@ class ServerTermTable:
         return {i: sorted(terms) for i, terms in self._read(hashes).items() if terms}
 
     def items(self) -> Iterator[tuple[str, int]]:
-        from qdrant_client import models as qm
-
+        """Every term of the table (a new table's input: a rebase, a full rebuild). The
+        collection holds this table and at most a few others still named by some version, so
+        it is read whole, without a filter (the in-process implementation scans every point
+        for each filtered page)."""
         offset: Any = None
         while True:
             with self.call():
                 points, offset = self.client.scroll(
-                    self.collection,
-                    scroll_filter=qm.Filter(
-                        must=[qm.FieldCondition(key=TABLE, match=qm.MatchValue(value=self.table))]
-                    ),
-                    limit=BATCH,
-                    offset=offset,
-                    with_payload=[TERMS],
+                    self.collection, limit=ITEMS_PAGE, offset=offset, with_payload=[TABLE, TERMS]
                 )
             for p in points:
-                yield from ((t, int(n)) for t, n in (p.payload or {})[TERMS].items())
+                payload = p.payload or {}
+                if payload.get(TABLE) == self.table:
+                    yield from ((t, int(n)) for t, n in payload[TERMS].items())
             if offset is None:
                 return
 
