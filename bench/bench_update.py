@@ -612,6 +612,18 @@ def run_delta_recall(sets: tuple[tuple[str, str, str], ...] = RECALL_SETS) -> di
     return out
 
 
+def _vocabulary(rng: random.Random, n: int, rounds: int) -> tuple[list[str], list[list[str]], Any]:
+    """`n` made-up words, the documents the deltas of `rounds` add and remove (60 of those
+    words each), and the BM25 model of the words (50 a document) and those documents."""
+    from rag_retriever.models.bm25 import BM25Model
+
+    letters = "abcdefghijklmnopqrstuvwxyz"
+    words = ["".join(rng.choices(letters, k=rng.randint(4, 12))) + str(i) for i in range(n)]
+    docs = [[rng.choice(words) for _ in range(60)] for _ in range(20 + 10 * rounds)]
+    model = BM25Model.build([words[i : i + 50] for i in range(0, n, 50)] + docs)
+    return words, docs, model
+
+
 def run_vocabulary(
     sizes: tuple[int, ...] = (54_000, 500_000, 2_000_000), rounds: int = 5
 ) -> dict[str, Any]:
@@ -621,12 +633,9 @@ def run_vocabulary(
     from rag_retriever.store.terms import read_doc_freqs, write_doc_freqs
 
     rng = random.Random(0)
-    letters = "abcdefghijklmnopqrstuvwxyz"
     out: dict[str, Any] = {}
     for n in sizes:
-        words = ["".join(rng.choices(letters, k=rng.randint(4, 12))) + str(i) for i in range(n)]
-        docs = [[rng.choice(words) for _ in range(60)] for _ in range(20 + 10 * rounds)]
-        model = BM25Model.build([words[i : i + 50] for i in range(0, n, 50)] + docs)
+        words, docs, model = _vocabulary(rng, n, rounds)
 
         with tempfile.TemporaryDirectory() as tmp:
             root = Path(tmp)
@@ -703,12 +712,9 @@ def run_server_vocabulary(
     from rag_retriever.store.record import bare_record
 
     rng = random.Random(0)
-    letters = "abcdefghijklmnopqrstuvwxyz"
     out: dict[str, Any] = {}
     for n in sizes:
-        words = ["".join(rng.choices(letters, k=rng.randint(4, 12))) + str(i) for i in range(n)]
-        docs = [[rng.choice(words) for _ in range(60)] for _ in range(20 + 10 * rounds)]
-        model = BM25Model.build([words[i : i + 50] for i in range(0, n, 50)] + docs)
+        _, docs, model = _vocabulary(rng, n, rounds)
         seconds: dict[str, list[float]] = {"tables": [], "whole": []}
         finals = {}
         for arm, alias in (("tables", "ours"), ("whole", "peer")):
