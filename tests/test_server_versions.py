@@ -268,6 +268,44 @@ def test_a_collection_made_before_where_points_is_still_edited_right(
     assert served(server, report.collection) == expected(changed)
 
 
+def test_a_derived_version_counts_what_it_holds_when_a_write_is_tried_again(
+    server: ServerStore,
+) -> None:
+    """The count a derived version keeps from its writes (its parent's, less what it marks,
+    plus what it adds) equals the points its filter matches, with a batch written twice (a
+    retried call) and ids old and new in it."""
+    import numpy as np
+
+    from rag_retriever.models.bm25 import BM25Model
+    from rag_retriever.store.record import bare_record
+
+    model = BM25Model.build([["a"], ["b"]])
+
+    def write(name: str, ids: list[str]) -> None:
+        server.upsert(
+            name,
+            ids,
+            np.ones((len(ids), 4), dtype=np.float32),
+            [model.document_vector(["a"]) for _ in ids],
+            [{"doc_id": i} for i in ids],
+        )
+
+    ids = [f"00000000-0000-0000-0000-{i:012d}" for i in range(6)]
+    server.create("t__x__v1", 4, bare_record("t__x__v1", dim=4, bm25=model.stats))
+    write("t__x__v1", ids[:4])
+    server.seal("t__x__v1", {})
+    server.derive(
+        "t__x__v2", "t__x__v1", bare_record("t__x__v2", dim=4, bm25=model.stats), [ids[0]]
+    )
+    for _ in range(2):
+        write("t__x__v2", [ids[1], ids[4]])
+    write("t__x__v2", [ids[1], ids[5]])
+    server.seal("t__x__v2", {})
+    kept = server.count("t__x__v2")
+    assert kept == server._count(server._entry("t__x__v2")) == 5  # ids 1-5
+    assert server.count("t__x__v1") == 4
+
+
 def test_a_bm25_table_goes_with_the_last_version_naming_it(
     server: ServerStore, tiny_encoder: Encoder, tmp_path: Path
 ) -> None:

@@ -491,40 +491,56 @@ class ServerStore(Store):
     def _writers(self, entry: _Version, pids: Sequence[str]) -> dict[str, list[int]]:
         """The numbers of the derived versions that wrote each of these logical ids (its "where"
         point; a full build's writes are implied by the physical collection)."""
-        with self._call(entry.name):
-            found = self.client.retrieve(
-                entry.physical + WHERE_SUFFIX,
-                ids=[where_id(pid) for pid in pids],
-                with_payload=[WRITERS],
+        by_id: dict[str, list[int]] = {}
+        for start in range(0, len(pids), ID_BATCH):
+            with self._call(entry.name):
+                found = self.client.retrieve(
+                    entry.physical + WHERE_SUFFIX,
+                    ids=[where_id(pid) for pid in pids[start : start + ID_BATCH]],
+                    with_payload=[WRITERS],
+                )
+            by_id.update(
+                (str(p.id), [int(n) for n in (p.payload or {}).get(WRITERS) or ()]) for p in found
             )
-        by_id = {str(p.id): [int(n) for n in (p.payload or {}).get(WRITERS) or ()] for p in found}
         return {pid: by_id.get(where_id(pid), []) for pid in pids}
 
     def _located(
-        self, entry: _Version, pids: Sequence[str], *, payload: Any, vectors: Any = False
+        self,
+        entry: _Version,
+        pids: Sequence[str],
+        *,
+        payload: Any,
+        vectors: Any = False,
+        writers: Mapping[str, Sequence[int]] | None = None,
     ) -> list[Any]:
         """The points `entry` sees of these logical ids, read by physical id: each one's
-        candidates are the full build's point and those of the versions that wrote it since."""
-        writers = self._writers(entry, pids)
+        candidates are the full build's point and those of the versions that wrote it since
+        (`writers`, read here when not given)."""
+        if writers is None:
+            writers = self._writers(entry, pids)
         ids = [
             point_id(pid, n)
             for pid in pids
             for n in sorted({entry.base, *writers[pid]})
             if within(entry.runs, n)
         ]
-        with self._call(entry.name):
-            points = self.client.retrieve(
-                entry.physical, ids=ids, with_payload=payload, with_vectors=vectors
-            )
+        points: list[Any] = []
+        for start in range(0, len(ids), ID_BATCH):
+            with self._call(entry.name):
+                points += self.client.retrieve(
+                    entry.physical,
+                    ids=ids[start : start + ID_BATCH],
+                    with_payload=payload,
+                    with_vectors=vectors,
+                )
         return [p for p in points if sees(entry.runs, p.payload or {})]
 
-    def _note_writer(self, entry: _Version, pids: Sequence[str]) -> set[str]:
-        """Add `entry`'s number to these logical ids' "where" points, before their points are
-        written: a "where" point lists every version that may hold one, and maybe more. Returns
-        the ids it was added to (the others were written by `entry` before, or tried to be)."""
+    def _note_writer(self, entry: _Version, writers: Mapping[str, Sequence[int]]) -> None:
+        """Add `entry`'s number to these logical ids' "where" points (`writers`, as read), before
+        their points are written: a "where" point lists every version that may hold one, and
+        maybe more."""
         from qdrant_client import models as qm
 
-        writers = self._writers(entry, pids)
         points = [
             qm.PointStruct(
                 id=where_id(pid), vector={}, payload={WRITERS: sorted({*found, entry.number})}
@@ -535,7 +551,6 @@ class ServerStore(Store):
         if points:
             with self._call(entry.name):
                 self.client.upsert(entry.physical + WHERE_SUFFIX, points=points, wait=True)
-        return {pid for pid, found in writers.items() if entry.number not in found}
 
     def _mark_removed(
         self, entry: _Version, number: int, pids: Sequence[str], *, skip_own: bool = False
@@ -546,15 +561,12 @@ class ServerStore(Store):
             return self._mark_removed_by_filter(
                 entry.physical, entry.runs, number, pids, skip_own=skip_own
             )
-        marked = 0
-        for start in range(0, len(pids), ID_BATCH):
-            found = self._located(entry, pids[start : start + ID_BATCH], payload=[ADDED, REMOVED])
-            marked += self._set_removed(
-                entry.physical,
-                number,
-                [p for p in found if not (skip_own and (p.payload or {})[ADDED] == number)],
-            )
-        return marked
+        found = self._located(entry, pids, payload=[ADDED, REMOVED])
+        return self._set_removed(
+            entry.physical,
+            number,
+            [p for p in found if not (skip_own and (p.payload or {})[ADDED] == number)],
+        )
 
     def _set_removed(self, physical: str, number: int, points: Sequence[Any]) -> int:
         """Add `number` to these points' removal marks (one call per set of earlier marks);
@@ -620,12 +632,18 @@ class ServerStore(Store):
 
         check_lengths(ids, dense, sparse, payloads)
         entry = self._entry(name)
-        if entry.runs != ((entry.number, entry.number),):
-            # a derived version replaces what its ancestors hold under these ids
-            fresh = self._note_writer(entry, ids) if entry.located else set()
-            marked = self._mark_removed(entry, entry.number, list(ids), skip_own=True)
-            if name in self._seen:
-                self._seen[name] += len(fresh) - marked + self._absent(entry, set(ids) - fresh)
+        if entry.runs != ((entry.number, entry.number),) and not entry.located:
+            self._mark_removed(entry, entry.number, list(ids), skip_own=True)
+        elif entry.runs != ((entry.number, entry.number),):
+            # a derived version replaces what its ancestors hold under these ids; what it holds
+            # of them already (a write tried again) is among the candidates and stays
+            writers = self._writers(entry, ids)
+            self._note_writer(entry, writers)
+            found = self._located(entry, ids, payload=[ADDED, REMOVED], writers=writers)
+            theirs = [p for p in found if (p.payload or {})[ADDED] != entry.number]
+            marked = self._set_removed(entry.physical, entry.number, theirs)
+            if name in self._seen:  # the points it adds, less those it marks
+                self._seen[name] += len(set(ids)) - (len(found) - len(theirs)) - marked
         points = [
             qm.PointStruct(
                 id=point_id(pid, entry.number),
@@ -639,18 +657,6 @@ class ServerStore(Store):
         ]
         with self._call(name):
             self.client.upsert(entry.physical, points=points, wait=True)
-
-    def _absent(self, entry: _Version, pids: set[str]) -> int:
-        """How many of these logical ids `entry` has not written a point for yet."""
-        if not pids:
-            return 0
-        with self._call(entry.name):
-            found = self.client.retrieve(
-                entry.physical,
-                ids=[point_id(pid, entry.number) for pid in pids],
-                with_payload=False,
-            )
-        return len(pids) - len(found)
 
     def seal(self, name: str, indexes: Mapping[str, IndexKind], *, merge_base: bool = True) -> None:
         """Payload indexes, then the count of points the version sees, stored with it: a
