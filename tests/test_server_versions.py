@@ -230,9 +230,14 @@ def test_a_collection_made_before_where_points_is_still_edited_right(
     corpus = {f"d{i}": doc(i, rng) for i in range(12)}
     v1 = write(server, tiny_encoder, tmp_path, list(corpus.values()))
     physical = server._entry(v1.collection).physical
-    # as 0.4 left it
+    # as 0.4 left it: no "where" or "__terms" collection, the frequencies whole in the entry
+    freqs = dict(server.doc_freqs(v1.collection).items())
     server.client.delete_collection(physical + WHERE_SUFFIX)
-    server._catalog_set(v1.collection, {"located": False})
+    server.client.delete_collection(physical + TERMS_SUFFIX)
+    server._catalog_set(
+        v1.collection,
+        {"located": False, "terms": None, "terms_table": None, "doc_freqs": freqs, "points": None},
+    )
     server._entries.clear()
     for i in range(2):
         new = [doc(1, rng, f" v{i}"), doc(20 + i, rng)]

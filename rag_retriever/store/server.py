@@ -390,14 +390,13 @@ class ServerStore(Store):
     def doc_freqs(self, name: str) -> Mapping[str, int]:
         """A table the version shares with others and its changes since it (server_terms.py),
         or (a version made before tables, 0.4) one dict kept whole in its catalog entry."""
-        found = self._catalog_get("version", name, ("doc_freqs", "terms"))
+        found = self._catalog_get("version", name, ("doc_freqs", "terms", "physical"))
         if found is None:
             raise CollectionNotFound(f"collection {name!r} no longer exists")
         terms = found.get("terms")
         if not terms:
             return dict(found.get("doc_freqs") or {})
-        physical = self._entry(name).physical
-        key = (physical + TERMS_SUFFIX, str(terms["table"]))
+        key = (str(found["physical"]) + TERMS_SUFFIX, str(terms["table"]))
         table = self._tables.get(key)
         if table is None:
             table = ServerTermTable(
@@ -705,7 +704,7 @@ class ServerStore(Store):
                 self.catalog, points_selector=[_catalog_id("version", name)], wait=True
             )
         self._entries.pop(name, None)
-        if self._sweep(entry.physical):
+        if self._sweep(entry.physical) and entry.located:  # (0.4 made no tables)
             # the table it named, or (killed before naming one) the one it may have been
             # writing: a table is named after the version that writes it
             self._drop_table(entry.physical, str(table or name))
