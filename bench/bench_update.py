@@ -934,8 +934,15 @@ def main(argv: list[str] | None = None) -> int:
         'replace the "edits" entry of this constants file (bench_engine --constants-out)',
     )
     args = parser.parse_args(argv)
+    if any(n < 1 for n in args.server_vocabulary or ()):
+        parser.error(f"--server-vocabulary sizes must be at least 1, got {args.server_vocabulary}")
     if args.edit_constants:
-        made = json.loads(args.edit_constants.read_text())
+        try:
+            made = json.loads(args.edit_constants.read_text())
+        except (OSError, ValueError) as exc:
+            parser.error(f"--edit-constants {args.edit_constants}: not a constants file ({exc})")
+        if not isinstance(made, dict):
+            parser.error(f"--edit-constants {args.edit_constants}: not a constants file")
         made["edits"] = edit_constants()
         args.edit_constants.write_text(json.dumps(made, indent=1) + "\n")
         print(f"edits: {made['edits']} -> {args.edit_constants}", flush=True)
