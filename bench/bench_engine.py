@@ -53,6 +53,7 @@ from rag_retriever.store import (
     Store,
 )
 from rag_retriever.store.record import bare_record
+from rag_retriever.store.shards import BASE_SHARD_POINTS
 
 DIM = 384
 BATCH = 512
@@ -125,9 +126,12 @@ def build(
     t0 = time.perf_counter()
     store.seal(NAME, indexes or {"doc_id": "keyword", "metadata.group": "integer"})
     seal_s = time.perf_counter() - t0
+    # base shards of at most RAG_BASE_SHARD_POINTS (EdgeStore's default); one server collection
+    shards = store.manifest(NAME).bases if isinstance(store, EdgeStore) else 1
     store.close()
     return {
         "points": n,
+        "shards": shards,
         "bm25_stats_s": stats_s,
         "write_s": write_s,
         "points_per_s": n / write_s,
@@ -297,8 +301,9 @@ CONSTANT_FIGURES = (
     "hybrid_filtered_p50_ms",
     "hybrid_filtered_p95_ms",
 )
-# figures a point may lack (constants written before they were measured)
-OPTIONAL_FIGURES = ("build_private_mb",)
+# figures a point may lack (constants written before they were measured); "shards": the base
+# shards the version was (the plan fits through one-shard sizes)
+OPTIONAL_FIGURES = ("build_private_mb", "shards")
 
 
 def constants(
@@ -327,6 +332,7 @@ def constants(
             "cores": os.cpu_count(),
             "memory_gb": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30),
             "engine": "Qdrant Edge (embedded), 384-d vectors, BM25 of real text, no encoder",
+            "base_shard_points": BASE_SHARD_POINTS,
         },
         "settings": settings,
         "query_encode_ms": query_encode_ms,
@@ -370,6 +376,7 @@ def _lines(
     for key, label, fmt in [
         ("points_per_s", "write points/s", "{:,.0f}"),
         ("seal_s", "seal (index+optimize) s", "{:.1f}"),
+        ("shards", "base shards", "{:.0f}"),
         ("reopen_s", "reopen s", "{:.2f}"),
         ("dense_p50_ms", "dense p50 ms", "{:.2f}"),
         ("bm25_p50_ms", "bm25 p50 ms", "{:.2f}"),

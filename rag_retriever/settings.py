@@ -184,18 +184,26 @@ class Settings(BaseSettings):
     bm25_rebase_drift: Annotated[float, Field(gt=0, le=1)] = _setting(
         0.02, "relative drift of the average chunk length after which an update rebuilds BM25 fully"
     )
-    # When a delta's shards outgrow the base (embedded store), they are merged into a new base:
     quantization: Quantization = _setting(
         "none",
         "how a new version holds its dense vectors in memory: none (float32), int8 (4x "
         "smaller) or binary (32x), the float32 originals on disk rescoring the top candidates; "
         "a change re-ingests in full, like a model change",
     )
+    # When a delta's shards outgrow the base (embedded store), they are merged into a new base:
     # in a background thread (the CLI: a detached `rag-retriever compact`), left to the caller
     # (`deferred`: run `rag-retriever compact`), or inside the write itself (`inline`).
     compaction: Compaction = _setting(
         "background",
         "how an update's outgrown delta shards are merged: background, deferred or inline",
+    )
+    # A full build (or a base merge) past this many chunks is written as several base shards,
+    # each sealed on its own: a build's memory is one shard's (one of 1M binary points peaked
+    # at ~8 GB private on 2 cores; one of 2M outgrew 24 GB). Each shard is one engine call a query.
+    base_shard_points: PositiveInt = _setting(
+        1_000_000,
+        "most chunks in one shard of an embedded version's base: a bigger full build is "
+        "written and sealed as several shards, so its memory is one shard's",
     )
     # A write that finds another write of the same alias running waits this long for it (two
     # updates in a row each see the other's documents: no lost update).

@@ -157,7 +157,7 @@ def test_updates_during_a_compaction_are_in_the_version_it_makes(
             corpus.pop(gone[0])
             # the shards being compacted are neither merged nor deleted meanwhile
             assert [s.id for s in store.manifest(report.collection).segments][: len(noted)] == noted
-            assert (tmp_path / "edge" / "segments" / job.shard).is_dir()
+            assert (tmp_path / "edge" / "segments" / job.shards[0]).is_dir()
         during["last"] = report.collection
         during["answers"] = _answers(store, report.collection, random.Random(9))
         return built
@@ -222,13 +222,13 @@ def test_one_compaction_at_a_time_and_a_dead_one_names_nothing(
         "source": job.source,
         "kind": job.kind,
         "segments": [s.id for s in job.segments],
-        "shard": job.shard,
+        "shards": list(job.shards),
         "pid": job_pid(),
     }
     store.end_compaction(job)
     assert other.running_compaction("kb") is None
     # a marker left by a process that died (its lock let go) is stale: ignored
-    (tmp_path / "edge" / "compactions" / "kb.json").write_text('{"shard": "kb--stale"}')
+    (tmp_path / "edge" / "compactions" / "kb.json").write_text('{"shards": ["kb--stale"]}')
     assert other.running_compaction("kb") is None
     assert compact(other, "kb", lock_dir=tmp_path).outcome == "compacted"
     other.close()
@@ -617,14 +617,18 @@ def test_the_update_command_starts_a_detached_compaction(
     )
     assert done.returncode == 0, done.stderr
     assert "compaction  started (pid" in done.stdout
+    log_path = tmp_path / "data" / "logs" / "compact-kb.log"
     deadline = time.monotonic() + 600  # a hang guard: the child's speed is not under test
-    while time.monotonic() < deadline and not store.record(store.aliases()["kb"]).lineage.compacted:
+    # the child moves the alias, then says so: wait for both
+    while time.monotonic() < deadline and not (
+        store.record(store.aliases()["kb"]).lineage.compacted
+        and "merged into one base" in log_path.read_text()
+    ):
         time.sleep(0.2)
     name = store.aliases()["kb"]
     assert store.record(name).lineage.compacted, list((root.parent / "logs").iterdir())
     assert "d91" in served_docs(store)
-    log = (tmp_path / "data" / "logs" / "compact-kb.log").read_text()
-    assert "merged into one base" in log
+    assert "merged into one base" in log_path.read_text()
     store.close()
 
 

@@ -43,7 +43,14 @@ def figures(n: int, rss_mb: float, p50: float, p95: float) -> dict[str, float]:
 
 
 CASE: dict[str, Any] = {
-    "measured": {"date": "2026-12-03", "command": "hand-made", "cores": 2, "memory_gb": 24},
+    "measured": {
+        "date": "2026-12-03",
+        "command": "hand-made",
+        "cores": 2,
+        "memory_gb": 24,
+        # one base shard at every size asked here: these cases check the fits
+        "base_shard_points": 10**9,
+    },
     "query_encode_ms": 10.0,
     "edits": {"edge_edit_s": 0.1, "server_points_per_changed_chunk": 2.0},
     "settings": {
@@ -60,6 +67,43 @@ def test_a_power_fit_goes_through_its_points_and_one_point_takes_the_given_expon
     assert fit.e == pytest.approx(1.0) and fit.at(1_000) == pytest.approx(100.0)
     assert Fit.through([(100, 3.0)], single_exponent=1).at(1_000) == pytest.approx(30.0)
     assert Fit.through([(100, 3.0)], single_exponent=0).at(1_000) == pytest.approx(3.0)
+
+
+def test_past_the_base_shard_size_a_version_costs_its_shards_one_shard_s_figures() -> None:
+    """With base shards of at most 1M chunks (the constants' base_shard_points), 20M chunks are
+    20 shards of 1M: latency, build time and disk 20x one 1M shard's (measured here), a build's
+    peak one shard's; memory is fitted through the corpus as before. A point measured as
+    several shards is left out of the fits (its figures here would bend them)."""
+    several = dict(figures(4_000_000, 1.0, 999.0, 999.0), shards=4, build_private_mb=1.0)
+    points = [
+        figures(100_000, 25.0, 2.0, 4.0) | {"build_private_mb": 50.0},
+        figures(1_000_000, 250.0, 4.0, 8.0) | {"build_private_mb": 500.0},
+        several,
+    ]
+    constants = dict(
+        CASE,
+        measured=CASE["measured"] | {"base_shard_points": 1_000_000},
+        settings={"binary": points},
+    )
+    brief = Brief(chunks=20_000_000, nodes=4, dim=8)
+    plan = make_plan(brief, constants)
+    (binary,) = plan.settings
+    assert (binary.shards, binary.node_shards) == (20, 5)
+    assert binary.p50_ms == pytest.approx(20 * 4.0 + 10.0)  # plus the query's encoding
+    assert binary.p95_ms == pytest.approx(20 * 8.0 + 10.0)
+    assert binary.node_p95_ms == pytest.approx(5 * 8.0 + 10.0)
+    assert binary.disk_gb == pytest.approx(20 * 500 / 1024)
+    assert binary.build_h == pytest.approx(20 * (100 + 100**1.2) / 3600)
+    assert binary.build_private_gb == pytest.approx(500 / 1024)  # one shard's, sealed alone
+    assert binary.memory_gb == pytest.approx(20 * 250 / 1024)  # the corpus's fit
+    assert plan.shard_points == 1_000_000
+    assert any("20 base shards of ~1,000,000" in line for line in describe(plan))
+    # 2.5M chunks: 3 shards of ~833k each
+    plan = make_plan(Brief(chunks=2_500_000, dim=8), constants)
+    assert plan.settings[0].shards == 3
+    assert plan.settings[0].p50_ms == pytest.approx(
+        3 * 4.0 * (2_500_000 / 3 / 1e6) ** math.log10(2) + 10
+    )
 
 
 def test_the_plan_of_a_brief_past_the_measured_sizes_says_how_far_it_extrapolates() -> None:

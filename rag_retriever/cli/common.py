@@ -41,6 +41,7 @@ WRITE = (
     "retention_grace_s",
     "bm25_rebase_drift",
     "compaction",
+    "base_shard_points",
     "max_document_chars",
     "qdrant_shards",
     "qdrant_replicas",

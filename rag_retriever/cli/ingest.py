@@ -103,6 +103,7 @@ def _start_compaction(settings: Settings, report: Any) -> Any:
         "RAG_DATA_DIR": str(settings.data_dir),
         "RAG_KEEP_VERSIONS": str(settings.keep_versions),
         "RAG_RETENTION_GRACE_S": str(settings.retention_grace_s),
+        "RAG_BASE_SHARD_POINTS": str(settings.base_shard_points),
         "RAG_LOG_LEVEL": "INFO",
     }
     pid = spawn_compaction(report.alias, env=env, log_path=log_path)
@@ -184,7 +185,7 @@ def _in_tenant(documents: Sequence[Document], tenant: str | None) -> list[Docume
 
 
 def cmd_compact(args: argparse.Namespace) -> int:
-    from rag_retriever.ingest.compaction import MERGED_INTO, compact_while_due
+    from rag_retriever.ingest.compaction import compact_while_due, merged_into
     from rag_retriever.store import open_store
 
     settings = command_settings(args)
@@ -208,7 +209,7 @@ def cmd_compact(args: argparse.Namespace) -> int:
         if report.outcome == "compacted":
             print(
                 f"{report.alias} -> {report.collection}: {report.shards_merged} shards of "
-                f"{report.source} merged into {MERGED_INTO[str(report.kind)]} ({report.points} "
+                f"{report.source} merged into {merged_into(report.kind, report.shards_made)} ({report.points} "
                 f"points) in "
                 f"{report.seconds:.1f} s"
             )

@@ -204,7 +204,15 @@ def add_versions(sub: Any) -> None:
         "--force", action="store_true", help="merge even when the deltas have not outgrown the base"
     )
     p.add_argument("--json", action="store_true", help="print the report as JSON")
-    setting_flags(p, "collection", "lock_wait_s", "keep_versions", "retention_grace_s", *STORE)
+    setting_flags(
+        p,
+        "collection",
+        "lock_wait_s",
+        "keep_versions",
+        "retention_grace_s",
+        "base_shard_points",
+        *STORE,
+    )
     p.set_defaults(func=cmd_compact)
 
     p = sub.add_parser("rollback", help="point an alias at its previous complete version")

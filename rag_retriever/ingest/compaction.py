@@ -1,4 +1,5 @@
-"""Compaction: a version's shards merged into one new shard, off the write path.
+"""Compaction: a version's shards merged into one new shard (or a base of several, past
+RAG_BASE_SHARD_POINTS), off the write path.
 
 Example:
     >>> compact(store, "docs").outcome                                  # doctest: +SKIP
@@ -70,6 +71,7 @@ __all__ = [
     "compact",
     "compact_in_background",
     "compact_while_due",
+    "merged_into",
     "spawn_compaction",
 ]
 
@@ -86,6 +88,8 @@ class CompactionReport:
     collection: str | None = None
     source: str | None = None
     shards_merged: int = 0
+    # the shards it wrote: one, or a base of several past RAG_BASE_SHARD_POINTS
+    shards_made: int = 1
     points: int = 0
     seconds: float = 0.0
     deleted_versions: tuple[str, ...] = ()
@@ -171,7 +175,7 @@ def _compact(
             len(job.segments),
             job.source,
             live,
-            MERGED_INTO[job.kind],
+            merged_into(job.kind, len(job.shards)),
         )
         job = store.build_compaction(job)
         with IngestLock(lock_dir, alias, wait_s=lock_wait_s, holder=COMPACTION):
@@ -229,7 +233,7 @@ def _compact(
         alias,
         len(job.segments),
         job.source,
-        MERGED_INTO[job.kind],
+        merged_into(job.kind, len(job.shards)),
         job.points,
         seconds,
         name,
@@ -241,14 +245,19 @@ def _compact(
         collection=name,
         source=job.source,
         shards_merged=len(job.segments),
+        shards_made=len(job.shards),
         points=job.points,
         seconds=seconds,
         deleted_versions=tuple(deleted),
     )
 
 
-# What a compaction of each kind merges the shards into, for messages.
-MERGED_INTO = {"base": "one base", "deltas": "one delta shard"}
+def merged_into(kind: str | None, shards: int) -> str:
+    """What a compaction of `kind` merged the shards into, for messages."""
+    if kind == "deltas":
+        return "one delta shard"
+    return "one base" if shards == 1 else f"a base of {shards} shards"
+
 
 # How many compactions a background run does in a row at most (each one merges what the last left
 # due); a stream of updates that keeps it due longer waits for the next update to start another.
@@ -404,7 +413,7 @@ def main(argv: list[str] | None = None) -> int:
                 args.alias,
                 report.shards_merged,
                 report.source,
-                MERGED_INTO[str(report.kind)],
+                merged_into(report.kind, report.shards_made),
                 report.points,
                 report.seconds,
                 report.collection,

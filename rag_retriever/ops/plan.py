@@ -11,7 +11,12 @@ measured on one machine: per setting and size, build (write + seal) time, disk, 
 process's peak RSS, and single-client engine latency; plus the query encoding time and the cost
 of an edit. Each figure is fitted as a power of the chunk count through the measured sizes
 (y = c * n^e; e is printed), so a size between them is interpolated and one past the largest is
-extrapolated, and the plan says by how far. What the fit cannot know is said beside it: latency
+extrapolated, and the plan says by how far. Past the constants' base shard size
+(RAG_BASE_SHARD_POINTS) a version is several base shards of n/k chunks each: its latency, build
+time and disk are k times one shard's fitted figure (a query asks the shards in turn; an upper
+estimate, since all but the first are searched with a narrower HNSW breadth), its build's peak
+one shard's (they are sealed one at a time); the fits go through the sizes measured as one
+shard. What the fit cannot know is said beside it: latency
 under load is a queueing estimate (a query holds one core for its service time), not a
 measurement; a cluster's per-node figures are the corpus divided by its nodes, its network and
 fan-out are not measured.
@@ -28,6 +33,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from rag_retriever.errors import ConfigError
+from rag_retriever.store.shards import BASE_SHARD_POINTS, base_shards
 
 CONSTANTS: Final = Path(__file__).with_name("capacity.json")
 # The utilisation a machine is planned at: queues stay short below it.
@@ -129,6 +135,9 @@ class SettingPlan:
     # of it, the private memory (the rest is mapped shard files); None: not in the constants
     build_private_gb: float | None = None
     node_build_private_gb: float | None = None
+    # base shards a version of the brief's size is (and a node's share), of RAG_BASE_SHARD_POINTS
+    shards: int = 1
+    node_shards: int = 1
     meets: dict[str, bool] = field(default_factory=dict)
 
 
@@ -143,6 +152,7 @@ class Plan:
     recommended: str | None
     served: dict[str, Any] = field(default_factory=dict)  # the HTTP service measured at load
     overhead_ms: float = 0.0  # a query's cost through the service beyond encoding and engine
+    shard_points: int = BASE_SHARD_POINTS  # the base shard size the figures are computed for
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -155,6 +165,7 @@ class Plan:
             "recommended": self.recommended,
             "served": self.served,
             "overhead_ms": self.overhead_ms,
+            "shard_points": self.shard_points,
         }
 
 
@@ -195,9 +206,10 @@ def make_plan(brief: Brief, constants: dict[str, Any]) -> Plan:
         at = _rising(engine).at(float(served["chunks"]))
         overhead_ms = max(0.0, float(served["single_p50_ms"]) - encode_ms - at)
     largest = max(int(p["chunks"]) for pts in constants["settings"].values() for p in pts)
+    cap = int(measured.get("base_shard_points") or BASE_SHARD_POINTS)
     plans = []
     for name, points in constants["settings"].items():
-        plans.append(_setting(brief, name, points, encode_ms + overhead_ms, measured_cores))
+        plans.append(_setting(brief, name, points, encode_ms + overhead_ms, measured_cores, cap))
     # the least memory that fits a machine and, replicated for the load, meets the p95
     fitting = [p for p in plans if p.fits_one_machine and p.meets.get("p95", False)]
     recommended = min(fitting, key=lambda p: p.memory_gb).quantization if fitting else None
@@ -211,6 +223,7 @@ def make_plan(brief: Brief, constants: dict[str, Any]) -> Plan:
         recommended,
         dict(served),
         overhead_ms,
+        cap,
     )
 
 
@@ -220,24 +233,40 @@ def _setting(
     points: list[dict[str, Any]],
     encode_ms: float,
     measured_cores: int,
+    cap: int = BASE_SHARD_POINTS,
 ) -> SettingPlan:
+    # the fits go through sizes measured as one base shard (a point without "shards" was)
+    points = [p for p in points if int(p.get("shards", 1)) == 1] or points
+
     def fit(key: str, single: float) -> Fit:
         return Fit.through(
             [(int(p["chunks"]), float(p[key])) for p in points], single_exponent=single
         )
 
+    # a serving process's RSS is fitted through the whole corpus (one process holds every
+    # shard; the resident floor below bounds it from beneath)
     memory = fit("rss_mb", 1.0)
-    disk = fit("disk_mb", 1.0)
-    build = Fit.through(
-        [(int(p["chunks"]), float(p["write_s"]) + float(p["seal_s"])) for p in points],
-        single_exponent=1.0,
+    disk = _Sharded(fit("disk_mb", 1.0), cap)
+    build = _Sharded(
+        Fit.through(
+            [(int(p["chunks"]), float(p["write_s"]) + float(p["seal_s"])) for p in points],
+            single_exponent=1.0,
+        ),
+        cap,
     )
     # latency is not taken to fall with size: a fitted negative exponent is noise
-    p50, p95 = (_rising(fit(key, 0.0)) for key in ("hybrid_p50_ms", "hybrid_p95_ms"))
-    # constants written before the build's peak was measured do not have it
-    build_memory = fit("build_rss_mb", 1.0) if all("build_rss_mb" in p for p in points) else None
+    p50, p95 = (_Sharded(_rising(fit(key, 0.0)), cap) for key in ("hybrid_p50_ms", "hybrid_p95_ms"))
+    # constants written before the build's peak was measured do not have it; a build's peak is
+    # one shard's (sealed one at a time)
+    build_memory = (
+        _Sharded(fit("build_rss_mb", 1.0), cap, one=True)
+        if all("build_rss_mb" in p for p in points)
+        else None
+    )
     build_private = (
-        fit("build_private_mb", 1.0) if all("build_private_mb" in p for p in points) else None
+        _Sharded(fit("build_private_mb", 1.0), cap, one=True)
+        if all("build_private_mb" in p for p in points)
+        else None
     )
     n = brief.chunks
     service_ms = p50.at(n) + encode_ms
@@ -286,12 +315,32 @@ def _setting(
         node_build_memory_gb=build_memory.at(node_chunks) / 1024 if build_memory else None,
         build_private_gb=build_private.at(n) / 1024 if build_private else None,
         node_build_private_gb=build_private.at(node_chunks) / 1024 if build_private else None,
+        shards=base_shards(n, cap),
+        node_shards=base_shards(math.ceil(node_chunks), cap),
     )
     plan.meets.update(
         memory=plan.fits_one_machine,
         p95=p95_replicated <= brief.p95_ms,
     )
     return plan
+
+
+@dataclass(frozen=True)
+class _Sharded:
+    """A figure of a version of several base shards of at most `cap` chunks: k shards of n/k
+    each cost k times one's (`one`: one shard's, for a build's peak), from one shard's fit."""
+
+    fit: Fit
+    cap: int
+    one: bool = False
+
+    @property
+    def e(self) -> float:
+        return self.fit.e
+
+    def at(self, n: float) -> float:
+        k = base_shards(math.ceil(n), self.cap)
+        return self.fit.at(n / k) * (1 if self.one else k)
 
 
 def _rising(fit: Fit) -> Fit:
@@ -378,6 +427,15 @@ def describe(plan: Plan) -> list[str]:
         )
     else:
         lines.append(f"within the measured sizes (largest {plan.largest_measured:,} chunks)")
+    shards = plan.settings[0].shards if plan.settings else 1
+    if shards > 1:
+        node = plan.settings[0].node_shards
+        lines.append(
+            f"embedded: {b.chunks:,} chunks are {shards} base shards of ~{b.chunks / shards:,.0f} "
+            f"(RAG_BASE_SHARD_POINTS {plan.shard_points:,}), {node} a node of {b.nodes}: a query "
+            f"asks each in turn (latency: k x one shard's, an upper estimate), a build seals "
+            f"one at a time (its peak is one shard's)"
+        )
     header = (
         f"{'setting':<8} {'memory':>8} {'fits':>4} {'disk':>8} {'build':>7} {'p50':>8} "
         f"{'p95':>8} {'p95@load':>9} {'q/s/mach':>8} {'machines':>8}  "

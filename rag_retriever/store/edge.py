@@ -16,7 +16,10 @@ Edge has no collections or aliases. Layout under `root`:
     aliases/<alias>.json               {"collection": <name>}, replaced atomically
     compactions/<alias>.json           a running compaction's marker (flock-held by its process)
 
-LSM-style versions. A full build writes one shard. A delta (`derive`) writes a manifest that names
+LSM-style versions. A full build writes one shard, or past `shard_points` (RAG_BASE_SHARD_POINTS)
+several base shards, each flushed and closed when full and sealed alone, so a build holds one
+shard's memory at a time (the manifest's `bases` counts them; the merge policy reads them as one
+base, and a query asks each in turn). A delta (`derive`) writes a manifest that names
 the base version's shards, adds the ids it replaces or deletes to their tombstones, and one new
 shard for what it adds; the base's shards and their HNSW graphs are never rewritten, so a small
 delta costs what it changes, whatever the corpus size. A query runs one batched call per shard
@@ -56,6 +59,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import hashlib
 import heapq
 import json
 import logging
@@ -97,9 +101,11 @@ from rag_retriever.store.edge_writer import ShardWriter, engine_points
 from rag_retriever.store.files import read_json, write_atomic
 from rag_retriever.store.record import VersionRecord
 from rag_retriever.store.shards import (
+    BASE_SHARD_POINTS,
     Compaction,
     Manifest,
     Segment,
+    base_shards,
     limited,
     live_head,
     merge_due,
@@ -184,11 +190,22 @@ class EdgeStore(Store):
 
     embedded = True
 
-    def __init__(self, root: Path, *, where: str | None = None) -> None:
+    def __init__(
+        self,
+        root: Path,
+        *,
+        where: str | None = None,
+        shard_points: int = BASE_SHARD_POINTS,
+    ) -> None:
         """Opening creates nothing: the folders under `root` are made by the first write, so a
         read (search, collections, eval) of a data dir that does not exist leaves none behind.
-        `where` names the place in errors (open_store: the data dir and RAG_DATA_DIR)."""
+        `where` names the place in errors (open_store: the data dir and RAG_DATA_DIR);
+        `shard_points` caps a base shard (a bigger full build or base merge writes several)."""
         import qdrant_edge
+
+        if shard_points < 1:
+            raise ConfigError(f"a base shard must hold at least 1 point (got {shard_points})")
+        self.shard_points = shard_points
 
         self._edge = qdrant_edge
         self.root = root
@@ -205,6 +222,8 @@ class EdgeStore(Store):
         self._dims: dict[str, int] = {}
         # shard -> the process writing it (bulk_write)
         self._writers: dict[str, ShardWriter] = {}
+        # version -> its full build's base shards being written (rolled at shard_points)
+        self._builds: dict[str, _Build] = {}
         self._lock = threading.Lock()
 
     @property
@@ -351,7 +370,8 @@ class EdgeStore(Store):
         self.check_quantization(record.quantization)
         self._new_dir(name)
         self.put_record(name, record)
-        self._start_own(name, dim, Manifest(), record.quantization)
+        self._builds[name] = _Build()
+        self._start_own(name, dim, Manifest(bases=0), record.quantization, base=True)
 
     def derive(self, name: str, base: str, record: VersionRecord, drop: Iterable[str]) -> None:
         old = self.manifest(base)
@@ -364,19 +384,30 @@ class EdgeStore(Store):
         self._new_dir(name)
         self.put_record(name, record)
         self._start_own(
-            name, record.fingerprint.dim, Manifest(tuple(segments)), record.quantization
+            name,
+            record.fingerprint.dim,
+            Manifest(tuple(segments), bases=old.bases),
+            record.quantization,
+            base=False,
         )
 
     def _start_own(
-        self, name: str, dim: int, manifest: Manifest, quantization: Quantization
-    ) -> None:
+        self, name: str, dim: int, manifest: Manifest, quantization: Quantization, *, base: bool
+    ) -> str:
         """Name a new shard in the manifest first (so that cleaning up never misses it), then
-        create it."""
-        alias = name.split("__", 1)[0]
-        own = f"{alias}--{uuid.uuid4().hex[:12]}"
-        self._put_manifest(name, Manifest((*manifest.segments, Segment(own, 0)), own))
+        create it; `base`: one more shard of the base (a full build's), else a delta shard."""
+        own = self._new_shard_id(name)
+        self._put_manifest(
+            name,
+            Manifest((*manifest.segments, Segment(own, 0)), own, bases=manifest.bases + int(base)),
+        )
         self._dims[name] = dim
         self._create_shard(own, dim, quantization)
+        return own
+
+    @staticmethod
+    def _new_shard_id(name: str) -> str:
+        return f"{name.split('__', 1)[0]}--{uuid.uuid4().hex[:12]}"
 
     def _create_shard(self, segment: str, dim: int, quantization: Quantization) -> None:
         edge = self._edge
@@ -416,7 +447,66 @@ class EdgeStore(Store):
         payloads: Sequence[Mapping[str, Any]],
     ) -> None:
         check_lengths(ids, dense, sparse, payloads)
-        self._upsert_segment(self._own(name), ids, dense, sparse, payloads)
+        build = self._builds.get(name)
+        if build is None:  # a delta's shard (or a build this store object did not create)
+            self._upsert_segment(self._own(name), ids, dense, sparse, payloads)
+            return
+        start = 0
+        while start < len(ids):  # a full build: the base shard in turn, rolled at shard_points
+            if build.filled >= self.shard_points:
+                self._roll(name, build)
+            end = min(len(ids), start + self.shard_points - build.filled)
+            part = slice(start, end)
+            ids_part = list(ids[part])
+            hashes = _id_hashes(ids_part)
+            if build.earlier.size:
+                again = np.flatnonzero(np.isin(hashes, build.earlier))
+                if again.size:  # written again: the earlier base shards no longer serve them
+                    self._tombstone_earlier(name, [ids_part[i] for i in again])
+            build.current.append(hashes)
+            build.filled += len(ids_part)
+            self._upsert_segment(
+                self._own(name), ids_part, dense[part], sparse[part], payloads[part]
+            )
+            start = end
+
+    def _roll(self, name: str, build: _Build) -> None:
+        """End a full build's base shard (flushed and closed, to be sealed by `seal`) and start
+        the next; a shard written by a process of its own hands the next one to another."""
+        own = self._own(name)
+        writer = self._writers.pop(own, None)
+        if writer is not None:
+            writer.close()
+        else:
+            with self._lock:
+                shard = self._shards.pop(own, None)
+            if shard is not None:
+                with engine_errors(f"flushing shard {own}"):
+                    shard.flush()
+                shard.close()
+        build.roll()
+        log.info("%s: base shard %s holds %d points; starting the next", name, own, build.last)
+        new = self._start_own(
+            name,
+            self._dim_of(name, ()),
+            self.manifest(name),
+            self.record(name).quantization,
+            base=True,
+        )
+        if writer is not None:
+            self._hand_to_writer(new)
+
+    def _tombstone_earlier(self, name: str, ids: Sequence[str]) -> None:
+        """Ids a full build writes again after its shard rolled: tombstoned in the earlier base
+        shards that hold them (upsert replaces; rare: an ingest writes each chunk once)."""
+        manifest = self.manifest(name)
+        segments = []
+        for seg in manifest.segments:
+            if seg.id != manifest.own:
+                held = {r.id for r in self._retrieve_segment(seg.id, sorted(set(ids)))}
+                seg = Segment(seg.id, seg.points, seg.deleted | held)
+            segments.append(seg)
+        self._put_manifest(name, replace(manifest, segments=tuple(segments)))
 
     def _upsert_segment(
         self,
@@ -439,22 +529,26 @@ class EdgeStore(Store):
         shard is closed here, written there, flushed and closed there on a normal exit (then
         opened here again on first use, by the seal); on an exception the process is killed
         unflushed and the exception raised again, for the caller to delete the version."""
-        own = self._own(name)
-        with self._lock:
-            shard = self._shards.pop(own, None)
-        if shard is not None:
-            shard.close()
-        writer = ShardWriter(str(self._segment_dir(own)))
-        self._writers[own] = writer
+        self._hand_to_writer(self._own(name))
         try:
             yield
         except BaseException:
-            writer.kill()
+            writer = self._writers.pop(self._own(name), None)
+            if writer is not None:
+                writer.kill()
             raise
-        finally:
-            self._writers.pop(own, None)
-        log.debug("%s: %d batches written by a process of their own", name, writer.batches)
-        writer.close()
+        writer = self._writers.pop(self._own(name), None)
+        if writer is not None:
+            log.debug("%s: %d batches written by a process of their own", name, writer.batches)
+            writer.close()
+
+    def _hand_to_writer(self, segment: str) -> None:
+        """Close a created shard here and start the process that writes it."""
+        with self._lock:
+            shard = self._shards.pop(segment, None)
+        if shard is not None:
+            shard.close()
+        self._writers[segment] = ShardWriter(str(self._segment_dir(segment)))
 
     def _write_points(self, segment: str, points: Sequence[Any]) -> None:
         """Upsert the engine's `Point`s into a shard being written."""
@@ -463,15 +557,33 @@ class EdgeStore(Store):
 
     def seal(self, name: str, indexes: Mapping[str, IndexKind], *, merge_base: bool = True) -> None:
         own = self._own(name)
-        points = self._seal_segment(own, indexes)
         manifest = self.manifest(name)
+        self._builds.pop(name, None)
+        # A full build seals each of its base shards in turn, one in memory at a time.
+        full = manifest.bases == len(manifest.segments)
+        sealing = [s.id for s in manifest.segments] if full else [own]
+        counts = {}
+        for segment in sealing:
+            counts[segment] = self._seal_segment(segment, indexes)
+            if len(sealing) > 1:
+                self._close_shard(segment)
         segments = tuple(
-            Segment(s.id, points, s.deleted) if s.id == own else s for s in manifest.segments
+            Segment(s.id, counts[s.id], s.deleted) if s.id in counts else s
+            for s in manifest.segments
         )
-        compacted = self._compact(name, segments, indexes, merge_base=merge_base)
-        self._put_manifest(name, Manifest(compacted, None))
+        compacted, bases = self._compact(
+            name, segments, manifest.bases, indexes, merge_base=merge_base
+        )
+        self._put_manifest(name, Manifest(compacted, None, bases=bases))
         if compacted != segments:  # this version's own shard may be merged away: not kept
             self.collect_garbage(name.split("__", 1)[0])
+
+    def _close_shard(self, segment: str) -> None:
+        """Close an open shard (its memory goes); it opens again on first use."""
+        with self._lock:
+            shard = self._shards.pop(segment, None)
+        if shard is not None:
+            shard.close()
 
     def _seal_segment(self, segment: str, indexes: Mapping[str, IndexKind]) -> int:
         """Payload indexes (on a shard of at least INDEXED_SHARD_POINTS), flush, optimize;
@@ -498,62 +610,100 @@ class EdgeStore(Store):
         self,
         name: str,
         segments: tuple[Segment, ...],
+        bases: int,
         indexes: Mapping[str, IndexKind],
         *,
         merge_base: bool,
-    ) -> tuple[Segment, ...]:
+    ) -> tuple[tuple[Segment, ...], int]:
         """Merge the newest delta shards while the older is not much bigger (MERGE_RATIO), all of
-        them past MAX_DELTA_SHARDS, or everything when the deltas outgrow the base. With
-        `merge_base` False (compaction off the write path) only merges of at most
-        INLINE_MERGE_POINTS points run here; the rest are a compaction's (`compaction_due`).
-        Shards that a running compaction is merging, and older ones, are left as they are."""
-        if len(segments) < 2:
-            return segments
+        them past MAX_DELTA_SHARDS, or everything when the deltas outgrow the base (its first
+        `bases` shards). With `merge_base` False (compaction off the write path) only merges of
+        at most INLINE_MERGE_POINTS points run here; the rest are a compaction's
+        (`compaction_due`). Shards that a running compaction is merging, and older ones, are
+        left as they are. Returns the shards and how many of them are the base."""
+        if len(segments) <= bases:
+            return segments, bases
         running = self.running_compaction(name.split("__", 1)[0])
         frozen = set(running.get("segments", ())) if running is not None else set()
-        if merge_base and running is None and outgrown(segments):
+        if merge_base and running is None and outgrown(segments, bases):
             log.info(
                 "%s: the deltas outgrew the base; merging %d shards into a new base",
                 name,
                 len(segments),
             )
-            return (self._merge(name, segments, indexes),)
-        fixed = max([1] + [at + 1 for at, s in enumerate(segments) if s.id in frozen])
+            merged = self._merge(name, segments, indexes, base=True)
+            return merged, len(merged)
+        fixed = max([bases] + [at + 1 for at, s in enumerate(segments) if s.id in frozen])
         deltas = segments[fixed:]
         start = merge_from(deltas, math.inf if merge_base else INLINE_MERGE_POINTS)
         if start < len(deltas):
             log.info("%s: merging %d delta shards into one", name, len(deltas) - start)
-            deltas = (*deltas[:start], self._merge(name, deltas[start:], indexes))
-        return (*segments[:fixed], *deltas)
+            deltas = (*deltas[:start], *self._merge(name, deltas[start:], indexes, base=False))
+        return (*segments[:fixed], *deltas), bases
 
     def _merge(
-        self, name: str, segments: Sequence[Segment], indexes: Mapping[str, IndexKind]
-    ) -> Segment:
-        """One new shard holding the live points of `segments` (vectors copied as they are)."""
-        alias = name.split("__", 1)[0]
-        merged = f"{alias}--{uuid.uuid4().hex[:12]}"
-        manifest = self.manifest(name)
-        # Named first, so that a kill during the merge leaves nothing unnamed behind.
-        self._put_manifest(name, Manifest((*manifest.segments, Segment(merged, 0)), manifest.own))
-        points = self._fill(merged, name, segments, indexes)
-        return Segment(merged, points)
-
-    def _fill(
         self,
-        target: str,
         name: str,
         segments: Sequence[Segment],
         indexes: Mapping[str, IndexKind],
-    ) -> int:
-        """Create shard `target` with the live points of `segments` (as version `name` reads
-        them), indexed for `indexes` and every payload index the segments have; sealed."""
-        self._create_shard(target, self._dim_of(name, segments), self.record(name).quantization)
+        *,
+        base: bool,
+    ) -> tuple[Segment, ...]:
+        """New shards holding the live points of `segments` (vectors copied as they are): one
+        delta shard, or (`base`) a base of as many shards as shard_points asks for."""
+        live = sum(s.live for s in segments)
+        targets = [
+            self._new_shard_id(name)
+            for _ in range(base_shards(live, self.shard_points) if base else 1)
+        ]
+        manifest = self.manifest(name)
+        # Named first, so that a kill during the merge leaves nothing unnamed behind.
+        named = (*manifest.segments, *(Segment(t, 0) for t in targets))
+        self._put_manifest(name, replace(manifest, segments=named))
+        counts = self._fill(targets, name, segments, indexes)
+        return tuple(Segment(t, n) for t, n in zip(targets, counts, strict=True))
+
+    def _fill(
+        self,
+        targets: Sequence[str],
+        name: str,
+        segments: Sequence[Segment],
+        indexes: Mapping[str, IndexKind],
+    ) -> list[int]:
+        """Create shards `targets` with the live points of `segments` (as version `name` reads
+        them), in that order and as many in each (give or take one), indexed for `indexes` and
+        every payload index the segments have; each sealed (and, but the last, closed) before
+        the next is written, so one shard's seal is in memory at a time. Their point counts."""
+        dim, quantization = self._dim_of(name, segments), self.record(name).quantization
         kinds = {**self._index_kinds(segments), **indexes}
+        each = math.ceil(sum(s.live for s in segments) / len(targets))
+        counts: list[int] = []
+        filled = 0
+        self._create_shard(targets[0], dim, quantization)
+
+        def next_target() -> None:
+            nonlocal filled
+            counts.append(self._seal_segment(targets[len(counts)], kinds))
+            self._close_shard(targets[len(counts) - 1])
+            self._create_shard(targets[len(counts)], dim, quantization)
+            filled = 0
+
         for seg in segments:
             excluded = self._filter(None, self._tombstones(name, seg))
-            for points in self._scroll_pages(seg.id, excluded, MERGE_BATCH, with_vector=True):
-                self._copy(target, points)
-        return self._seal_segment(target, kinds)
+            for page in self._scroll_pages(seg.id, excluded, MERGE_BATCH, with_vector=True):
+                while page:
+                    last = len(counts) == len(targets) - 1
+                    if filled >= each and not last:
+                        next_target()
+                        continue
+                    room = len(page) if last else each - filled
+                    self._copy(targets[len(counts)], page[:room])
+                    filled += len(page[:room])
+                    page = page[room:]
+        while len(counts) < len(targets) - 1:  # fewer points than counted: none is left unmade
+            next_target()
+        counts.append(self._seal_segment(targets[-1], kinds))
+        return counts
 
     def _index_kinds(self, segments: Sequence[Segment]) -> dict[str, IndexKind]:
         """The payload indexes the shards have (path -> kind)."""
@@ -576,11 +726,12 @@ class EdgeStore(Store):
             raise InvalidRequest(str(exc)) from None
 
     def compaction_due(self, name: str) -> bool:
-        return merge_due(self.manifest(name).segments)
+        manifest = self.manifest(name)
+        return merge_due(manifest.segments, manifest.bases)
 
     def running_compaction(self, alias: str) -> dict[str, Any] | None:
         """What a compaction of `alias` running now (in any process) merges: its marker,
-        {"source", "segments", "shard", "pid"} ({} while it is being written); None when none
+        {"source", "segments", "shards", "pid"} ({} while it is being written); None when none
         runs (a marker whose process died is stale and ignored)."""
         path = self._marker(alias)
         try:
@@ -609,24 +760,27 @@ class EdgeStore(Store):
         source = self.aliases().get(alias)
         if source is None:
             raise CollectionNotFound(f"alias {alias!r} does not exist; nothing to compact")
-        segments = self.manifest(source).segments
-        if force or outgrown(segments):
-            if not (len(segments) > 1 or any(s.deleted for s in segments)):
+        manifest = self.manifest(source)
+        segments, bases = manifest.segments, manifest.bases
+        if force or outgrown(segments, bases):
+            if not (len(segments) > bases or any(s.deleted for s in segments)):
                 return None
             kind, run = "base", segments
-        elif too_many_deltas(segments):
-            kind, run = "deltas", segments[1 + merge_from(segments[1:]) :]
+            made = base_shards(sum(s.live for s in run), self.shard_points)
+        elif too_many_deltas(segments, bases):
+            kind, run = "deltas", segments[bases + merge_from(segments[bases:]) :]
+            made = 1
         else:
             return None
         fd = self._lock_marker(alias)
         if fd is None:
             return None
-        shard = f"{alias}--{uuid.uuid4().hex[:12]}"
+        shards = tuple(self._new_shard_id(source) for _ in range(made))
         marker = {
             "source": source,
             "kind": kind,
             "segments": [s.id for s in run],
-            "shard": shard,
+            "shards": list(shards),
             "pid": os.getpid(),
         }
         try:
@@ -636,7 +790,7 @@ class EdgeStore(Store):
         except BaseException:
             os.close(fd)  # lets go of the marker: a half-written one names nothing
             raise
-        return Compaction(alias, source, run, shard, fd, kind=kind)
+        return Compaction(alias, source, run, shards, fd, kind=kind)
 
     def _lock_marker(self, alias: str) -> int | None:
         """The marker's descriptor, locked by this process; None when another compaction holds
@@ -668,8 +822,8 @@ class EdgeStore(Store):
         """Write the new shard: the live points of the compacted shards, vectors copied as they
         are (nothing is embedded again), a fresh HNSW graph. The slow step; no lock is held."""
         c = compaction
-        points = self._fill(c.shard, c.source, c.segments, {})
-        return replace(c, points=points)
+        counts = self._fill(c.shards, c.source, c.segments, {})
+        return replace(c, points=sum(counts), counts=tuple(counts))
 
     def adopt_compaction(
         self, compaction: Compaction, name: str, record: VersionRecord, *, onto: str
@@ -681,7 +835,8 @@ class EdgeStore(Store):
         longer reads the compacted shards in a row, e.g. a full build replaced them. Call with
         the alias's write lock held."""
         c = compaction
-        now = self.manifest(onto).segments
+        current = self.manifest(onto)
+        now = current.segments
         ids = [s.id for s in now]
         held = len(c.segments)
         at = ids.index(c.segments[0].id) if c.segments[0].id in ids else -1
@@ -697,10 +852,20 @@ class EdgeStore(Store):
         gone = frozenset().union(
             *(s.deleted - was.deleted for s, was in zip(run, c.segments, strict=True))
         )
+        merged: tuple[Segment, ...]
+        if len(c.shards) == 1:
+            merged = (Segment(c.shards[0], c.counts[0], gone),)
+        else:  # each id tombstoned since lives in one of the new shards: find which
+            merged = tuple(
+                Segment(
+                    shard, n, frozenset(r.id for r in self._retrieve_segment(shard, sorted(gone)))
+                )
+                for shard, n in zip(c.shards, c.counts, strict=True)
+            )
         self._new_dir(name)
         self.put_record(name, record)
-        merged = Segment(c.shard, c.points, gone)
-        self._put_manifest(name, Manifest((*now[:at], merged, *now[at + held :])))
+        bases = len(merged) if c.kind == "base" else current.bases
+        self._put_manifest(name, Manifest((*now[:at], *merged, *now[at + held :]), bases=bases))
         self.put_doc_freqs(name, self.doc_freqs(onto))
         return True
 
@@ -708,16 +873,17 @@ class EdgeStore(Store):
         """Remove the marker and let go of it; its new base, if no version adopted it, is
         deleted. Only that shard: this may run without the write lock, when a writer may have
         named a new shard it has not created yet (its whole-alias cleanup runs under the lock)."""
-        named = False
+        named: set[str] = set()
         for version in self.collection_names():
             with contextlib.suppress(CollectionNotFound):
                 manifest = Manifest.from_json(self._read(version, "manifest.json"))
-                named = named or any(s.id == compaction.shard for s in manifest.segments)
+                named.update(s.id for s in manifest.segments)
         with contextlib.suppress(FileNotFoundError):
             self._marker(compaction.alias).unlink()
         os.close(compaction.fd)
-        if not named:
-            self._remove_shard(compaction.shard)
+        for shard in compaction.shards:
+            if shard not in named:
+                self._remove_shard(shard)
 
     def _dim_of(self, name: str, segments: Sequence[Segment]) -> int:
         if name in self._dims:
@@ -756,9 +922,9 @@ class EdgeStore(Store):
                 named.update(s.id for s in manifest.segments)
         running = self.running_compaction(alias)
         if running is not None:
-            if "shard" not in running:  # its marker is being written: nothing is safe to delete
+            if "shards" not in running:  # its marker is being written: nothing is safe to delete
                 return []
-            named.add(str(running["shard"]))
+            named.update(str(shard) for shard in running["shards"])
         removed = []
         for directory in self._segments.glob(f"{alias}--*"):
             # shard ids are <alias>--<hex>: "kb--*" also matches the shards of aliases "kb-"
@@ -1128,3 +1294,30 @@ def _edge_quantization(edge: Any, quantization: Quantization) -> Any:
     if quantization == "binary":
         return edge.BinaryQuantizationConfig(always_ram=True)
     return None
+
+
+class _Build:
+    """A full build being written by this store object: points in its current base shard, and
+    the hashes of the ids it wrote, to find an id written again after its shard rolled."""
+
+    def __init__(self) -> None:
+        self.filled = 0
+        self.last = 0
+        self.current: list[np.ndarray] = []
+        self.earlier = np.empty(0, dtype=np.uint64)
+
+    def roll(self) -> None:
+        self.earlier = np.union1d(self.earlier, np.concatenate([self.earlier[:0], *self.current]))
+        self.current, self.last, self.filled = [], self.filled, 0
+
+
+def _id_hashes(ids: Sequence[str]) -> np.ndarray:
+    """64-bit hashes of point ids (a false match costs one read by id, never a wrong answer)."""
+    return np.fromiter(
+        (
+            int.from_bytes(hashlib.blake2b(i.encode(), digest_size=8).digest(), "little")
+            for i in ids
+        ),
+        dtype=np.uint64,
+        count=len(ids),
+    )

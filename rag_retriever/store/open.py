@@ -36,7 +36,7 @@ def open_store(settings: Settings) -> Store:
 
     check_data_dir(settings.data_dir)
     where = f"the data dir {settings.data_dir.resolve()} (RAG_DATA_DIR)"
-    return EdgeStore(settings.edge_dir, where=where)
+    return EdgeStore(settings.edge_dir, where=where, shard_points=settings.base_shard_points)
 
 
 def check_data_dir(data_dir: Path) -> None:

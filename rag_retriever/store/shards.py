@@ -8,6 +8,8 @@ Example:
     0
     >>> merge_due([base, d1])
     False
+    >>> merge_due([base, Segment("b2", 1000), d1], bases=2)   # a base of two shards
+    False
 
 Does not decide when a compaction runs (ingest/compaction.py) or write a shard (edge.py).
 """
@@ -19,6 +21,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from rag_retriever.settings import default_of
 from rag_retriever.store.base import StageQuery
 
 # Delta shards are merged like a binary counter: the newest two whenever the older one holds at
@@ -35,6 +38,10 @@ MAX_DELTA_SHARDS = 2
 # everything is merged into a new base (a full HNSW build), so over-fetching past tombstones and
 # the shard count stay bounded.
 BASE_MERGE_FRACTION = 0.5
+# A base holds at most this many points a shard (RAG_BASE_SHARD_POINTS' default, settings.py):
+# a full build (or a base merge) past it writes several base shards, each sealed on its own, so
+# a build's memory is one shard's. Each base shard costs one engine call per query.
+BASE_SHARD_POINTS: int = default_of("base_shard_points")
 
 
 @dataclass(frozen=True)
@@ -59,44 +66,61 @@ class Segment:
 
 @dataclass(frozen=True)
 class Manifest:
-    """The shards of a version, oldest (the base) first; `own` is the one this version writes."""
+    """The shards of a version, oldest first: the first `bases` are the base (one, or several
+    of at most BASE_SHARD_POINTS points each), the rest delta shards; `own` is the one this
+    version writes."""
 
     segments: tuple[Segment, ...] = ()
     own: str | None = None
     merges: tuple[str, ...] = field(default=(), compare=False)
+    bases: int = 1
 
     def to_json(self) -> dict[str, Any]:
-        return {"segments": [s.to_json() for s in self.segments], "own": self.own}
+        return {
+            "segments": [s.to_json() for s in self.segments],
+            "own": self.own,
+            "bases": self.bases,
+        }
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Manifest:
-        return cls(tuple(Segment.from_json(s) for s in data["segments"]), data.get("own"))
+        # manifests written before a base could be several shards have no "bases": one
+        return cls(
+            tuple(Segment.from_json(s) for s in data["segments"]),
+            data.get("own"),
+            bases=int(data.get("bases", 1)),
+        )
 
 
 @dataclass(frozen=True)
 class Compaction:
-    """A running compaction of `alias`: `shard` receives the live points of `segments`, a run of
-    consecutive shards of version `source` when it started: all of them (`kind` "base": a new
-    base), or its newest delta shards ("deltas": one delta shard in their place). The marker
-    file (`fd`) stays locked by this process until `end_compaction`; a process that dies lets
-    go of it, so a marker nobody holds is stale and names nothing."""
+    """A running compaction of `alias`: `shards` receive the live points of `segments`, a run
+    of consecutive shards of version `source` when it started: all of them (`kind` "base": a
+    new base, of one shard or of BASE_SHARD_POINTS-sized shards), or its newest delta shards
+    ("deltas": one delta shard in their place). The marker file (`fd`) stays locked by this
+    process until `end_compaction`; a process that dies lets go of it, so a marker nobody holds
+    is stale and names nothing. Once built: `counts`, the points of each new shard."""
 
     alias: str
     source: str
     segments: tuple[Segment, ...]
-    shard: str
+    shards: tuple[str, ...]
     fd: int = field(compare=False, repr=False)
     points: int = 0
     kind: str = "base"
+    counts: tuple[int, ...] = ()
 
 
-def outgrown(segments: Sequence[Segment]) -> bool:
+def outgrown(segments: Sequence[Segment], bases: int = 1) -> bool:
     """Whether the delta shards (and the base's tombstones) exceed BASE_MERGE_FRACTION of the
-    base: past it, the shards are worth merging into a new base."""
-    if len(segments) < 2:
+    base (its first `bases` shards): past it, the shards are worth merging into a new base."""
+    base, deltas = segments[:bases], segments[bases:]
+    if not deltas:
         return False
-    base, deltas = segments[0], segments[1:]
-    return sum(s.points for s in deltas) + len(base.deleted) > BASE_MERGE_FRACTION * base.points
+    held = sum(s.points for s in base)
+    return sum(s.points for s in deltas) + sum(len(s.deleted) for s in base) > (
+        BASE_MERGE_FRACTION * held
+    )
 
 
 def merge_from(deltas: Sequence[Segment], cap: float = math.inf) -> int:
@@ -122,14 +146,19 @@ def merge_from(deltas: Sequence[Segment], cap: float = math.inf) -> int:
     return start
 
 
-def too_many_deltas(segments: Sequence[Segment]) -> bool:
-    return len(segments) - 1 > MAX_DELTA_SHARDS
+def too_many_deltas(segments: Sequence[Segment], bases: int = 1) -> bool:
+    return len(segments) - bases > MAX_DELTA_SHARDS
 
 
-def merge_due(segments: Sequence[Segment]) -> bool:
+def merge_due(segments: Sequence[Segment], bases: int = 1) -> bool:
     """Whether a compaction is due: the deltas outgrew the base, or an update left more than
     MAX_DELTA_SHARDS delta shards (their merge was too big for it, INLINE_MERGE_POINTS)."""
-    return outgrown(segments) or too_many_deltas(segments)
+    return outgrown(segments, bases) or too_many_deltas(segments, bases)
+
+
+def base_shards(points: int, cap: int = BASE_SHARD_POINTS) -> int:
+    """How many shards a base of `points` points is written as (at least one)."""
+    return max(1, math.ceil(points / cap))
 
 
 def limited(queries: Sequence[StageQuery], limits: Sequence[int]) -> list[StageQuery]:

@@ -1,0 +1,212 @@
+"""A base of several shards (store/edge.py, BASE_SHARD_POINTS / RAG_BASE_SHARD_POINTS): a full
+build past the cap is written and sealed as several shards, each alone, and answers as one
+shard holding the same points would (the oracle: the same writes into a store whose base is
+one shard); deltas leave the base shards alone, and a base merge writes a base of several
+shards again."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from rag_retriever.ingest.compaction import compact, merged_into
+from rag_retriever.models.bm25 import SparseVector
+from rag_retriever.models.encoder import Encoder
+from rag_retriever.records import SearchFilter
+from rag_retriever.store import DENSE, SPARSE, EdgeStore, StageQuery
+from rag_retriever.store.shards import Segment, base_shards, merge_due, outgrown
+from tests.test_compaction import _answers, _outgrow, _same_answers, _texts
+from tests.test_edge_writer import DIM, _create
+from tests.test_update import doc, write
+
+Batch = tuple[list[str], np.ndarray, list[SparseVector], list[dict]]
+
+
+def _points(ids: list[int], seed: int) -> Batch:
+    rng = np.random.default_rng(seed)
+    names = [f"00000000-0000-0000-0000-{i:012d}" for i in ids]
+    dense = rng.standard_normal((len(ids), DIM)).astype(np.float32)
+    sparse = [
+        SparseVector((i % 5, 5 + i % 7), (float(rng.random()), float(rng.random()))) for i in ids
+    ]
+    payloads = [{"doc_id": f"d{i}", "text": f"v{seed} {i}", "metadata": {"n": i % 3}} for i in ids]
+    return names, dense, sparse, payloads
+
+
+def _queries(seed: int) -> list[StageQuery]:
+    rng = np.random.default_rng(seed)
+    out = []
+    for limit in (1, 5, 40):
+        for flt in (None, SearchFilter(equals={"n": 1})):
+            dense = rng.standard_normal(DIM).astype(np.float32)
+            out.append(StageQuery(DENSE, dense, limit, flt))
+            out.append(StageQuery(SPARSE, SparseVector((1, 6), (1.0, 0.5)), limit, flt))
+    return out
+
+
+def _same(a: EdgeStore, name_a: str, b: EdgeStore, name_b: str) -> None:
+    queries = _queries(3)
+    for x, y in zip(a.search(name_a, queries), b.search(name_b, queries), strict=True):
+        assert [p for p, _ in x] == [p for p, _ in y]
+        np.testing.assert_allclose([s for _, s in x], [s for _, s in y], rtol=1e-5)
+    assert a.count(name_a) == b.count(name_b)
+    ids = sorted(r.id for r in b.scroll(name_b))
+    got = {r.id: dict(r.payload) for r in a.retrieve(name_a, ids)}
+    assert got == {r.id: dict(r.payload) for r in b.retrieve(name_b, ids)}
+
+
+def _write(store: EdgeStore, name: str, batches: list[Batch], *, bulk: bool) -> None:
+    if bulk:
+        with store.bulk_write(name):
+            for batch in batches:
+                store.upsert(name, *batch)
+    else:
+        for batch in batches:
+            store.upsert(name, *batch)
+    store.seal(name, {})
+
+
+@pytest.mark.parametrize("bulk", [False, True])
+def test_a_full_build_past_the_cap_is_base_shards_of_at_most_the_cap(
+    tmp_path: Path, bulk: bool
+) -> None:
+    """31 points at a cap of 7, in batches that straddle the rolls: five base shards (7, 7, 7,
+    7, 3), the same answers, records and count as one shard; and so after a reopen."""
+    sharded, one = EdgeStore(tmp_path / "a", shard_points=7), EdgeStore(tmp_path / "b")
+    batches, first = [], 0
+    for size in (4, 9, 13, 5):
+        batches.append(_points(list(range(first, first + size)), first))
+        first += size
+    for store in (sharded, one):
+        _create(store, "a__m__v1")
+        _write(store, "a__m__v1", batches, bulk=bulk and store is sharded)
+    manifest = sharded.manifest("a__m__v1")
+    assert manifest.bases == len(manifest.segments) == 5 and manifest.own is None
+    assert [s.points for s in manifest.segments] == [7, 7, 7, 7, 3]
+    assert len(one.manifest("a__m__v1").segments) == 1
+    _same(sharded, "a__m__v1", one, "a__m__v1")
+    sharded.close()
+    reopened = EdgeStore(tmp_path / "a")
+    assert reopened.manifest("a__m__v1").bases == 5
+    _same(reopened, "a__m__v1", one, "a__m__v1")
+    assert not sharded.compaction_due("a__m__v1")  # its base shards are no deltas
+    reopened.close()
+    one.close()
+
+
+@pytest.mark.parametrize("bulk", [False, True])
+def test_an_id_written_again_after_its_shard_rolled_is_served_once_as_last_written(
+    tmp_path: Path, bulk: bool
+) -> None:
+    """Upsert replaces: ids of the first shard written again into the third are tombstoned in
+    the first, so the version holds each id once, as last written (oracle: one shard)."""
+    sharded, one = EdgeStore(tmp_path / "a", shard_points=5), EdgeStore(tmp_path / "b")
+    batches = [_points(list(range(12)), 0), _points([2, 3, 11], 1)]
+    for store in (sharded, one):
+        _create(store, "a__m__v1")
+        _write(store, "a__m__v1", batches, bulk=bulk and store is sharded)
+    segments = sharded.manifest("a__m__v1").segments
+    assert [len(s.deleted) for s in segments] == [2, 0, 0]  # 2 and 3 (11 was in the third)
+    assert sharded.count("a__m__v1") == one.count("a__m__v1") == 12
+    ids = batches[1][0]
+    assert {r.payload["text"] for r in sharded.retrieve("a__m__v1", ids)} == {
+        "v1 2",
+        "v1 3",
+        "v1 11",
+    }
+    _same(sharded, "a__m__v1", one, "a__m__v1")
+    sharded.close()
+    one.close()
+
+
+def test_deltas_leave_the_base_shards_and_a_base_merge_writes_several_again(
+    tmp_path: Path,
+) -> None:
+    """A delta on a base of three shards tombstones in them and adds a delta shard; the base
+    shards are never merged as deltas. Deltas that outgrow the base are merged into a new base
+    of base_shards(live) shards, each at most the cap. Every version answers as the same writes
+    into a store of one-shard bases."""
+    sharded, one = EdgeStore(tmp_path / "a", shard_points=10), EdgeStore(tmp_path / "b")
+    rng = random.Random(4)
+    for store in (sharded, one):
+        _create(store, "a__m__v1")
+        _write(store, "a__m__v1", [_points(list(range(27)), 0)], bulk=False)
+    base = [s.id for s in sharded.manifest("a__m__v1").segments]
+    assert len(base) == 3
+    version, live = "a__m__v1", set(range(27))
+    for step in range(2, 12):
+        drop = set(rng.sample(sorted(live), 2))
+        added = [100 + 10 * step + k for k in range(3)]
+        name = f"a__m__v{step}"
+        for store in (sharded, one):
+            dropped = [f"00000000-0000-0000-0000-{i:012d}" for i in drop]
+            store.derive(name, version, store.record(version), dropped)
+            store.upsert(name, *_points(added, step))
+            store.seal(name, {})
+        live = (live - drop) | set(added)
+        version = name
+        manifest = sharded.manifest(name)
+        _same(sharded, name, one, name)
+        if manifest.bases == 3 and [s.id for s in manifest.segments[:3]] == base:
+            assert not outgrown(manifest.segments, 3)  # the base kept, while not outgrown
+            continue
+        # merged into a new base: several shards again, of at most the cap, holding what is live
+        assert manifest.bases == len(manifest.segments) == base_shards(len(live), 10)
+        assert all(0 < s.points <= 10 and not s.deleted for s in manifest.segments)
+        assert sum(s.points for s in manifest.segments) == len(live)
+        break
+    else:
+        raise AssertionError("the deltas never outgrew the base")
+    sharded.close()
+    one.close()
+
+
+def test_a_compaction_writes_a_base_of_several_shards_and_keeps_what_updates_did_meanwhile(
+    tiny_encoder: Encoder, tmp_path: Path
+) -> None:
+    """The product's path (ingest, deferred updates, `compact`) with a cap of 8 chunks: the
+    full build is several shards, the compaction writes base_shards(live) of them, and serves
+    the same texts and answers as before it."""
+    store = EdgeStore(tmp_path / "edge", shard_points=8)
+    rng = random.Random(1)
+    corpus = {f"d{i}": doc(i, rng, rng.randint(3, 9)) for i in range(30)}
+    first = write(store, tiny_encoder, tmp_path, list(corpus.values()))
+    built = store.manifest(first.collection)
+    assert built.bases == len(built.segments) > 1
+    due = _outgrow(store, tiny_encoder, tmp_path, corpus, rng)
+    answers = _answers(store, due.collection, random.Random(7))
+
+    report = compact(store, "kb", lock_dir=tmp_path)
+
+    assert report.outcome == "compacted"
+    name = store.aliases()["kb"]
+    manifest = store.manifest(name)
+    assert manifest.bases == len(manifest.segments) == base_shards(store.count(name), 8) > 1
+    assert report.shards_made == manifest.bases and report.points == store.count(name)
+    assert merged_into(report.kind, report.shards_made) == f"a base of {manifest.bases} shards"
+    assert all(s.points <= 8 for s in manifest.segments)
+    assert _texts(store, name) == {d.id: d.text for d in corpus.values()}
+    _same_answers(_answers(store, name, random.Random(7)), answers)
+    assert not store.compaction_due(name)
+    store.close()
+
+
+def test_the_merge_policy_counts_the_base_as_its_shards() -> None:
+    base = (Segment("b1", 100), Segment("b2", 100, frozenset({"x"})))
+    assert not outgrown(base, 2) and not merge_due(base, 2)
+    assert outgrown(base, 1)  # read as one base and a delta of 100 points: outgrown
+    assert not outgrown((*base, Segment("d", 99)), 2)
+    assert outgrown((*base, Segment("d", 100)), 2)  # 100 + 1 tombstone > 0.5 x 200
+    deltas = tuple(Segment(f"d{i}", 1) for i in range(3))
+    assert merge_due((*base, *deltas), 2) and not merge_due((*base, *deltas[:2]), 2)
+    assert [base_shards(n, 10) for n in (0, 1, 10, 11, 30)] == [1, 1, 1, 2, 3]
+
+
+def test_a_cap_below_one_is_refused(tmp_path: Path) -> None:
+    from rag_retriever.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="at least 1 point"):
+        EdgeStore(tmp_path, shard_points=0)
