@@ -210,3 +210,20 @@ def test_a_cap_below_one_is_refused(tmp_path: Path) -> None:
 
     with pytest.raises(ConfigError, match="at least 1 point"):
         EdgeStore(tmp_path, shard_points=0)
+
+
+def test_the_ids_an_earlier_base_shard_holds_are_found_by_their_hashes() -> None:
+    """Oracle: Python's set of the ids written before the roll."""
+    from rag_retriever.store.edge import _Build, _id_hashes
+
+    rng = random.Random(2)
+    build = _Build()
+    assert not build.wrote_before(_id_hashes(["a"])).any()  # nothing rolled yet
+    first = [f"id{i}" for i in rng.sample(range(1000), 300)]
+    build.current.append(_id_hashes(first))
+    build.roll()
+    build.current.append(_id_hashes([f"id{i}" for i in range(1000, 1100)]))
+    build.roll()
+    asked = [f"id{i}" for i in range(0, 1200, 3)]
+    before = set(first) | {f"id{i}" for i in range(1000, 1100)}
+    assert build.wrote_before(_id_hashes(asked)).tolist() == [i in before for i in asked]

@@ -460,7 +460,7 @@ class EdgeStore(Store):
             ids_part = list(ids[part])
             hashes = _id_hashes(ids_part)
             if build.earlier.size:
-                again = np.flatnonzero(np.isin(hashes, build.earlier))
+                again = np.flatnonzero(build.wrote_before(hashes))
                 if again.size:  # written again: the earlier base shards no longer serve them
                     self._tombstone_earlier(name, [ids_part[i] for i in again])
             build.current.append(hashes)
@@ -1309,6 +1309,13 @@ class _Build:
     def roll(self) -> None:
         self.earlier = np.union1d(self.earlier, np.concatenate([self.earlier[:0], *self.current]))
         self.current, self.last, self.filled = [], self.filled, 0
+
+    def wrote_before(self, hashes: np.ndarray) -> np.ndarray:
+        """Which of `hashes` an earlier base shard holds: a binary search of the sorted hashes
+        (np.isin sorts its second argument on every call: ~0.5 s a batch at 1M ids)."""
+        at = np.searchsorted(self.earlier, hashes)
+        at[at == self.earlier.size] = 0
+        return (self.earlier[at] == hashes) if self.earlier.size else np.zeros(len(hashes), bool)
 
 
 def _id_hashes(ids: Sequence[str]) -> np.ndarray:
