@@ -206,10 +206,18 @@ def test_the_merge_policy_counts_the_base_as_its_shards() -> None:
 
 
 def test_a_cap_below_one_is_refused(tmp_path: Path) -> None:
+    from rag_retriever import cli
     from rag_retriever.errors import ConfigError
+    from rag_retriever.settings import Settings
 
     with pytest.raises(ConfigError, match="at least 1 point"):
         EdgeStore(tmp_path, shard_points=0)
+    for bad in ("0", "-3", "many"):
+        with pytest.raises(ConfigError, match="RAG_BASE_SHARD_POINTS"):
+            Settings.from_env({"RAG_BASE_SHARD_POINTS": bad})
+    data = tmp_path / "data"
+    args = ["compact", "--collection", "kb", "--base-shard-points", "0", "--data-dir", str(data)]
+    assert cli.main(args) == 2 and not data.exists()  # refused before anything is written
 
 
 def test_the_ids_an_earlier_base_shard_holds_are_found_by_their_hashes() -> None:

@@ -478,12 +478,7 @@ class EdgeStore(Store):
         if writer is not None:
             writer.close()
         else:
-            with self._lock:
-                shard = self._shards.pop(own, None)
-            if shard is not None:
-                with engine_errors(f"flushing shard {own}"):
-                    shard.flush()
-                shard.close()
+            self._close_shard(own, flush=True)
         build.roll()
         log.info("%s: base shard %s holds %d points; starting the next", name, own, build.last)
         new = self._start_own(
@@ -500,10 +495,11 @@ class EdgeStore(Store):
         """Ids a full build writes again after its shard rolled: tombstoned in the earlier base
         shards that hold them (upsert replaces; rare: an ingest writes each chunk once)."""
         manifest = self.manifest(name)
+        asked = sorted(set(ids))
         segments = []
         for seg in manifest.segments:
             if seg.id != manifest.own:
-                held = {r.id for r in self._retrieve_segment(seg.id, sorted(set(ids)))}
+                held = {r.id for r in self._retrieve_segment(seg.id, asked)}
                 seg = Segment(seg.id, seg.points, seg.deleted | held)
             segments.append(seg)
         self._put_manifest(name, replace(manifest, segments=tuple(segments)))
@@ -544,10 +540,7 @@ class EdgeStore(Store):
 
     def _hand_to_writer(self, segment: str) -> None:
         """Close a created shard here and start the process that writes it."""
-        with self._lock:
-            shard = self._shards.pop(segment, None)
-        if shard is not None:
-            shard.close()
+        self._close_shard(segment)
         self._writers[segment] = ShardWriter(str(self._segment_dir(segment)))
 
     def _write_points(self, segment: str, points: Sequence[Any]) -> None:
@@ -578,12 +571,17 @@ class EdgeStore(Store):
         if compacted != segments:  # this version's own shard may be merged away: not kept
             self.collect_garbage(name.split("__", 1)[0])
 
-    def _close_shard(self, segment: str) -> None:
-        """Close an open shard (its memory goes); it opens again on first use."""
+    def _close_shard(self, segment: str, *, flush: bool = False) -> None:
+        """Close an open shard (its memory goes; `flush`: written to disk first); it opens
+        again on first use."""
         with self._lock:
             shard = self._shards.pop(segment, None)
-        if shard is not None:
-            shard.close()
+        if shard is None:
+            return
+        if flush:
+            with engine_errors(f"flushing shard {segment}"):
+                shard.flush()
+        shard.close()
 
     def _seal_segment(self, segment: str, indexes: Mapping[str, IndexKind]) -> int:
         """Payload indexes (on a shard of at least INDEXED_SHARD_POINTS), flush, optimize;
@@ -937,10 +935,7 @@ class EdgeStore(Store):
 
     def _remove_shard(self, segment: str) -> bool:
         """Close and delete a shard (renamed out of sight first); False when it is not there."""
-        with self._lock:
-            shard = self._shards.pop(segment, None)
-        if shard is not None:
-            shard.close()
+        self._close_shard(segment)
         trash = self._segments / f".deleted-{segment}"
         try:
             self._segment_dir(segment).rename(trash)
