@@ -24,6 +24,7 @@ Usage: python -m bench.bench_engine [--sizes 100000 1000000] [--peer-max 100000]
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import datetime
 import json
@@ -41,6 +42,7 @@ import numpy as np
 
 from bench.bench_bm25 import synthetic_chunks
 from bench.bench_common import child_json, percentile, read_jsonl, real_sentences, shared_path
+from rag_retriever.ingest.writer import WRITE_PROCESS_MIN_CHUNKS
 from rag_retriever.models.bm25 import BM25Model, Tokenizer
 from rag_retriever.records import QUANTIZATIONS, Quantization, SearchFilter
 from rag_retriever.store import (
@@ -104,24 +106,26 @@ def build(
     store.create(NAME, DIM, record)
     store.put_doc_freqs(NAME, model.doc_freqs)
     t0 = time.perf_counter()
-    for start in range(0, n, BATCH):
-        part = texts[start : start + BATCH]
-        vectors = rng.standard_normal((len(part), DIM)).astype(np.float32)
-        vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
-        store.upsert(
-            NAME,
-            [f"00000000-0000-0000-0000-{start + i:012d}" for i in range(len(part))],
-            vectors,
-            [model.document_vector(tok.tokenize(t)) for t in part],
-            [
-                {
-                    "doc_id": f"d{(start + i) // 5}",
-                    "text": t,
-                    "metadata": metadata(start + i),
-                }
-                for i, t in enumerate(part)
-            ],
-        )
+    # as the ingest writes a full build: from a process of its own (Edge), one per base shard
+    with store.bulk_write(NAME) if n >= WRITE_PROCESS_MIN_CHUNKS else contextlib.nullcontext():
+        for start in range(0, n, BATCH):
+            part = texts[start : start + BATCH]
+            vectors = rng.standard_normal((len(part), DIM)).astype(np.float32)
+            vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
+            store.upsert(
+                NAME,
+                [f"00000000-0000-0000-0000-{start + i:012d}" for i in range(len(part))],
+                vectors,
+                [model.document_vector(tok.tokenize(t)) for t in part],
+                [
+                    {
+                        "doc_id": f"d{(start + i) // 5}",
+                        "text": t,
+                        "metadata": metadata(start + i),
+                    }
+                    for i, t in enumerate(part)
+                ],
+            )
     write_s = time.perf_counter() - t0
     t0 = time.perf_counter()
     store.seal(NAME, indexes or {"doc_id": "keyword", "metadata.group": "integer"})
@@ -190,31 +194,60 @@ def _memory() -> dict[str, float]:
     return {name: status[key] for key, name in fields.items() if key in status}
 
 
-def _status_mb() -> dict[str, float]:
-    """The sizes /proc/self/status gives (its kB fields), in MB."""
+def _status_mb(pid: int | str = "self") -> dict[str, float]:
+    """The sizes /proc/<pid>/status gives (its kB fields), in MB."""
     out = {}
-    for line in Path("/proc/self/status").read_text().splitlines():
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         key, _, value = line.partition(":")
         if value.endswith(" kB"):
             out[key] = int(value.split()[0]) / 1024
     return out
 
 
+def _tree_mb(field: str) -> float:
+    """`field` of /proc/<pid>/status summed over this process and its descendants (a build's
+    writer processes); a process that ends while being read counts 0."""
+    parents: dict[int, int] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:  # stat: "pid (comm) state ppid ..."; comm may hold spaces and parentheses
+                parents[int(entry.name)] = int(
+                    (entry / "stat").read_text().rsplit(")", 1)[1].split()[1]
+                )
+            except (OSError, IndexError, ValueError):
+                continue
+    tree, total = [os.getpid()], 0.0
+    while tree:
+        pid = tree.pop()
+        tree += [child for child, parent in parents.items() if parent == pid]
+        try:
+            total += _status_mb(pid).get(field, 0.0)
+        except OSError:
+            continue
+    return total
+
+
 def build_probe(engine: str, root: Path, n: int, quantization: Quantization) -> dict[str, Any]:
     """Run in a fresh process: `build`, and the build's peak RSS (the seal's optimize builds the
-    sealed segment beside the appendable one, so this is where a build's memory peaks). Most
-    of that RSS is mapped shard files, which the kernel can drop and read again; the private
-    part (RssAnon, which it cannot) has no peak counter, so a thread samples it."""
-    private = _PeakSampler("RssAnon")
+    sealed segment beside the appendable one, so this is where a build's memory peaks), of
+    this process and the writer processes it starts, summed. Most of that RSS is mapped shard
+    files, which the kernel can drop and read again; the private part (RssAnon, which it
+    cannot) has no peak counter, so a thread samples both."""
+    private, resident = _PeakSampler("RssAnon"), _PeakSampler("VmRSS")
     try:
         figures = build(engine, root, n, quantization=quantization)
     finally:
         private.stop()
-    return figures | {"build_rss_mb": _memory()["rss_mb"], "build_private_mb": private.peak_mb}
+        resident.stop()
+    return figures | {
+        "build_rss_mb": max(_memory()["rss_mb"], resident.peak_mb),
+        "build_private_mb": private.peak_mb,
+    }
 
 
 class _PeakSampler:
-    """The largest value of one /proc/self/status field, read every `every_s` in a thread."""
+    """The largest value of one /proc/<pid>/status field summed over this process and its
+    descendants, read every `every_s` in a thread."""
 
     def __init__(self, field: str, every_s: float = 0.1) -> None:
         self.field = field
@@ -230,7 +263,7 @@ class _PeakSampler:
                 return
 
     def _read(self) -> None:
-        self.peak_mb = max(self.peak_mb, _status_mb().get(self.field, 0.0))
+        self.peak_mb = max(self.peak_mb, _tree_mb(self.field))
 
     def stop(self) -> None:
         self._stop.set()
