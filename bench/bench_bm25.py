@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -25,15 +26,24 @@ BATCH = 1024
 
 
 def synthetic_chunks(n: int, sentences: list[str]) -> list[str]:
-    chunks: list[str] = []
-    width = 2
-    while len(chunks) < n:
-        for i in range(0, len(sentences) - width):
-            chunks.append(" ".join(sentences[i : i + width]))
-            if len(chunks) == n:
-                break
-        width += 1
-    return chunks
+    return list(iter_synthetic_chunks(n, sentences))
+
+
+def iter_synthetic_chunks(n: int, sentences: list[str]) -> Iterator[str]:
+    """`n` distinct chunks of 2-4 real sentences, the same at every size: the windows of 2, then
+    3, then 4 consecutive sentences; past those (3 x ~55,000 of them), a sentence joined with
+    the 1-3 that follow it at a growing gap. The windows once grew with `n` instead (~11
+    sentences a chunk at 1M, ~20 at 2M), which made a large corpus's chunks longer than a
+    small one's."""
+    made, rounds, count = 0, 0, len(sentences)
+    while made < n:
+        width, gap = 2 + rounds % 3, rounds // 3
+        for i in range(count - width if gap == 0 else count):
+            yield " ".join(sentences[(i + gap * bool(k) + k) % count] for k in range(width))
+            made += 1
+            if made == n:
+                return
+        rounds += 1
 
 
 def run(sizes: tuple[int, ...] = (10_000, 100_000), n_queries: int = 100) -> dict[str, Any]:

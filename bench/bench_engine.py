@@ -1,10 +1,17 @@
 """The engine at scale: Qdrant Edge (the embedded default) vs qdrant-client's local mode, same
 schema (dense + BM25 sparse vectors, payloads), same points, same queries, in one run.
 
-The chunks are sliding windows of 2-4 real sentences from SciFact and SQuAD, so the BM25
-statistics are those of real text; the dense vectors are random unit vectors (384-d), since the
-engine's timing does not depend on what the vectors mean. Queries are real SciFact claims and
-SQuAD questions (their BM25 terms) with random unit query vectors.
+The chunks are 2-4 real sentences from SciFact and SQuAD (bench_bm25.iter_synthetic_chunks:
+the same length at every size), so the BM25 statistics are those of real text; the dense
+vectors are random unit vectors (384-d), since the engine's timing does not depend on what the
+vectors mean. Queries are real SciFact claims and SQuAD questions (their BM25 terms) with random
+unit query vectors. A build of 10,000 points or more writes as the ingest does, from a writer
+process per base shard (Store.bulk_write); its memory is summed over the processes.
+
+The dense list's recall@10 and @100 against a brute-force search of the same vectors is
+reported too. Random vectors in 384 dimensions have no structure for an index to use, the hard
+case for HNSW and worse still for binary codes: read these as a comparison of settings on one
+corpus, not as the recall of real embeddings (bench_quantization measures that on SQuAD).
 
 Per engine: write throughput, seal time (payload indexes, flush, optimize), and, in a fresh
 process (what a serving replica pays): reopen time, p50/p95 per query for dense, bm25, hybrid
@@ -27,6 +34,7 @@ import argparse
 import contextlib
 import dataclasses
 import datetime
+import itertools
 import json
 import os
 import shutil
@@ -40,7 +48,7 @@ from typing import Any
 
 import numpy as np
 
-from bench.bench_bm25 import synthetic_chunks
+from bench.bench_bm25 import iter_synthetic_chunks
 from bench.bench_common import child_json, percentile, read_jsonl, real_sentences, shared_path
 from rag_retriever.ingest.writer import WRITE_PROCESS_MIN_CHUNKS
 from rag_retriever.models.bm25 import BM25Model, Tokenizer
@@ -94,9 +102,10 @@ def build(
     `metadata(i)` is the i-th chunk's, `indexes` the payload indexes of the seal (default:
     doc_id and metadata.group)."""
     tok = Tokenizer()
-    texts = synthetic_chunks(n, real_sentences())
+    sentences = real_sentences()
+    # the chunks are made twice (statistics, then writing), never held: the ingest holds none
     t0 = time.perf_counter()
-    model = BM25Model.build(tok.tokenize(t) for t in texts)
+    model = BM25Model.build(tok.tokenize(t) for t in iter_synthetic_chunks(n, sentences))
     stats_s = time.perf_counter() - t0
     rng = np.random.default_rng(seed)
     store = _open(engine, root)
@@ -108,10 +117,10 @@ def build(
     t0 = time.perf_counter()
     # as the ingest writes a full build: from a process of its own (Edge), one per base shard
     with store.bulk_write(NAME) if n >= WRITE_PROCESS_MIN_CHUNKS else contextlib.nullcontext():
+        texts = iter_synthetic_chunks(n, sentences)
         for start in range(0, n, BATCH):
-            part = texts[start : start + BATCH]
-            vectors = rng.standard_normal((len(part), DIM)).astype(np.float32)
-            vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
+            part = list(itertools.islice(texts, BATCH))
+            vectors = _unit_vectors(rng, len(part))
             store.upsert(
                 NAME,
                 [f"00000000-0000-0000-0000-{start + i:012d}" for i in range(len(part))],
@@ -144,20 +153,54 @@ def build(
     }
 
 
+def _unit_vectors(rng: np.random.Generator, count: int) -> np.ndarray:
+    vectors = rng.standard_normal((count, DIM)).astype(np.float32)
+    vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
+    return vectors
+
+
+def exact_top(queries: np.ndarray, n: int, k: int = 100, seed: int = 0) -> np.ndarray:
+    """The indexes of each query's `k` nearest of the `n` points `build(seed=seed)` wrote, by
+    brute-force cosine: the build's vectors made again batch by batch (the same generator,
+    the same batches), so they are never all held."""
+    rng = np.random.default_rng(seed)
+    best_scores = np.full((len(queries), 0), -np.inf, dtype=np.float32)
+    best = np.zeros((len(queries), 0), dtype=np.int64)
+    for start in range(0, n, BATCH):
+        vectors = _unit_vectors(rng, min(BATCH, n - start))
+        scores = np.concatenate([best_scores, queries @ vectors.T], axis=1)
+        index = np.concatenate(
+            [
+                best,
+                np.broadcast_to(
+                    np.arange(start, start + len(vectors)), (len(queries), len(vectors))
+                ),
+            ],
+            axis=1,
+        )
+        keep = np.argpartition(-scores, min(k, scores.shape[1]) - 1, axis=1)[:, :k]
+        best_scores = np.take_along_axis(scores, keep, axis=1)
+        best = np.take_along_axis(index, keep, axis=1)
+    order = np.argsort(-best_scores, axis=1, kind="stable")
+    return np.take_along_axis(best, order, axis=1)
+
+
 def serve_probe(engine: str, root: Path) -> dict[str, Any]:
     """Run in a fresh process: reopen, query, peak RSS."""
     rng = np.random.default_rng(1)
     t0 = time.perf_counter()
     store = _open(engine, root)
     model = BM25Model(store.record(NAME).bm25, store.doc_freqs(NAME))
-    store.count(NAME)  # opens the shard (Edge) / loads the collection (local mode)
+    points = store.count(NAME)  # opens the shards (Edge) / loads the collection (local mode)
     reopen_s = time.perf_counter() - t0
     queries = _queries(N_QUERIES[engine])
     flt = SearchFilter(equals={"group": 3})
     timings: dict[str, list[float]] = {"dense": [], "bm25": [], "hybrid": [], "hybrid_filtered": []}
+    vectors, dense_ids = [], []
     for terms in queries:
         vector = rng.standard_normal(DIM).astype(np.float32)
         vector /= np.linalg.norm(vector)
+        vectors.append(vector)
         sparse = model.query_vector(terms)
         dense_q = StageQuery(DENSE, vector, 100)
         sparse_q = StageQuery(SPARSE, sparse, 100)
@@ -172,8 +215,10 @@ def serve_probe(engine: str, root: Path) -> dict[str, Any]:
         }
         for stage, requests in plans.items():
             t0 = time.perf_counter()
-            store.search(NAME, requests)
+            found = store.search(NAME, requests)
             timings[stage].append((time.perf_counter() - t0) * 1000)
+            if stage == "dense":
+                dense_ids.append([int(i.rsplit("-", 1)[1]) for i, _ in found[0]])
     out: dict[str, Any] = {"reopen_s": reopen_s}
     for stage, values in timings.items():
         values = values[5:]  # the first queries warm caches
@@ -181,6 +226,17 @@ def serve_probe(engine: str, root: Path) -> dict[str, Any]:
         out[f"{stage}_p95_ms"] = percentile(values, 95)
     out.update(_memory())
     store.close()
+    # what the engine's dense list (HNSW; quantized vectors rescored) finds of an exact search
+    exact = exact_top(np.stack(vectors), points)
+    for k in (10, 100):
+        out[f"dense_recall_at_{k}"] = float(
+            np.mean(
+                [
+                    len(set(got[:k]) & set(want[:k])) / k
+                    for got, want in zip(dense_ids, exact, strict=True)
+                ]
+            )
+        )
     return out
 
 
@@ -412,6 +468,8 @@ def _lines(
         ("shards", "base shards", "{:.0f}"),
         ("reopen_s", "reopen s", "{:.2f}"),
         ("dense_p50_ms", "dense p50 ms", "{:.2f}"),
+        ("dense_recall_at_10", "dense recall@10 vs exact", "{:.3f}"),
+        ("dense_recall_at_100", "dense recall@100 vs exact", "{:.3f}"),
         ("bm25_p50_ms", "bm25 p50 ms", "{:.2f}"),
         ("hybrid_p50_ms", "hybrid p50 ms", "{:.2f}"),
         ("hybrid_p95_ms", "hybrid p95 ms", "{:.2f}"),
@@ -468,7 +526,7 @@ def main(argv: list[str] | None = None) -> int:
         nargs="+",
         choices=QUANTIZATIONS,
         default=["none"],
-        help="dense vectors held as each of these (Edge refuses int8)",
+        help="dense vectors held as each of these",
     )
     parser.add_argument(
         "--constants-out",

@@ -172,7 +172,6 @@ def ingest_documents(
     if not corpus.documents:
         raise DocumentError(f"{corpus.source}: no document with text to ingest")
     opts = dataclasses.replace(options or WriteOptions(), **option_values)
-    store.check_quantization(opts.quantization)  # before anything is chunked or embedded
     # a corpus built in code gets the checks a loaded file got (nothing reaches the engine that
     # it cannot store: issue 39)
     validate_documents(

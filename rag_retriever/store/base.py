@@ -41,7 +41,7 @@ from rag_retriever.errors import (
     VersionIncompatible,
 )
 from rag_retriever.models.bm25 import SparseVector
-from rag_retriever.records import Quantization, SearchFilter
+from rag_retriever.records import SearchFilter
 from rag_retriever.store.record import STATUS_COMPLETE, VersionRecord
 
 log = logging.getLogger(__name__)
@@ -257,10 +257,6 @@ class Store(ABC):
     @abstractmethod
     def scroll(self, name: str, *, flt: SearchFilter | None = None) -> Iterator[Record]:
         """Every point's payload (of those the filter keeps), in no particular order."""
-
-    def check_quantization(self, quantization: Quantization) -> None:  # noqa: B027
-        """ConfigError when this engine cannot hold a version's vectors as `quantization`
-        (checked before anything of a build is done)."""
 
     def close(self) -> None:  # noqa: B027 - optional for subclasses
         """Release what the store holds open."""
