@@ -19,13 +19,13 @@ process (what a serving replica pays): reopen time, p50/p95 per query for dense,
 process's peak RSS, and the size on disk. Engine only: no query encoding. The build runs in a
 fresh process too: its peak RSS is the build's (write and seal).
 
-With `--quantization none binary`, each size is also built with binary vectors (float32
-originals on disk, rescored), beside float32; `--constants-out FILE` writes every Edge run's
-figures per size as the constants `rag-retriever plan` reads (rag_retriever/ops/capacity.json
-holds this machine's).
+With `--quantization none int8 binary`, each size is also built with int8 (on Edge:
+TurboQuant's 8 bits) and binary vectors (float32 originals on disk, rescored), beside float32;
+`--constants-out FILE` writes every Edge run's figures per size as the constants
+`rag-retriever plan` reads (rag_retriever/ops/capacity.json holds this machine's).
 
 Usage: python -m bench.bench_engine [--sizes 100000 1000000] [--peer-max 100000]
-    [--quantization none binary] [--constants-out FILE]
+    [--quantization none int8 binary] [--constants-out FILE]
 """
 
 from __future__ import annotations

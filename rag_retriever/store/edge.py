@@ -1277,9 +1277,7 @@ def _edge_quantization(edge: Any, quantization: Quantization) -> Any:
         # ScalarQuantizationConfig and builds nothing from it (measured: no quantized files and
         # the scores of an exact search without rescoring, at 30,000 points), while this one
         # writes quantized vectors whose scores differ from exact ones until rescored.
-        return edge.TurboQuantQuantizationConfig(
-            bits=edge.TurboQuantBitSize.Bits8, always_ram=True
-        )
+        return edge.TurboQuantQuantizationConfig(bits=edge.TurboQuantBitSize.Bits8, always_ram=True)
     if quantization == "binary":
         return edge.BinaryQuantizationConfig(always_ram=True)
     return None
