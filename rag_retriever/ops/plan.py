@@ -435,7 +435,7 @@ def describe(plan: Plan) -> list[str]:
             f"(RAG_BASE_SHARD_POINTS {plan.shard_points:,}), {node} a node of {b.nodes}: a query "
             f"asks each in turn (latency: k x one shard's, an upper estimate), a build seals "
             f"one at a time, each written by a process of its own (its peak taken as one "
-            f"shard's, as a 2M build of two measured: docs/benchmarks.md)"
+            f"shard's, as builds of 2M and 5M measured: docs/benchmarks.md)"
         )
     header = (
         f"{'setting':<8} {'memory':>8} {'fits':>4} {'disk':>8} {'build':>7} {'p50':>8} "
