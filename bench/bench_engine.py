@@ -42,7 +42,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -198,8 +198,7 @@ def serve_probe(engine: str, root: Path) -> dict[str, Any]:
     timings: dict[str, list[float]] = {"dense": [], "bm25": [], "hybrid": [], "hybrid_filtered": []}
     vectors, dense_ids = [], []
     for terms in queries:
-        vector = rng.standard_normal(DIM).astype(np.float32)
-        vector /= np.linalg.norm(vector)
+        vector = _unit_vectors(rng, 1)[0]
         vectors.append(vector)
         sparse = model.query_vector(terms)
         dense_q = StageQuery(DENSE, vector, 100)
@@ -260,27 +259,30 @@ def _status_mb(pid: int | str = "self") -> dict[str, float]:
     return out
 
 
-def _tree_mb(field: str) -> float:
-    """`field` of /proc/<pid>/status summed over this process and its descendants (a build's
-    writer processes); a process that ends while being read counts 0."""
-    parents: dict[int, int] = {}
+def _tree_mb(fields: Iterable[str]) -> dict[str, float]:
+    """Each of `fields` of /proc/<pid>/status summed over this process and its descendants (a
+    build's writer processes), from one walk of /proc; a process that ends while being read
+    counts 0."""
+    children: dict[int, list[int]] = {}
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
             try:  # stat: "pid (comm) state ppid ..."; comm may hold spaces and parentheses
-                parents[int(entry.name)] = int(
-                    (entry / "stat").read_text().rsplit(")", 1)[1].split()[1]
-                )
+                parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
             except (OSError, IndexError, ValueError):
                 continue
-    tree, total = [os.getpid()], 0.0
+            children.setdefault(parent, []).append(int(entry.name))
+    totals = dict.fromkeys(fields, 0.0)
+    tree = [os.getpid()]
     while tree:
         pid = tree.pop()
-        tree += [child for child, parent in parents.items() if parent == pid]
+        tree += children.get(pid, [])
         try:
-            total += _status_mb(pid).get(field, 0.0)
+            status = _status_mb(pid)
         except OSError:
             continue
-    return total
+        for field in totals:
+            totals[field] += status.get(field, 0.0)
+    return totals
 
 
 def build_probe(engine: str, root: Path, n: int, quantization: Quantization) -> dict[str, Any]:
@@ -289,25 +291,23 @@ def build_probe(engine: str, root: Path, n: int, quantization: Quantization) -> 
     this process and the writer processes it starts, summed. Most of that RSS is mapped shard
     files, which the kernel can drop and read again; the private part (RssAnon, which it
     cannot) has no peak counter, so a thread samples both."""
-    private, resident = _PeakSampler("RssAnon"), _PeakSampler("VmRSS")
+    peaks = _PeakSampler("RssAnon", "VmRSS")
     try:
         figures = build(engine, root, n, quantization=quantization)
     finally:
-        private.stop()
-        resident.stop()
+        peaks.stop()
     return figures | {
-        "build_rss_mb": max(_memory()["rss_mb"], resident.peak_mb),
-        "build_private_mb": private.peak_mb,
+        "build_rss_mb": max(_memory()["rss_mb"], peaks.peak_mb["VmRSS"]),
+        "build_private_mb": peaks.peak_mb["RssAnon"],
     }
 
 
 class _PeakSampler:
-    """The largest value of one /proc/<pid>/status field summed over this process and its
-    descendants, read every `every_s` in a thread."""
+    """The largest value of each of `fields` of /proc/<pid>/status summed over this process and
+    its descendants, read every `every_s` in a thread."""
 
-    def __init__(self, field: str, every_s: float = 0.1) -> None:
-        self.field = field
-        self.peak_mb = 0.0
+    def __init__(self, *fields: str, every_s: float = 0.1) -> None:
+        self.peak_mb = dict.fromkeys(fields, 0.0)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, args=(every_s,), daemon=True)
         self._thread.start()
@@ -319,7 +319,8 @@ class _PeakSampler:
                 return
 
     def _read(self) -> None:
-        self.peak_mb = max(self.peak_mb, _tree_mb(self.field))
+        for field, value in _tree_mb(self.peak_mb).items():
+            self.peak_mb[field] = max(self.peak_mb[field], value)
 
     def stop(self) -> None:
         self._stop.set()
