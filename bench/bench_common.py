@@ -12,7 +12,7 @@ import re
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TypeVar
@@ -88,10 +88,11 @@ def best_of(fn: Callable[[], Any], repeats: int = 3) -> float:
 _SENTENCE = re.compile(r"(?<=[.!?])\s+(?=[A-Z])")
 
 
-def real_sentences() -> list[str]:
-    """Every sentence of the SciFact abstracts and the SQuAD articles (real text)."""
+def real_sentences(sources: Sequence[str] = ("scifact", "squad_v11_dev")) -> list[str]:
+    """Every sentence of the SciFact abstracts and the SQuAD articles (real text), or of those
+    of `sources` only."""
     out: list[str] = []
-    for name in ("scifact", "squad_v11_dev"):
+    for name in sources:
         for doc in read_jsonl(shared_path(name, "docs.jsonl")):
             out.extend(s for s in _SENTENCE.split(doc["text"].replace("\n\n", " ")) if s.strip())
     return out

@@ -230,6 +230,7 @@ def serve_probe(engine: str, root: Path) -> dict[str, Any]:
         out[f"{stage}_p50_ms"] = percentile(values, 50)
         out[f"{stage}_p95_ms"] = percentile(values, 95)
     out.update(_memory())
+    out["rss_parts_mb"] = rss_parts_mb()
     store.close()
     # what the engine's dense list (HNSW; quantized vectors rescored) finds of an exact search
     exact = exact_top(np.stack(vectors), points)
@@ -267,6 +268,41 @@ def _memory() -> dict[str, float]:
     fields = {"VmHWM": "rss_mb", "RssAnon": "rss_anon_mb", "RssFile": "rss_file_mb"}
     status = _status_mb()
     return {name: status[key] for key, name in fields.items() if key in status}
+
+
+# What a serving process's resident memory holds: the shard files it maps, by the part of a
+# Qdrant Edge segment each file is (first match of its path), and its private memory.
+RSS_PARTS = (
+    ("quantized vectors", "vector_storage-dense/quantized"),
+    ("dense vectors", "vector_storage-dense/"),
+    ("HNSW graph", "vector_index-dense/"),
+    ("BM25", "-bm25/"),
+    ("payloads and their indexes", "payload"),
+    ("point ids", "id_tracker"),
+)
+
+
+def rss_parts_mb(smaps: str | None = None) -> dict[str, float]:
+    """This process's resident memory (MB) by `RSS_PARTS`, other mapped files (libraries) and
+    private memory, from /proc/self/smaps (or its text). The dense vectors of a quantized
+    version are the float32 originals read to rescore: page cache the kernel drops and reads
+    again, which grows with the queries asked, not a part the version needs resident."""
+    parts = dict.fromkeys([name for name, _ in RSS_PARTS] + ["other files", "private"], 0.0)
+    text = Path("/proc/self/smaps").read_text() if smaps is None else smaps
+    part = "private"
+    for line in text.splitlines():
+        fields = line.split(maxsplit=5)
+        if not fields:
+            continue
+        if not fields[0].endswith(":"):  # a mapping: address perms offset dev inode [path]
+            path = fields[5] if len(fields) > 5 else ""
+            part = next(
+                (name for name, key in RSS_PARTS if key in path),
+                "other files" if path.startswith("/") else "private",
+            )
+        elif fields[0] == "Rss:":
+            parts[part] += int(fields[1]) / 1024
+    return parts
 
 
 def _status_mb(pid: int | str = "self") -> dict[str, float]:
@@ -507,6 +543,9 @@ def _lines(
             ratio = peer[key] / edge[key] if edge[key] else float("nan")
             text += f"   {peer_name} {fmt.format(peer[key]):>10}   ratio {ratio:.2f}"
         lines.append(text)
+    if "rss_parts_mb" in edge:
+        held = ", ".join(f"{k} {v:,.0f}" for k, v in edge["rss_parts_mb"].items() if v >= 1)
+        lines.append(f"  resident after the queries (MB): {held}")
     return lines
 
 

@@ -2,7 +2,7 @@
 against exact search and against float32, on the same vectors, in one run.
 
 Usage:
-    python -m bench.bench_quantization [--questions 1000]
+    python -m bench.bench_quantization [--questions 1000] [--distractors 100000]
 
 SQuAD's 48 articles are ingested once with the default model (float32, Qdrant Edge); the same
 points (vectors, BM25 weights, payloads) are then written into a version of each other setting
@@ -11,8 +11,14 @@ points (vectors, BM25 weights, payloads) are then written into a version of each
 (brute-force cosine over the stored float32 vectors), and the gold chunk's recall@10 in dense
 and hybrid mode, for each setting. The
 peer is float32 (`none`), the engine's own HNSW with the same ef. Disk: the version's directory.
-Latency is not reported: the index is small enough to be scanned (under the engine's indexing
-threshold), so it says nothing of the scale the brief needs (issue 37).
+Latency is not reported (bench_engine measures it at scale).
+
+SQuAD alone (2,467 chunks) is small enough to be scanned (under the engine's indexing
+threshold), so its recall against exact search is not HNSW's. `--distractors N` ingests N more
+documents beside SQuAD's, each one chunk of 2-4 real SciFact sentences
+(bench_bm25.iter_synthetic_chunks; SciFact only, so none repeats a SQuAD answer), embedded by
+the same model: HNSW then searches N + 2,467 real embeddings, and the gold chunk's recall says
+how often it still ranks among them.
 """
 
 from __future__ import annotations
@@ -27,7 +33,8 @@ from typing import Any
 
 import numpy as np
 
-from bench.bench_common import read_jsonl, shared_path
+from bench.bench_bm25 import iter_synthetic_chunks
+from bench.bench_common import read_jsonl, real_sentences, shared_path
 from rag_retriever import Settings
 from rag_retriever.ingest.loaders import LoadedCorpus
 from rag_retriever.ingest.writer import ingest_documents
@@ -39,10 +46,17 @@ from rag_retriever.store import EdgeStore
 SETTINGS: tuple[Quantization, ...] = ("none", "int8", "binary")
 
 
-def run(n_questions: int = 1000) -> dict[str, Any]:
+# Points copied from the float32 version into each other setting's per call.
+COPY_BATCH = 1024
+
+
+def run(n_questions: int = 1000, distractors: int = 0) -> dict[str, Any]:
     articles = read_jsonl(shared_path("squad_v11_dev", "docs.jsonl"))
     questions = read_jsonl(shared_path("squad_v11_dev", "questions_dev.jsonl"), n_questions)
     docs = tuple(Document(a["id"], a["title"], a["text"]) for a in articles)
+    if distractors:
+        texts = iter_synthetic_chunks(distractors, real_sentences(("scifact",)))
+        docs += tuple(Document(f"distractor-{i}", "", text) for i, text in enumerate(texts))
     out: dict[str, Any] = {"questions": len(questions)}
     with tempfile.TemporaryDirectory(prefix="bench-quant-") as tmp:
         root = Path(tmp)
@@ -52,30 +66,37 @@ def run(n_questions: int = 1000) -> dict[str, Any]:
             LoadedCorpus(docs, 0, "squad"), alias="kb", encoder=encoder, store=base, lock_dir=root
         )
         name = base.resolve("kb")
-        ids = [r.id for r in base.scroll(name)]
-        points = base.retrieve(name, ids, with_dense=True, with_sparse=True)
-        matrix = np.stack([np.asarray(p.dense, dtype=np.float32) for p in points])
-        point_ids = [p.id for p in points]
+        stored = [r.id for r in base.scroll(name)]
         stores: dict[str, EdgeStore] = {"none": base}
         for setting in SETTINGS[1:]:
-            store = EdgeStore(root / setting)
+            stores[setting] = EdgeStore(root / setting)
             record = dataclasses.replace(base.record(name), quantization=setting)
-            store.create(name, matrix.shape[1], record)
-            store.put_doc_freqs(name, base.doc_freqs(name))
-            for at in range(0, len(points), 256):
-                part = points[at : at + 256]
-                store.upsert(
+            stores[setting].create(name, encoder.dim, record)
+            stores[setting].put_doc_freqs(name, base.doc_freqs(name))
+        blocks, point_ids = [], []  # the matrix's rows and their ids, in the same order
+        for at in range(0, len(stored), COPY_BATCH):
+            part = base.retrieve(
+                name, stored[at : at + COPY_BATCH], with_dense=True, with_sparse=True
+            )
+            block = np.stack([np.asarray(p.dense, dtype=np.float32) for p in part])
+            blocks.append(block)
+            for setting in SETTINGS[1:]:
+                stores[setting].upsert(
                     name,
                     [p.id for p in part],
-                    matrix[at : at + 256],
+                    block,
                     [p.sparse for p in part if p.sparse is not None],
                     [dict(p.payload) for p in part],
                 )
-            store.seal(name, {"doc_id": "keyword"})
-            store.point_alias("kb", name)
-            stores[setting] = store
+            point_ids += [p.id for p in part]
+        matrix = np.concatenate(blocks)
+        for setting in SETTINGS[1:]:
+            stores[setting].seal(name, {"doc_id": "keyword"})
+            stores[setting].point_alias("kb", name)
         vectors = encoder.encode_queries([q["question"] for q in questions]).vectors
-        exact = np.argsort(-(vectors @ matrix.T), axis=1, kind="stable")[:, :100]
+        exact = np.stack(
+            [np.argsort(-(matrix @ vector), kind="stable")[:100] for vector in vectors]
+        )
         for label, served in stores.items():
             retriever = Retriever(encoder=encoder, store=served, collection="kb")
             found = {"dense@10": 0.0, "dense@100": 0.0, "gold_dense@10": 0, "gold_hybrid@10": 0}
@@ -95,6 +116,7 @@ def run(n_questions: int = 1000) -> dict[str, Any]:
             )
             served.close()
     out["chunks"] = len(point_ids)
+    out["distractors"] = distractors
     return out
 
 
@@ -108,9 +130,11 @@ def _has_gold(hits: Sequence[Any], span: dict[str, Any]) -> int:
 
 
 def report(result: dict[str, Any]) -> list[str]:
+    extra = result.get("distractors", 0)
+    beside = f" and {extra:,} SciFact distractor chunks" if extra else ""
     lines = [
-        f"== quantized vectors: SQuAD, {result['chunks']:,} chunks, {result['questions']:,} dev "
-        f"questions (Qdrant Edge, all-MiniLM-L6-v2) =="
+        f"== quantized vectors: SQuAD{beside}, {result['chunks']:,} chunks, "
+        f"{result['questions']:,} dev questions (Qdrant Edge, all-MiniLM-L6-v2) =="
     ]
     peer = result["none"]
     for setting in SETTINGS:
@@ -127,9 +151,17 @@ def report(result: dict[str, Any]) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.bench_quantization", description=__doc__)
     parser.add_argument("--questions", type=int, default=1000)
+    parser.add_argument(
+        "--distractors",
+        type=int,
+        default=0,
+        help="documents of 2-4 SciFact sentences ingested beside SQuAD (an index HNSW searches)",
+    )
     parser.add_argument("--json", type=Path, help="also write the results here")
     args = parser.parse_args(argv)
-    result = run(args.questions)
+    if args.questions < 1 or args.distractors < 0:
+        parser.error("--questions must be at least 1 and --distractors at least 0")
+    result = run(args.questions, args.distractors)
     for text in report(result):
         print(text, flush=True)
     if args.json:

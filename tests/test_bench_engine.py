@@ -1,13 +1,14 @@
 """The engine benchmark's own parts that its figures rest on: the synthetic chunks (the same
-length at every corpus size) and the brute-force search its recall is measured against.
-Oracles: the windows written out by hand, and a full cosine ranking of the vectors held."""
+length at every corpus size), the brute-force search its recall is measured against, and the
+split of a serving process's resident memory. Oracles: the windows written out by hand, a full
+cosine ranking of the vectors held, and an smaps text summed by hand."""
 
 from __future__ import annotations
 
 import numpy as np
 
 from bench.bench_bm25 import iter_synthetic_chunks
-from bench.bench_engine import BATCH, _unit_vectors, exact_top
+from bench.bench_engine import BATCH, _unit_vectors, exact_top, rss_parts_mb
 
 SENTENCES = [f"s{i}" for i in range(10)]
 
@@ -31,3 +32,47 @@ def test_exact_top_is_a_full_cosine_ranking_of_the_build_vectors() -> None:
     queries = _unit_vectors(np.random.default_rng(7), 5)
     want = np.argsort(-(queries @ held.T), axis=1, kind="stable")[:, :100]
     assert (exact_top(queries, n, k=100) == want).all()
+
+
+SEG = "/data/segments/kb--1/segments/9f2c"
+SMAPS = f"""\
+55d0a000-55d0b000 r--p 00000000 fd:01 10 /usr/bin/python3.11
+Rss:                 512 kB
+Pss:                 512 kB
+55d0c000-55d0f000 rw-p 00000000 00:00 0 [heap]
+Rss:                2048 kB
+7f0000000000-7f0010000000 r--s 00000000 fd:01 20 {SEG}/vector_storage-dense/matrix.dat
+Rss:              307200 kB
+VmFlags: rd sh mr mw me ms sd
+7f0010000000-7f0011000000 r--s 00000000 fd:01 21 {SEG}/vector_storage-dense/quantized.data
+Rss:               10240 kB
+7f0011000000-7f0012000000 r--s 00000000 fd:01 22 {SEG}/vector_index-dense/links_compressed.bin
+Rss:               40960 kB
+7f0012000000-7f0013000000 r--s 00000000 fd:01 23 {SEG}/vector_index-bm25/inverted_index.dat
+Rss:                8192 kB
+7f0013000000-7f0014000000 r--s 00000000 fd:01 24 {SEG}/payload_index/x-doc_id-map/data.bin
+Rss:                1024 kB
+7f0014000000-7f0015000000 rw-p 00000000 00:00 0
+Rss:                4096 kB
+7f0015000000-7f0016000000 r--s 00000000 fd:01 25 {SEG}/id_tracker.mappings
+Rss:                1024 kB
+"""
+
+
+def test_resident_memory_is_split_by_the_shard_file_each_page_maps() -> None:
+    parts = rss_parts_mb(SMAPS)
+    assert parts == {
+        "quantized vectors": 10.0,
+        "dense vectors": 300.0,
+        "HNSW graph": 40.0,
+        "BM25": 8.0,
+        "payloads and their indexes": 1.0,
+        "point ids": 1.0,
+        "other files": 0.5,
+        "private": 6.0,  # the heap and the anonymous mapping
+    }
+    # every Rss line counted once
+    assert (
+        sum(parts.values())
+        == (512 + 2048 + 307200 + 10240 + 40960 + 8192 + 1024 + 4096 + 1024) / 1024
+    )
