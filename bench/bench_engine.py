@@ -24,8 +24,12 @@ TurboQuant's 8 bits) and binary vectors (float32 originals on disk, rescored), b
 `--constants-out FILE` writes every Edge run's figures per size as the constants
 `rag-retriever plan` reads (rag_retriever/ops/capacity.json holds this machine's).
 
+`--cap-fraction F` serves each Edge build once more in a process whose memory is capped (a
+cgroup, as a container's limit) at F times float32's serving RSS at that size: the latency a
+replica given that much memory would see, with the kernel dropping and re-reading shard pages.
+
 Usage: python -m bench.bench_engine [--sizes 100000 1000000] [--peer-max 100000]
-    [--quantization none int8 binary] [--constants-out FILE]
+    [--quantization none int8 binary] [--cap-fraction 0.4] [--constants-out FILE]
 """
 
 from __future__ import annotations
@@ -190,8 +194,9 @@ STAGES = ("dense", "bm25", "hybrid", "hybrid_filtered")
 N_AFTER_REPEAT = 30
 
 
-def serve_probe(engine: str, root: Path) -> dict[str, Any]:
-    """Run in a fresh process: reopen, query, peak RSS.
+def serve_probe(engine: str, root: Path, n_queries: int = 0) -> dict[str, Any]:
+    """Run in a fresh process: reopen, query, peak RSS. `n_queries` a stage (0: the engine's
+    `N_QUERIES`, and the queries after a repeat timed too).
 
     Every stage's every query is a new one (its own question and query vector), as in traffic:
     when the stages shared a query, a quantized version's hybrid and filtered figures measured
@@ -204,7 +209,7 @@ def serve_probe(engine: str, root: Path) -> dict[str, Any]:
     model = BM25Model(store.record(NAME).bm25, store.doc_freqs(NAME))
     points = store.count(NAME)  # opens the shards (Edge) / loads the collection (local mode)
     reopen_s = time.perf_counter() - t0
-    n = N_QUERIES[engine]
+    n = n_queries or N_QUERIES[engine]
     questions = iter(_queries(n * len(STAGES)))
     flt = SearchFilter(equals={"group": 3})
     timings: dict[str, list[float]] = {stage: [] for stage in STAGES}
@@ -223,7 +228,8 @@ def serve_probe(engine: str, root: Path) -> dict[str, Any]:
             if stage == "dense":
                 vectors.append(vector)
                 dense_ids.append([int(i.rsplit("-", 1)[1]) for i, _ in found[0]])
-    timings["dense_after_repeat"] = _after_repeat(store, rng)
+    if not n_queries:
+        timings["dense_after_repeat"] = _after_repeat(store, rng)
     out: dict[str, Any] = {"reopen_s": reopen_s}
     for stage, values in timings.items():
         values = values[5:]  # the first queries warm caches
@@ -394,10 +400,15 @@ def _probe_in_subprocess(engine: str, root: Path) -> dict[str, Any]:
     return _in_subprocess("serve_probe", engine, str(root))
 
 
-def _in_subprocess(function: str, *args: str) -> dict[str, Any]:
-    """`function(*args)` of this module in a fresh Python (its own peak RSS); its JSON result.
-    Arguments that are digits are passed as ints, a path's as a Path."""
+def _in_subprocess(function: str, *args: str, cgroup: Path | None = None) -> dict[str, Any]:
+    """`function(*args)` of this module in a fresh Python (its own peak RSS), in memory cgroup
+    `cgroup` when given (it joins before importing anything); its JSON result. Arguments that
+    are digits are passed as ints, a path's as a Path."""
+    join = (
+        f"open({str(cgroup / 'cgroup.procs')!r}, 'w').write(str(os.getpid())); " if cgroup else ""
+    )
     code = (
+        f"import os; {join}"
         "import json, sys; from pathlib import Path; import bench.bench_engine as b; "
         "args = [int(a) if a.isdigit() else a for a in sys.argv[2:]]; args[1] = Path(args[1]); "
         f"print(json.dumps(b.{function}(*args)))"
@@ -410,8 +421,12 @@ def run(
     sizes: tuple[int, ...] = (100_000,),
     peer_max: int = 100_000,
     quantizations: tuple[Quantization, ...] = ("none",),
+    cap_fraction: float | None = None,
 ) -> dict[str, Any]:
-    """{size: {engine: figures}}; a quantized Edge build is the engine "edge-<quantization>"."""
+    """{size: {engine: figures}}; a quantized Edge build is the engine "edge-<quantization>".
+    With `cap_fraction` (and float32 among the settings), each Edge build is probed again in a
+    process whose memory (private and page cache, as a container's limit counts it) is capped at
+    that fraction of float32's serving RSS at the same size."""
     results: dict[str, Any] = {}
     for n in sizes:
         row: dict[str, Any] = {}
@@ -426,9 +441,53 @@ def run(
                 root = Path(tmp) / engine
                 row[label] = _build_in_subprocess(engine, root, n, quantization)
                 row[label].update(_probe_in_subprocess(engine, root))
+                if cap_fraction and engine == "edge" and "edge" in row:
+                    row[label].update(capped_probe(root, cap_fraction * row["edge"]["rss_mb"]))
                 shutil.rmtree(root, ignore_errors=True)
         results[str(n)] = row
     return results
+
+
+# Where a process's memory can be capped: a cgroup v1 memory controller (this machine's; a
+# container runtime caps a replica the same way). Making a group needs root.
+CGROUP_MEMORY = Path("/sys/fs/cgroup/memory")
+# Queries a stage in a capped probe: a float32 version capped far below its vectors reads them
+# from disk (20k points at 0.4x its RSS: 616 ms a dense query), so fewer than uncapped.
+CAPPED_QUERIES = 50
+# The figures of a capped probe (`capped_probe`), each kept as "capped_<figure>".
+CAPPED_FIGURES = (
+    "dense_p50_ms",
+    "hybrid_p50_ms",
+    "hybrid_p95_ms",
+    "hybrid_filtered_p50_ms",
+    "rss_mb",
+    "rss_anon_mb",
+)
+
+
+def capped_probe(root: Path, cap_mb: float) -> dict[str, Any]:
+    """`serve_probe` in a fresh process in a memory cgroup limited to `cap_mb` (the kernel then
+    drops and reads again the shard files' pages to stay under it): {"cap_mb", "capped_*"},
+    with "capped_error" when the process died under the cap (out of memory); {} where no
+    group can be made here (no cgroup v1 memory controller, or not root)."""
+    group = CGROUP_MEMORY / f"rag-bench-{os.getpid()}"
+    try:
+        group.mkdir()
+    except OSError:
+        return {}
+    try:
+        (group / "memory.limit_in_bytes").write_text(str(int(cap_mb * 2**20)))
+        out: dict[str, Any] = {"cap_mb": cap_mb}
+        try:
+            figures = _in_subprocess(
+                "serve_probe", "edge", str(root), str(CAPPED_QUERIES), cgroup=group
+            )
+        except RuntimeError as exc:
+            return out | {"capped_error": str(exc).splitlines()[-1][:200]}
+        return out | {f"capped_{k}": figures[k] for k in CAPPED_FIGURES}
+    finally:
+        with contextlib.suppress(OSError):
+            group.rmdir()
 
 
 # The figures `rag-retriever plan` reads, per engine run and size (rag_retriever/ops/plan.py).
@@ -543,6 +602,15 @@ def _lines(
             ratio = peer[key] / edge[key] if edge[key] else float("nan")
             text += f"   {peer_name} {fmt.format(peer[key]):>10}   ratio {ratio:.2f}"
         lines.append(text)
+    if "capped_error" in edge:
+        lines.append(f"  capped at {edge['cap_mb']:,.0f} MB: died ({edge['capped_error']})")
+    elif "cap_mb" in edge:
+        lines.append(
+            f"  capped at {edge['cap_mb']:,.0f} MB: dense p50 {edge['capped_dense_p50_ms']:.2f} ms, "
+            f"hybrid p50 / p95 {edge['capped_hybrid_p50_ms']:.2f} / "
+            f"{edge['capped_hybrid_p95_ms']:.2f} ms, filtered hybrid p50 "
+            f"{edge['capped_hybrid_filtered_p50_ms']:.2f} ms, peak RSS {edge['capped_rss_mb']:,.0f} MB"
+        )
     if "rss_parts_mb" in edge:
         held = ", ".join(f"{k} {v:,.0f}" for k, v in edge["rss_parts_mb"].items() if v >= 1)
         lines.append(f"  resident after the queries (MB): {held}")
@@ -594,8 +662,18 @@ def main(argv: list[str] | None = None) -> int:
         type=Path,
         help="write the figures `rag-retriever plan --constants` reads to this JSON file",
     )
+    parser.add_argument(
+        "--cap-fraction",
+        type=float,
+        help="also serve each Edge build capped at this fraction of float32's serving RSS "
+        "(needs none among --quantization, root and a cgroup v1 memory controller)",
+    )
     args = parser.parse_args(argv)
-    results = run(tuple(args.sizes), args.peer_max, tuple(args.quantization))
+    if args.cap_fraction is not None and not (
+        0 < args.cap_fraction <= 1 and "none" in args.quantization
+    ):
+        parser.error("--cap-fraction takes a fraction in (0, 1] and needs none in --quantization")
+    results = run(tuple(args.sizes), args.peer_max, tuple(args.quantization), args.cap_fraction)
     for text in report(results):
         print(text, flush=True)
     if args.constants_out:

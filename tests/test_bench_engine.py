@@ -6,7 +6,9 @@ cosine ranking of the vectors held, and an smaps text summed by hand."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
+from bench import bench_engine
 from bench.bench_bm25 import iter_synthetic_chunks
 from bench.bench_engine import BATCH, _unit_vectors, exact_top, rss_parts_mb
 
@@ -76,3 +78,20 @@ def test_resident_memory_is_split_by_the_shard_file_each_page_maps() -> None:
         sum(parts.values())
         == (512 + 2048 + 307200 + 10240 + 40960 + 8192 + 1024 + 4096 + 1024) / 1024
     )
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--cap-fraction", "0.4", "--quantization", "binary"],  # no float32 to take it of
+        ["--cap-fraction", "1.5", "--quantization", "none", "binary"],
+        ["--cap-fraction", "0", "--quantization", "none"],
+    ],
+)
+def test_a_memory_cap_needs_a_fraction_of_a_float32_run(
+    argv: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        bench_engine.main(argv)
+    assert exit_.value.code == 2
+    assert "--cap-fraction takes a fraction in (0, 1]" in capsys.readouterr().err
