@@ -10,7 +10,7 @@ import pytest
 
 from bench import bench_engine
 from bench.bench_bm25 import iter_synthetic_chunks
-from bench.bench_engine import BATCH, _unit_vectors, exact_top, rss_parts_mb
+from bench.bench_engine import BATCH, _unit_vectors, exact_top, resident_mb, rss_parts_mb
 
 SENTENCES = [f"s{i}" for i in range(10)]
 
@@ -78,6 +78,13 @@ def test_resident_memory_is_split_by_the_shard_file_each_page_maps() -> None:
         sum(parts.values())
         == (512 + 2048 + 307200 + 10240 + 40960 + 8192 + 1024 + 4096 + 1024) / 1024
     )
+
+
+def test_a_quantized_version_needs_resident_all_it_holds_but_the_originals_it_rescored() -> None:
+    parts = rss_parts_mb(SMAPS)
+    assert resident_mb(parts, "none") == pytest.approx(366.5)  # float32 searches its vectors
+    assert resident_mb(parts, "binary") == pytest.approx(66.5)  # less the originals' 300 MB
+    assert resident_mb(parts, "int8") == pytest.approx(66.5)
 
 
 @pytest.mark.parametrize(

@@ -144,6 +144,26 @@ def test_memory_is_never_below_what_hnsw_must_keep_resident() -> None:
     assert binary.memory_gb == pytest.approx(250 / 1024)  # the fit, above its floor
 
 
+def test_memory_follows_what_a_version_needs_resident_where_the_constants_have_it() -> None:
+    """A quantized version's RSS also holds the float32 originals its rescoring read; where
+    every point says what it needs resident without them, memory is fitted through that:
+    binary 500 -> 5,000 MB of RSS but 200 -> 800 MB resident (n^0.602), so 10M chunks need
+    800 * 10^0.602 = 3,200 MB, not the 50,000 MB its RSS grows to (and above its floor of
+    10M * 129 bytes = 1.2 GB). A setting whose points lack the figure (float32 here, which has
+    it at one size only) keeps its RSS fit."""
+    case = json.loads(json.dumps(CASE))
+    for point, rss, resident in zip(
+        case["settings"]["binary"], (500.0, 5000.0), (200.0, 800.0), strict=True
+    ):
+        point |= {"rss_mb": rss, "resident_mb": resident}
+    case["settings"]["none"][1]["resident_mb"] = 1.0
+    plan = make_plan(Brief(chunks=10_000_000, dim=8), case)
+    none, binary = plan.settings
+    assert binary.memory_gb == pytest.approx(3200 / 1024)
+    assert binary.exponents["memory"] == pytest.approx(math.log10(4))
+    assert none.memory_gb == pytest.approx(10_000 / 1024)  # RSS: 1 KB a chunk
+
+
 def test_the_build_peak_is_fitted_and_checked_against_a_machine_and_a_node() -> None:
     """The build's peak RSS grows as n^1.5 here (4 GB at 100k -> 126.5 GB at 1M): at 2M chunks
     one machine's build needs 357.8 GB, a node's of 4 (500k chunks) 44.7 GB; constants from

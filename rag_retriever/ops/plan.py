@@ -8,7 +8,9 @@ Example:
 The constants (capacity.json beside this module, or `--constants FILE`) are what
 `python -m bench.bench_engine --sizes ... --quantization none int8 binary --constants-out FILE`
 measured on one machine: per setting and size, build (write + seal) time, disk, the serving
-process's peak RSS, and single-client engine latency; plus the query encoding time and the cost
+process's memory (what it needs resident: its RSS less a quantized version's float32 originals
+read to rescore, which the kernel drops and reads again; its peak RSS in constants without
+that figure), and single-client engine latency; plus the query encoding time and the cost
 of an edit. Each figure is fitted as a power of the chunk count through the measured sizes
 (y = c * n^e; e is printed), so a size between them is interpolated and one past the largest is
 extrapolated, and the plan says by how far. Past the constants' base shard size
@@ -114,7 +116,7 @@ class SettingPlan:
     """One quantization setting's figures for the brief, one machine and a cluster."""
 
     quantization: str
-    memory_gb: float  # the larger of the fitted peak RSS and the resident floor
+    memory_gb: float  # the larger of the fitted serving memory and the resident floor
     resident_floor_gb: float
     disk_gb: float
     build_h: float
@@ -243,9 +245,11 @@ def _setting(
             [(int(p["chunks"]), float(p[key])) for p in points], single_exponent=single
         )
 
-    # a serving process's RSS is fitted through the whole corpus (one process holds every
-    # shard; the resident floor below bounds it from beneath)
-    memory = fit("rss_mb", 1.0)
+    # a serving process's memory is fitted through the whole corpus (one process holds every
+    # shard; the resident floor below bounds it from beneath): what it needs resident where the
+    # constants have it (a quantized version's RSS also holds the float32 originals its
+    # rescoring read, page cache that grows with the queries asked), else its peak RSS
+    memory = fit("resident_mb" if all("resident_mb" in p for p in points) else "rss_mb", 1.0)
     disk = _Sharded(fit("disk_mb", 1.0), cap)
     build = _Sharded(
         Fit.through(
