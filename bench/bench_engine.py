@@ -15,8 +15,10 @@ corpus, not as the recall of real embeddings (bench_quantization measures that o
 
 Per engine: write throughput, seal time (payload indexes, flush, optimize), and, in a fresh
 process (what a serving replica pays): reopen time, p50/p95 per query for dense, bm25, hybrid
-(both lists in one batched call) and hybrid filtered on a keyword field (10% selectivity), the
-process's peak RSS, and the size on disk. Engine only: no query encoding. The build runs in a
+(both lists in one batched call) and hybrid filtered on a keyword field (10% selectivity), each
+query a new one, and a new dense query right after a repeated one; the process's peak RSS, its
+resident memory split by what each page holds (`rss_parts_mb`) and what it needs resident
+(`resident_mb`); and the size on disk. Engine only: no query encoding. The build runs in a
 fresh process too: its peak RSS is the build's (write and seal).
 
 With `--quantization none int8 binary`, each size is also built with int8 (on Edge:
@@ -201,7 +203,7 @@ def serve_probe(engine: str, root: Path, n_queries: int = 0) -> dict[str, Any]:
     Every stage's every query is a new one (its own question and query vector), as in traffic:
     when the stages shared a query, a quantized version's hybrid and filtered figures measured
     the same query asked again, and Qdrant Edge answers a rescored query asked again at once in
-    less than half the time (300k binary: 1.4 vs 3.1 ms) and the next new one ~20 ms slower
+    less than half the time (300k binary: 1.4 vs 3.1 ms) and the next new one ~10-20 ms slower
     (`dense_after_repeat_p50_ms` measures that; docs/benchmarks.md)."""
     rng = np.random.default_rng(1)
     t0 = time.perf_counter()
