@@ -208,7 +208,8 @@ def serve_probe(engine: str, root: Path, n_queries: int = 0) -> dict[str, Any]:
     rng = np.random.default_rng(1)
     t0 = time.perf_counter()
     store = _open(engine, root)
-    model = BM25Model(store.record(NAME).bm25, store.doc_freqs(NAME))
+    record = store.record(NAME)
+    model = BM25Model(record.bm25, store.doc_freqs(NAME))
     points = store.count(NAME)  # opens the shards (Edge) / loads the collection (local mode)
     reopen_s = time.perf_counter() - t0
     n = n_queries or N_QUERIES[engine]
@@ -239,7 +240,7 @@ def serve_probe(engine: str, root: Path, n_queries: int = 0) -> dict[str, Any]:
         out[f"{stage}_p95_ms"] = percentile(values, 95)
     out.update(_memory())
     parts = out["rss_parts_mb"] = rss_parts_mb()
-    out["resident_mb"] = resident_mb(parts, store.record(NAME).quantization)
+    out["resident_mb"] = resident_mb(parts, record.quantization)
     store.close()
     # what the engine's dense list (HNSW; quantized vectors rescored) finds of an exact search
     exact = exact_top(np.stack(vectors), points)

@@ -15,10 +15,9 @@ Latency is not reported (bench_engine measures it at scale).
 
 SQuAD alone (2,467 chunks) is small enough to be scanned (under the engine's indexing
 threshold), so its recall against exact search is not HNSW's. `--distractors N` ingests N more
-documents beside SQuAD's, each 2-4 real SciFact sentences (most are one chunk; 100,000 made
-102,646)
-(bench_bm25.iter_synthetic_chunks; SciFact only, so none repeats a SQuAD answer), embedded by
-the same model: HNSW then searches N + 2,467 real embeddings, and the gold chunk's recall says
+documents beside SQuAD's, each 2-4 real SciFact sentences (bench_bm25.iter_synthetic_chunks;
+SciFact only, so none repeats a SQuAD answer; most are one chunk: 100,000 made 102,646),
+embedded by the same model: HNSW then searches N + 2,467 real embeddings, and the gold chunk's recall says
 how often it still ranks among them.
 """
 
