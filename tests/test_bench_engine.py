@@ -102,3 +102,15 @@ def test_a_memory_cap_needs_a_fraction_of_a_float32_run(
         bench_engine.main(argv)
     assert exit_.value.code == 2
     assert "--cap-fraction takes a fraction in (0, 1]" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv", [["--distractors", "-1"], ["--questions", "0"]])
+def test_the_quantization_benchmark_refuses_a_negative_size(
+    argv: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    from bench import bench_quantization
+
+    with pytest.raises(SystemExit) as exit_:
+        bench_quantization.main(argv)
+    assert exit_.value.code == 2
+    assert "--questions must be at least 1 and --distractors at least 0" in capsys.readouterr().err
