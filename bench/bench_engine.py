@@ -25,13 +25,16 @@ With `--quantization none int8 binary`, each size is also built with int8 (on Ed
 TurboQuant's 8 bits) and binary vectors (float32 originals on disk, rescored), beside float32;
 `--constants-out FILE` writes every Edge run's figures per size as the constants
 `rag-retriever plan` reads (rag_retriever/ops/capacity.json holds this machine's).
+`--shard-points N` writes builds in base shards of up to N chunks (RAG_BASE_SHARD_POINTS), so a
+size past the default shard can be measured as one shard.
 
 `--cap-fraction F` serves each Edge build once more in a process whose memory is capped (a
 cgroup, as a container's limit) at F times float32's serving RSS at that size: the latency a
 replica given that much memory would see, with the kernel dropping and re-reading shard pages.
 
 Usage: python -m bench.bench_engine [--sizes 100000 1000000] [--peer-max 100000]
-    [--quantization none int8 binary] [--cap-fraction 0.4] [--constants-out FILE]
+    [--quantization none int8 binary] [--cap-fraction 0.4] [--shard-points 2000000]
+    [--constants-out FILE]
 """
 
 from __future__ import annotations
@@ -78,6 +81,9 @@ BATCH = 512
 N_QUERIES = {"edge": 200, "local": 40}
 NAME = "bench__random-384__v1"
 
+# The setting a build's base shard size is read from (`shard_points`), as the product's ingest.
+SHARD_POINTS_ENV = "RAG_BASE_SHARD_POINTS"
+
 
 def _queries(n: int) -> list[list[str]]:
     tok = Tokenizer()
@@ -86,9 +92,15 @@ def _queries(n: int) -> list[list[str]]:
     return [tok.tokenize(r["question"]) for r in rows]
 
 
+def shard_points() -> int:
+    """The base shard size builds are written in: RAG_BASE_SHARD_POINTS as `--shard-points` sets
+    it for this process and the processes it starts, else the product's default."""
+    return int(os.environ.get(SHARD_POINTS_ENV) or BASE_SHARD_POINTS)
+
+
 def _open(engine: str, root: Path) -> Store:
     if engine == "edge":
-        return EdgeStore(root)
+        return EdgeStore(root, shard_points=shard_points())
     from qdrant_client import QdrantClient
 
     return ServerStore(QdrantClient(path=str(root)))
@@ -549,7 +561,7 @@ def constants(
             "cores": os.cpu_count(),
             "memory_gb": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30),
             "engine": "Qdrant Edge (embedded), 384-d vectors, BM25 of real text, no encoder",
-            "base_shard_points": BASE_SHARD_POINTS,
+            "base_shard_points": shard_points(),
         },
         "settings": settings,
         "query_encode_ms": query_encode_ms,
@@ -680,7 +692,17 @@ def main(argv: list[str] | None = None) -> int:
         help="also serve each Edge build capped at this fraction of float32's serving RSS "
         "(needs none among --quantization, root and a cgroup v1 memory controller)",
     )
+    parser.add_argument(
+        "--shard-points",
+        type=int,
+        help=f"most chunks in one base shard of a build (RAG_BASE_SHARD_POINTS; default "
+        f"{BASE_SHARD_POINTS:,}): a bigger build is written and sealed as several shards",
+    )
     args = parser.parse_args(argv)
+    if args.shard_points is not None:
+        if args.shard_points < 1:
+            parser.error(f"--shard-points takes a positive count (got {args.shard_points})")
+        os.environ[SHARD_POINTS_ENV] = str(args.shard_points)
     if args.cap_fraction is not None and not (
         0 < args.cap_fraction <= 1 and "none" in args.quantization
     ):

@@ -5,12 +5,16 @@ cosine ranking of the vectors held, and an smaps text summed by hand."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
 from bench import bench_engine
 from bench.bench_bm25 import iter_synthetic_chunks
 from bench.bench_engine import BATCH, _unit_vectors, exact_top, resident_mb, rss_parts_mb
+from rag_retriever.store import EdgeStore
+from rag_retriever.store.shards import BASE_SHARD_POINTS
 
 SENTENCES = [f"s{i}" for i in range(10)]
 
@@ -114,3 +118,24 @@ def test_the_quantization_benchmark_refuses_a_negative_size(
         bench_quantization.main(argv)
     assert exit_.value.code == 2
     assert "--questions must be at least 1 and --distractors at least 0" in capsys.readouterr().err
+
+
+def test_a_build_is_written_in_the_shard_size_asked_for(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv(bench_engine.SHARD_POINTS_ENV, raising=False)
+    assert bench_engine.shard_points() == BASE_SHARD_POINTS
+    # what `--shard-points` sets, for this process and the build and probe processes it starts
+    monkeypatch.setenv(bench_engine.SHARD_POINTS_ENV, "2000000")
+    store = bench_engine._open("edge", tmp_path)
+    assert isinstance(store, EdgeStore) and store.shard_points == 2_000_000
+    store.close()
+
+
+def test_the_engine_benchmark_refuses_a_shard_of_no_points(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        bench_engine.main(["--shard-points", "0"])
+    assert exit_.value.code == 2
+    assert "--shard-points takes a positive count (got 0)" in capsys.readouterr().err
