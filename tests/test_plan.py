@@ -106,6 +106,51 @@ def test_past_the_base_shard_size_a_version_costs_its_shards_one_shard_s_figures
     )
 
 
+def test_the_shard_size_asked_for_sets_how_many_shards_a_query_asks_and_past_the_largest_one_shard_point_says_so() -> (
+    None
+):
+    """The deployment's RAG_BASE_SHARD_POINTS, not the constants', decides the shards: 20M
+    chunks in shards of 2M are 10 shards, each costing the fit at 2M (4 ms at 1M, n^log10(2)
+    through the points: 4 * 2^0.301), which no one-shard point measured, so the plan says the
+    shard is 2.0x the largest measured as one shard; in shards of 1M nothing is said."""
+    constants = dict(CASE, settings={"binary": CASE["settings"]["binary"]})
+    brief = Brief(chunks=20_000_000, dim=8)
+    plan = make_plan(brief, constants, shard_points=2_000_000)
+    (binary,) = plan.settings
+    assert plan.shard_points == 2_000_000 and binary.shards == 10
+    assert binary.p50_ms == pytest.approx(10 * 4.0 * 2 ** math.log10(2) + 10.0)
+    assert binary.shard_extrapolated_by == pytest.approx(2.0)
+    assert binary.largest_one_shard == 1_000_000
+    text = "\n".join(describe(plan))
+    assert "10 base shards of ~2,000,000 (RAG_BASE_SHARD_POINTS 2,000,000)" in text
+    assert (
+        "EXTRAPOLATED: binary: a shard of ~2,000,000 chunks is 2.0x the largest measured as one "
+        "shard (1,000,000)" in text
+    )
+    fewer = make_plan(brief, constants, shard_points=1_000_000)
+    assert fewer.settings[0].shards == 20 and fewer.settings[0].shard_extrapolated_by == 1.0
+    assert "largest measured as one shard" not in "\n".join(describe(fewer))
+    # more, smaller shards cost a query more here: 20 x 4 ms against 10 x 4.9 ms
+    assert fewer.settings[0].p50_ms > binary.p50_ms
+    with pytest.raises(ConfigError, match="at least 1 chunk"):
+        make_plan(brief, constants, shard_points=0)
+
+
+def test_the_plan_command_builds_in_the_shard_size_of_its_flag_or_setting(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    case = tmp_path / "case.json"
+    case.write_text(json.dumps(CASE))
+    args = ["plan", "--chunks", "3000000", "--constants", str(case), "--json"]
+    assert main([*args, "--base-shard-points", "1000000"]) == 0
+    assert json.loads(capsys.readouterr().out)["settings"][0]["shards"] == 3
+    monkeypatch.setenv("RAG_BASE_SHARD_POINTS", "500000")
+    assert main(args) == 0
+    assert json.loads(capsys.readouterr().out)["shard_points"] == 500_000
+    assert main([*args, "--base-shard-points", "0"]) == 2
+    assert "RAG_BASE_SHARD_POINTS='0' is invalid" in capsys.readouterr().err
+
+
 def test_the_plan_of_a_brief_past_the_measured_sizes_says_how_far_it_extrapolates() -> None:
     # dim 8: a resident floor far below the fitted memory, so the fit decides here
     brief = Brief(chunks=20_000_000, qps=50, p95_ms=150, edits_per_day=20_000, nodes=4, dim=8)

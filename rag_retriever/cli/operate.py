@@ -263,7 +263,7 @@ def add_plan(sub: Any) -> None:
         f"write your own with `python -m bench.bench_engine --constants-out FILE`)",
     )
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
-    setting_flags(p, "log_level")
+    setting_flags(p, "log_level", "base_shard_points")
     p.set_defaults(func=cmd_plan)
 
 
@@ -289,7 +289,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
         cores=args.cores or os.cpu_count() or 1,
         dim=args.dim,
     )
-    plan = make_plan(brief, load_constants(args.constants))
+    # the shard size the deployment builds with (RAG_BASE_SHARD_POINTS or its flag)
+    shard_points = command_settings(args).base_shard_points
+    plan = make_plan(brief, load_constants(args.constants), shard_points)
     if args.json:
         print(json.dumps(plan.to_dict(), indent=2))
     else:

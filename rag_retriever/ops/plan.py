@@ -13,12 +13,14 @@ read to rescore, which the kernel drops and reads again; its peak RSS in constan
 that figure), and single-client engine latency; plus the query encoding time and the cost
 of an edit. Each figure is fitted as a power of the chunk count through the measured sizes
 (y = c * n^e; e is printed), so a size between them is interpolated and one past the largest is
-extrapolated, and the plan says by how far. Past the constants' base shard size
-(RAG_BASE_SHARD_POINTS) a version is several base shards of n/k chunks each: its latency, build
-time and disk are k times one shard's fitted figure (a query asks the shards in turn; an upper
-estimate, since all but the first are searched with a narrower HNSW breadth), its build's peak
-one shard's (they are sealed one at a time); the fits go through the sizes measured as one
-shard. What the fit cannot know is said beside it: latency
+extrapolated, and the plan says by how far. Past the base shard size (RAG_BASE_SHARD_POINTS,
+the setting the deployment will build with) a version is several base shards of n/k chunks
+each: its latency, build time and disk are k times one shard's fitted figure (a query asks the
+shards in turn; an upper estimate, since all but the first are searched with a narrower HNSW
+breadth), its build's peak one shard's (they are sealed one at a time); the fits go through the
+sizes measured as one shard, and a shard bigger than any of them is extrapolated (said too).
+Fewer, bigger shards cost a query less (HNSW grows slowly with a shard's size, k shards cost k
+searches) and a build more memory. What the fit cannot know is said beside it: latency
 under load is a queueing estimate (a query holds one core for its service time), not a
 measurement; a cluster's per-node figures are the corpus divided by its nodes, its network and
 fan-out are not measured.
@@ -140,6 +142,10 @@ class SettingPlan:
     # base shards a version of the brief's size is (and a node's share), of RAG_BASE_SHARD_POINTS
     shards: int = 1
     node_shards: int = 1
+    # one shard's chunks / the largest size this setting was measured at as one shard (> 1:
+    # its per-shard figures are extrapolated)
+    shard_extrapolated_by: float = 0.0
+    largest_one_shard: int = 0
     meets: dict[str, bool] = field(default_factory=dict)
 
 
@@ -191,8 +197,13 @@ def load_constants(path: Path | None = None) -> dict[str, Any]:
     return data
 
 
-def make_plan(brief: Brief, constants: dict[str, Any]) -> Plan:
+def make_plan(brief: Brief, constants: dict[str, Any], shard_points: int | None = None) -> Plan:
+    """The plan of `brief` from measured `constants`, its versions built in base shards of at
+    most `shard_points` chunks (RAG_BASE_SHARD_POINTS; None: the size the constants were
+    measured with)."""
     brief.check()
+    if shard_points is not None and shard_points < 1:
+        raise ConfigError(f"a base shard must hold at least 1 chunk (got {shard_points})")
     measured = dict(constants.get("measured") or {})
     measured_cores = int(measured.get("cores") or brief.cores)
     encode_ms = float(constants.get("query_encode_ms") or 0.0)
@@ -208,7 +219,7 @@ def make_plan(brief: Brief, constants: dict[str, Any]) -> Plan:
         at = _rising(engine).at(float(served["chunks"]))
         overhead_ms = max(0.0, float(served["single_p50_ms"]) - encode_ms - at)
     largest = max(int(p["chunks"]) for pts in constants["settings"].values() for p in pts)
-    cap = int(measured.get("base_shard_points") or BASE_SHARD_POINTS)
+    cap = shard_points or int(measured.get("base_shard_points") or BASE_SHARD_POINTS)
     plans = []
     for name, points in constants["settings"].items():
         plans.append(_setting(brief, name, points, encode_ms + overhead_ms, measured_cores, cap))
@@ -239,6 +250,7 @@ def _setting(
 ) -> SettingPlan:
     # the fits go through sizes measured as one base shard (a point without "shards" was)
     points = [p for p in points if int(p.get("shards", 1)) == 1] or points
+    largest_one_shard = max(int(p["chunks"]) for p in points)
 
     def fit(key: str, single: float) -> Fit:
         return Fit.through(
@@ -321,6 +333,8 @@ def _setting(
         node_build_private_gb=build_private.at(node_chunks) / 1024 if build_private else None,
         shards=base_shards(n, cap),
         node_shards=base_shards(math.ceil(node_chunks), cap),
+        shard_extrapolated_by=n / base_shards(n, cap) / largest_one_shard,
+        largest_one_shard=largest_one_shard,
     )
     plan.meets.update(
         memory=plan.fits_one_machine,
@@ -441,6 +455,14 @@ def describe(plan: Plan) -> list[str]:
             f"one at a time, each written by a process of its own (its peak taken as one "
             f"shard's, as builds of 2M and 5M measured: docs/benchmarks.md)"
         )
+    for s in plan.settings:
+        if s.shard_extrapolated_by > 1:
+            lines.append(
+                f"EXTRAPOLATED: {s.quantization}: a shard of ~{b.chunks / s.shards:,.0f} chunks "
+                f"is {s.shard_extrapolated_by:.1f}x the largest measured as one shard "
+                f"({s.largest_one_shard:,}): its latency, build time and build memory follow "
+                f"the fits"
+            )
     header = (
         f"{'setting':<8} {'memory':>8} {'fits':>4} {'disk':>8} {'build':>7} {'p50':>8} "
         f"{'p95':>8} {'p95@load':>9} {'q/s/mach':>8} {'machines':>8}  "
