@@ -198,8 +198,10 @@ class Settings(BaseSettings):
         "how an update's outgrown delta shards are merged: background, deferred or inline",
     )
     # A full build (or a base merge) past this many chunks is written as several base shards,
-    # each sealed on its own: a build's memory is one shard's (one of 1M binary points peaked
-    # at ~8 GB private on 2 cores; one of 2M outgrew 24 GB). Each shard is one engine call a query.
+    # each sealed on its own: a build's memory is one shard's (binary, 2 cores, a writer process
+    # a shard: 1M peaks at 1.9 GB private / 9.2 GB RSS, 2M at 3.1 / 18.2 GB). Each shard is one
+    # engine call a query, so bigger shards answer faster (2M as one shard: hybrid p50 0.66x two
+    # of 1M); 1M keeps a build within a 16 GB machine. docs/benchmarks.md "Bigger base shards".
     base_shard_points: PositiveInt = _setting(
         1_000_000,
         "most chunks in one shard of an embedded version's base: a bigger full build is "
