@@ -73,8 +73,9 @@ def test_past_the_base_shard_size_a_version_costs_its_shards_one_shard_s_figures
     """With base shards of at most 1M chunks (the constants' base_shard_points), 20M chunks are
     20 shards of 1M: latency, build time and disk 20x one 1M shard's (measured here), a build's
     peak one shard's; memory is fitted through the corpus as before. A point measured as
-    several shards is left out of the fits (its figures here would bend them)."""
-    several = dict(figures(4_000_000, 1.0, 999.0, 999.0), shards=4, build_private_mb=1.0)
+    several shards is left out of the fits (its figures here, as the model says for its 4
+    shards but its disk, would bend them)."""
+    several = dict(figures(4_000_000, 1.0, 16.0, 32.0), shards=4, build_private_mb=1.0)
     points = [
         figures(100_000, 25.0, 2.0, 4.0) | {"build_private_mb": 50.0},
         figures(1_000_000, 250.0, 4.0, 8.0) | {"build_private_mb": 500.0},
@@ -192,21 +193,65 @@ def test_memory_is_never_below_what_hnsw_must_keep_resident() -> None:
 def test_memory_follows_what_a_version_needs_resident_where_the_constants_have_it() -> None:
     """A quantized version's RSS also holds the float32 originals its rescoring read; where
     every point says what it needs resident without them, memory is fitted through that:
-    binary 500 -> 5,000 MB of RSS but 200 -> 800 MB resident (n^0.602), so 10M chunks need
-    800 * 10^0.602 = 3,200 MB, not the 50,000 MB its RSS grows to (and above its floor of
-    10M * 129 bytes = 1.2 GB). A setting whose points lack the figure (float32 here, which has
-    it at one size only) keeps its RSS fit."""
+    binary 500 -> 5,000 MB of RSS but 200 -> 800 MB resident (n^0.602), so 500k chunks need
+    200 * 5^0.602 = 527 MB, not the 2,500 MB its RSS fit says. Past the largest size measured
+    memory grows at least in proportion from there (what a chunk holds does not shrink): 10M
+    need 800 * 10 = 8,000 MB, not the fit's 800 * 10^0.602 = 3,200. A setting whose points lack
+    the figure (float32 here, which has it at one size only) keeps its RSS fit."""
     case = json.loads(json.dumps(CASE))
     for point, rss, resident in zip(
         case["settings"]["binary"], (500.0, 5000.0), (200.0, 800.0), strict=True
     ):
         point |= {"rss_mb": rss, "resident_mb": resident}
     case["settings"]["none"][1]["resident_mb"] = 1.0
+    none, binary = make_plan(Brief(chunks=500_000, dim=8), case).settings
+    assert binary.memory_gb == pytest.approx(200 * 5 ** math.log10(4) / 1024)
+    assert binary.exponents["memory"] == pytest.approx(math.log10(4))
+    assert none.memory_gb == pytest.approx(500 / 1024)  # RSS: 1 KB a chunk
     plan = make_plan(Brief(chunks=10_000_000, dim=8), case)
     none, binary = plan.settings
-    assert binary.memory_gb == pytest.approx(3200 / 1024)
-    assert binary.exponents["memory"] == pytest.approx(math.log10(4))
-    assert none.memory_gb == pytest.approx(10_000 / 1024)  # RSS: 1 KB a chunk
+    assert binary.memory_gb == pytest.approx(8000 / 1024)
+    assert none.memory_gb == pytest.approx(10_000 / 1024)
+    text = "\n".join(describe(plan))
+    assert (
+        "binary: memory past 1,000,000 chunks grows at least in proportion from the 800 MB" in text
+    )
+
+
+def test_a_version_measured_as_several_shards_scales_up_what_the_shard_model_said_too_low() -> None:
+    """One shard: p50 2 ms at 100k, 4 ms at 1M. 4M chunks measured as 4 shards took 32 ms where
+    the model says 4 x 4 = 16: from 4M on p50 is twice the model's (20M in shards of 1M: 2 x 20
+    x 4 = 160 ms), at 2M half way in log n (1.5 x 2 x 4 = 12 ms), at 1M (the largest one-shard
+    size) as the model says. Its p95 (4 x 8 = 32) and build peak (as one shard's, 500 MB) are
+    what the model says and stay as they are; its memory, 16 GB at 4M (4 KB a chunk), sets
+    memory from there on (20M: 80 GB, where the fit through 1 KB a chunk says 20 GB)."""
+    several = dict(figures(4_000_000, 16_000.0, 32.0, 32.0), shards=4, build_private_mb=500.0)
+    points = [
+        figures(100_000, 100.0, 2.0, 4.0) | {"build_private_mb": 50.0},
+        figures(1_000_000, 1000.0, 4.0, 8.0) | {"build_private_mb": 500.0},
+        several,
+    ]
+    constants = dict(CASE, settings={"binary": points})
+    [binary] = make_plan(
+        Brief(chunks=20_000_000, dim=8), constants, shard_points=1_000_000
+    ).settings
+    assert binary.p50_ms == pytest.approx(2 * 20 * 4.0 + 10.0)
+    assert binary.p95_ms == pytest.approx(20 * 8.0 + 10.0)
+    assert binary.checked == {"p50": pytest.approx(2.0)} and binary.checked_at == (4_000_000, 4)
+    assert binary.build_private_gb == pytest.approx(500 / 1024)
+    assert binary.memory_gb == pytest.approx(80_000 / 1024)
+    [half] = make_plan(Brief(chunks=2_000_000, dim=8), constants, shard_points=1_000_000).settings
+    assert half.p50_ms == pytest.approx(1.5 * 2 * 4.0 + 10.0)
+    [one] = make_plan(Brief(chunks=1_000_000, dim=8), constants, shard_points=1_000_000).settings
+    assert one.p50_ms == pytest.approx(4.0 + 10.0)
+    text = "\n".join(describe(make_plan(Brief(chunks=20_000_000, dim=8), constants, 1_000_000)))
+    assert (
+        "binary: 4,000,000 chunks measured as 4 shards took more than the shard model says, so "
+        "from that size on p50 x2.00 (a share of it from 1,000,000)" in text
+    )
+    alone = dict(constants, settings={"binary": points[:2]})
+    text = "\n".join(describe(make_plan(Brief(chunks=20_000_000, dim=8), alone, 1_000_000)))
+    assert "binary: never measured as several shards: its latency is the shard model's" in text
 
 
 def test_the_build_peak_is_fitted_and_checked_against_a_machine_and_a_node() -> None:

@@ -16,9 +16,12 @@ of an edit. Each figure is fitted as a power of the chunk count through the meas
 extrapolated, and the plan says by how far. Past the base shard size (RAG_BASE_SHARD_POINTS,
 the setting the deployment will build with) a version is several base shards of n/k chunks
 each: its latency, build time and disk are k times one shard's fitted figure (a query asks the
-shards in turn; an upper estimate, since all but the first are searched with a narrower HNSW
-breadth), its build's peak one shard's (they are sealed one at a time); the fits go through the
-sizes measured as one shard, and a shard bigger than any of them is extrapolated (said too).
+shards in turn), its build's peak one shard's (they are sealed one at a time); the fits go
+through the sizes measured as one shard, and a shard bigger than any of them is extrapolated
+(said too). The largest version measured as several shards checks that model: where it took
+more (5M binary chunks as 3 shards: hybrid p50 1.52x the model's), latency and a build's private
+peak from its size on are scaled up by the ratio (`_Checked`), and past the largest size
+measured memory grows at least in proportion to the corpus (`_AtLeastLinear`).
 Fewer, bigger shards cost a query less (HNSW grows slowly with a shard's size, k shards cost k
 searches) and a build more memory. What the fit cannot know is said beside it: latency
 under load is a queueing estimate (a query holds one core for its service time), not a
@@ -146,6 +149,12 @@ class SettingPlan:
     # its per-shard figures are extrapolated)
     shard_extrapolated_by: float = 0.0
     largest_one_shard: int = 0
+    # (chunks, shards) of the largest version measured as several shards, and by how much each
+    # figure was scaled up where it measured more than the shard model said (`_Checked`)
+    checked_at: tuple[int, int] | None = None
+    checked: dict[str, float] = field(default_factory=dict)
+    # past this size (chunks, MB measured there) memory grows at least in proportion
+    memory_linear_from: tuple[int, float] = (0, 0.0)
     meets: dict[str, bool] = field(default_factory=dict)
 
 
@@ -248,9 +257,16 @@ def _setting(
     measured_cores: int,
     cap: int = BASE_SHARD_POINTS,
 ) -> SettingPlan:
+    every = points
     # the fits go through sizes measured as one base shard (a point without "shards" was)
     points = [p for p in points if int(p.get("shards", 1)) == 1] or points
     largest_one_shard = max(int(p["chunks"]) for p in points)
+    # the largest version measured as several shards checks the shard model (`_Checked`)
+    several = max(
+        (p for p in every if int(p.get("shards", 1)) > 1),
+        key=lambda p: int(p["chunks"]),
+        default=None,
+    )
 
     def fit(key: str, single: float) -> Fit:
         return Fit.through(
@@ -261,7 +277,13 @@ def _setting(
     # shard; the resident floor below bounds it from beneath): what it needs resident where the
     # constants have it (a quantized version's RSS also holds the float32 originals its
     # rescoring read, page cache that grows with the queries asked), else its peak RSS
-    memory = fit("resident_mb" if all("resident_mb" in p for p in points) else "rss_mb", 1.0)
+    memory_key = "resident_mb" if all("resident_mb" in p for p in points) else "rss_mb"
+    # ... and past the largest size measured (any shards: one process holds them all) it grows
+    # at least as the corpus does from there: what a chunk holds does not shrink with size
+    largest = max((p for p in every if memory_key in p), key=lambda p: int(p["chunks"]))
+    memory = _AtLeastLinear(
+        fit(memory_key, 1.0), int(largest["chunks"]), float(largest[memory_key])
+    )
     disk = _Sharded(fit("disk_mb", 1.0), cap)
     build = _Sharded(
         Fit.through(
@@ -271,7 +293,10 @@ def _setting(
         cap,
     )
     # latency is not taken to fall with size: a fitted negative exponent is noise
-    p50, p95 = (_Sharded(_rising(fit(key, 0.0)), cap) for key in ("hybrid_p50_ms", "hybrid_p95_ms"))
+    p50, p95 = (
+        _Checked.by(_Sharded(_rising(fit(key, 0.0)), cap), several, key, largest_one_shard)
+        for key in ("hybrid_p50_ms", "hybrid_p95_ms")
+    )
     # constants written before the build's peak was measured do not have it; a build's peak is
     # one shard's (sealed one at a time)
     build_memory = (
@@ -280,7 +305,12 @@ def _setting(
         else None
     )
     build_private = (
-        _Sharded(fit("build_private_mb", 1.0), cap, one=True)
+        _Checked.by(
+            _Sharded(fit("build_private_mb", 1.0), cap, one=True),
+            several,
+            "build_private_mb",
+            largest_one_shard,
+        )
         if all("build_private_mb" in p for p in points)
         else None
     )
@@ -335,6 +365,13 @@ def _setting(
         node_shards=base_shards(math.ceil(node_chunks), cap),
         shard_extrapolated_by=n / base_shards(n, cap) / largest_one_shard,
         largest_one_shard=largest_one_shard,
+        checked_at=(int(several["chunks"]), int(several["shards"])) if several else None,
+        checked={
+            name: c.factor
+            for name, c in (("p50", p50), ("p95", p95), ("build private memory", build_private))
+            if c is not None and c.factor != 1.0
+        },
+        memory_linear_from=(memory.n, memory.y),
     )
     plan.meets.update(
         memory=plan.fits_one_machine,
@@ -357,8 +394,62 @@ class _Sharded:
         return self.fit.e
 
     def at(self, n: float) -> float:
-        k = base_shards(math.ceil(n), self.cap)
+        return self.as_shards(n, base_shards(math.ceil(n), self.cap))
+
+    def as_shards(self, n: float, k: int) -> float:
+        """The figure of n chunks written as k shards."""
         return self.fit.at(n / k) * (1 if self.one else k)
+
+
+@dataclass(frozen=True)
+class _Checked:
+    """A sharded figure checked against the largest version measured as several shards: where
+    that version measured more than the model says for its own shards, sizes from it on are
+    scaled up by the ratio (`factor`), and sizes between the largest one-shard point and it by a
+    share of it growing with log n. A model that held (or overestimated) is left as it is."""
+
+    model: _Sharded
+    factor: float = 1.0
+    start: int = 1  # the largest size measured as one shard: no correction up to it
+    end: int = 1  # the version measured as several shards: the whole factor from it on
+
+    @classmethod
+    def by(
+        cls, model: _Sharded, point: dict[str, Any] | None, key: str, largest_one_shard: int
+    ) -> _Checked:
+        if point is None or key not in point:
+            return cls(model)
+        n, k = int(point["chunks"]), int(point["shards"])
+        ratio = float(point[key]) / model.as_shards(n, k)
+        # a ratio within rounding of 1 is the model holding, not a correction
+        return cls(model, ratio if ratio > 1 + 1e-9 else 1.0, largest_one_shard, n)
+
+    @property
+    def e(self) -> float:
+        return self.model.e
+
+    def at(self, n: float) -> float:
+        share = 1.0
+        if n < self.end and self.end > self.start:
+            share = max(0.0, math.log(n / self.start) / math.log(self.end / self.start))
+        return self.model.at(n) * (1 + (self.factor - 1) * share)
+
+
+@dataclass(frozen=True)
+class _AtLeastLinear:
+    """A fit that, past the largest size measured (`n`, where `y` was measured), grows at least
+    in proportion to the size from there."""
+
+    fit: Fit
+    n: int
+    y: float
+
+    @property
+    def e(self) -> float:
+        return self.fit.e
+
+    def at(self, n: float) -> float:
+        return max(self.fit.at(n), self.y * n / self.n) if n > self.n else self.fit.at(n)
 
 
 def _rising(fit: Fit) -> Fit:
@@ -451,9 +542,8 @@ def describe(plan: Plan) -> list[str]:
         lines.append(
             f"embedded: {b.chunks:,} chunks are {shards} base shards of ~{b.chunks / shards:,.0f} "
             f"(RAG_BASE_SHARD_POINTS {plan.shard_points:,}), {node} a node of {b.nodes}: a query "
-            f"asks each in turn (latency: k x one shard's, an upper estimate), a build seals "
-            f"one at a time, each written by a process of its own (its peak taken as one "
-            f"shard's, as builds of 2M and 5M measured: docs/benchmarks.md)"
+            f"asks each in turn (latency: k x one shard's), a build seals "
+            f"one at a time, each written by a process of its own (its peak: one shard's)"
         )
     for s in plan.settings:
         if s.shard_extrapolated_by > 1:
@@ -462,6 +552,24 @@ def describe(plan: Plan) -> list[str]:
                 f"is {s.shard_extrapolated_by:.1f}x the largest measured as one shard "
                 f"({s.largest_one_shard:,}): its latency, build time and build memory follow "
                 f"the fits"
+            )
+        if s.checked and s.checked_at:
+            scaled = ", ".join(f"{k} x{v:.2f}" for k, v in s.checked.items())
+            lines.append(
+                f"{s.quantization}: {s.checked_at[0]:,} chunks measured as {s.checked_at[1]} "
+                f"shards took more than the shard model says, so from that size on {scaled} "
+                f"(a share of it from {s.largest_one_shard:,})"
+            )
+        if s.checked_at is None and s.shards > 1:
+            lines.append(
+                f"{s.quantization}: never measured as several shards: its latency is the shard "
+                f"model's, unchecked"
+            )
+        linear_n, linear_mb = s.memory_linear_from
+        if b.chunks > linear_n > 0:
+            lines.append(
+                f"{s.quantization}: memory past {linear_n:,} chunks grows at least in proportion "
+                f"from the {linear_mb:,.0f} MB measured there"
             )
     header = (
         f"{'setting':<8} {'memory':>8} {'fits':>4} {'disk':>8} {'build':>7} {'p50':>8} "
