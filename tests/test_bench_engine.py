@@ -5,6 +5,7 @@ cosine ranking of the vectors held, and an smaps text summed by hand."""
 
 from __future__ import annotations
 
+import importlib
 from pathlib import Path
 
 import numpy as np
@@ -17,6 +18,8 @@ from rag_retriever.store import EdgeStore
 from rag_retriever.store.shards import BASE_SHARD_POINTS
 
 SENTENCES = [f"s{i}" for i in range(10)]
+CAP = "--cap-fraction takes a fraction in (0, 1]"
+SIZES = "--questions must be at least 1 and --distractors at least 0"
 
 
 def test_synthetic_chunks_stay_two_to_four_sentences_and_distinct_past_the_windows() -> None:
@@ -92,32 +95,25 @@ def test_a_quantized_version_needs_resident_all_it_holds_but_the_originals_it_re
 
 
 @pytest.mark.parametrize(
-    "argv",
+    ("module", "argv", "message"),
     [
-        ["--cap-fraction", "0.4", "--quantization", "binary"],  # no float32 to take it of
-        ["--cap-fraction", "1.5", "--quantization", "none", "binary"],
-        ["--cap-fraction", "0", "--quantization", "none"],
+        # no float32 to take the cap of
+        ("bench_engine", ["--cap-fraction", "0.4", "--quantization", "binary"], CAP),
+        ("bench_engine", ["--cap-fraction", "1.5", "--quantization", "none", "binary"], CAP),
+        ("bench_engine", ["--cap-fraction", "0", "--quantization", "none"], CAP),
+        ("bench_engine", ["--shard-points", "0"], "--shard-points takes a positive count (got 0)"),
+        ("bench_quantization", ["--distractors", "-1"], SIZES),
+        ("bench_quantization", ["--questions", "0"], SIZES),
     ],
 )
-def test_a_memory_cap_needs_a_fraction_of_a_float32_run(
-    argv: list[str], capsys: pytest.CaptureFixture[str]
+def test_the_benchmarks_refuse_bad_input_with_exit_2_and_the_message(
+    module: str, argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    main = importlib.import_module(f"bench.{module}").main
     with pytest.raises(SystemExit) as exit_:
-        bench_engine.main(argv)
+        main(argv)
     assert exit_.value.code == 2
-    assert "--cap-fraction takes a fraction in (0, 1]" in capsys.readouterr().err
-
-
-@pytest.mark.parametrize("argv", [["--distractors", "-1"], ["--questions", "0"]])
-def test_the_quantization_benchmark_refuses_a_negative_size(
-    argv: list[str], capsys: pytest.CaptureFixture[str]
-) -> None:
-    from bench import bench_quantization
-
-    with pytest.raises(SystemExit) as exit_:
-        bench_quantization.main(argv)
-    assert exit_.value.code == 2
-    assert "--questions must be at least 1 and --distractors at least 0" in capsys.readouterr().err
+    assert message in capsys.readouterr().err
 
 
 def test_a_build_is_written_in_the_shard_size_asked_for(
@@ -130,12 +126,3 @@ def test_a_build_is_written_in_the_shard_size_asked_for(
     store = bench_engine._open("edge", tmp_path)
     assert isinstance(store, EdgeStore) and store.shard_points == 2_000_000
     store.close()
-
-
-def test_the_engine_benchmark_refuses_a_shard_of_no_points(
-    capsys: pytest.CaptureFixture[str],
-) -> None:
-    with pytest.raises(SystemExit) as exit_:
-        bench_engine.main(["--shard-points", "0"])
-    assert exit_.value.code == 2
-    assert "--shard-points takes a positive count (got 0)" in capsys.readouterr().err
