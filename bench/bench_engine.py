@@ -62,6 +62,7 @@ from bench.bench_common import child_json, percentile, read_jsonl, real_sentence
 from rag_retriever.ingest.writer import WRITE_PROCESS_MIN_CHUNKS
 from rag_retriever.models.bm25 import BM25Model, Tokenizer
 from rag_retriever.records import QUANTIZATIONS, UNQUANTIZED, Quantization, SearchFilter
+from rag_retriever.settings import Settings, env_name
 from rag_retriever.store import (
     DENSE,
     SPARSE,
@@ -82,7 +83,7 @@ N_QUERIES = {"edge": 200, "local": 40}
 NAME = "bench__random-384__v1"
 
 # The setting a build's base shard size is read from (`shard_points`), as the product's ingest.
-SHARD_POINTS_ENV = "RAG_BASE_SHARD_POINTS"
+SHARD_POINTS_ENV = env_name("base_shard_points")
 
 
 def _queries(n: int) -> list[list[str]]:
@@ -95,7 +96,7 @@ def _queries(n: int) -> list[list[str]]:
 def shard_points() -> int:
     """The base shard size builds are written in: RAG_BASE_SHARD_POINTS as `--shard-points` sets
     it for this process and the processes it starts, else the product's default."""
-    return int(os.environ.get(SHARD_POINTS_ENV) or BASE_SHARD_POINTS)
+    return Settings.from_env().base_shard_points
 
 
 def _open(engine: str, root: Path) -> Store:
