@@ -2,23 +2,29 @@
 against exact search and against float32, on the same vectors, in one run.
 
 Usage:
-    python -m bench.bench_quantization [--questions 1000] [--distractors 100000]
+    python -m bench.bench_quantization [--dataset squad|scifact] [--questions 1000]
+        [--distractors 100000]
 
-SQuAD's 48 articles are ingested once with the default model (float32, Qdrant Edge); the same
+The set's documents are ingested once with the default model (float32, Qdrant Edge); the same
 points (vectors, BM25 weights, payloads) are then written into a version of each other setting
 (int8, which Edge holds as TurboQuant's 8 bits, and binary: docs/versions.md). For
-`--questions` SQuAD dev questions: dense recall@10 and @100 against an exact search
-(brute-force cosine over the stored float32 vectors), and the gold chunk's recall@10 in dense
-and hybrid mode, for each setting. The
-peer is float32 (`none`), the engine's own HNSW with the same ef. Disk: the version's directory.
-Latency is not reported (bench_engine measures it at scale).
+`--questions` labelled questions: dense recall@10 and @100 against an exact search
+(brute-force cosine over the stored float32 vectors), and the end-to-end recall@10 and
+nDCG@10 of dense and hybrid retrieval as `eval/recall_at_k.py` scores them (the product's
+`evaluate`), for each setting. `squad` (the default): SQuAD's 48 articles and its dev
+questions, the gold chunk (span level). `scifact`: the 5,183 SciFact abstracts and its 809
+labelled claims, the gold abstract (document level, as BEIR scores it; only the train claims
+are in ../shared/data, and nothing here trains on them: the figures compare settings on the
+same claims). The peer is float32 (`none`), the engine's own HNSW with the same ef. Disk: the
+version's directory. Latency is not reported (bench_engine measures it at scale).
 
 SQuAD alone (2,467 chunks) is small enough to be scanned (under the engine's indexing
 threshold), so its recall against exact search is not HNSW's. `--distractors N` ingests N more
-documents beside SQuAD's, each 2-4 real SciFact sentences (bench_bm25.iter_synthetic_chunks;
-SciFact only, so none repeats a SQuAD answer; most are one chunk: 100,000 made 102,646),
-embedded by the same model: HNSW then searches N + 2,467 real embeddings, and the gold chunk's recall says
-how often it still ranks among them.
+documents beside the set's, each 2-4 real sentences of the other set
+(bench_bm25.iter_synthetic_chunks; SciFact's beside SQuAD, SQuAD's beside SciFact, so none
+repeats a gold passage; most are one chunk: 100,000 made 102,646), embedded by the same model:
+HNSW then searches them all, and the end-to-end recall says how often the gold still ranks
+among them.
 """
 
 from __future__ import annotations
@@ -27,7 +33,6 @@ import argparse
 import dataclasses
 import json
 import tempfile
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -36,34 +41,64 @@ import numpy as np
 from bench.bench_bm25 import iter_synthetic_chunks
 from bench.bench_common import read_jsonl, real_sentences, shared_path
 from rag_retriever import Settings
+from rag_retriever.eval.evaluation import Level, evaluate
+from rag_retriever.eval.questions import load_questions
 from rag_retriever.ingest.loaders import LoadedCorpus
 from rag_retriever.ingest.writer import ingest_documents
 from rag_retriever.models.encoder import load_encoder
 from rag_retriever.query.retriever import Retriever
-from rag_retriever.records import Document, Quantization
+from rag_retriever.records import Document, Mode, Quantization
 from rag_retriever.store import EdgeStore
 
 SETTINGS: tuple[Quantization, ...] = ("none", "int8", "binary")
+
+
+@dataclasses.dataclass(frozen=True)
+class Dataset:
+    folder: str  # under ../shared/data
+    questions: str
+    level: Level  # what counts as found: the gold chunk (span) or the gold document
+    distractors_from: str  # the other set, so no distractor repeats a gold passage
+    label: str
+
+
+DATASETS = {
+    "squad": Dataset(
+        "squad_v11_dev",
+        "questions_dev.jsonl",
+        "chunk",
+        "scifact",
+        "SQuAD dev questions, gold chunk",
+    ),
+    "scifact": Dataset(
+        "scifact", "questions_train.jsonl", "doc", "squad_v11_dev", "SciFact claims, gold abstract"
+    ),
+}
+MODES: tuple[Mode, ...] = ("dense", "hybrid")
 
 
 # Points copied from the float32 version into each other setting's per call.
 COPY_BATCH = 1024
 
 
-def run(n_questions: int = 1000, distractors: int = 0) -> dict[str, Any]:
-    articles = read_jsonl(shared_path("squad_v11_dev", "docs.jsonl"))
-    questions = read_jsonl(shared_path("squad_v11_dev", "questions_dev.jsonl"), n_questions)
+def run(n_questions: int = 1000, distractors: int = 0, dataset: str = "squad") -> dict[str, Any]:
+    data = DATASETS[dataset]
+    articles = read_jsonl(shared_path(data.folder, "docs.jsonl"))
+    questions, problems = load_questions(shared_path(data.folder, data.questions))
+    if problems:
+        raise ValueError(f"{data.questions}: {problems[:3]}")
+    questions = questions[:n_questions]
     docs = tuple(Document(a["id"], a["title"], a["text"]) for a in articles)
     if distractors:
-        texts = iter_synthetic_chunks(distractors, real_sentences(("scifact",)))
+        texts = iter_synthetic_chunks(distractors, real_sentences((data.distractors_from,)))
         docs += tuple(Document(f"distractor-{i}", "", text) for i, text in enumerate(texts))
-    out: dict[str, Any] = {"questions": len(questions)}
+    out: dict[str, Any] = {"dataset": dataset, "questions": len(questions)}
     with tempfile.TemporaryDirectory(prefix="bench-quant-") as tmp:
         root = Path(tmp)
         encoder = load_encoder(Settings(data_dir=root))
         base = EdgeStore(root / "none")
         ingest_documents(
-            LoadedCorpus(docs, 0, "squad"), alias="kb", encoder=encoder, store=base, lock_dir=root
+            LoadedCorpus(docs, 0, dataset), alias="kb", encoder=encoder, store=base, lock_dir=root
         )
         name = base.resolve("kb")
         stored = [r.id for r in base.scroll(name)]
@@ -93,24 +128,25 @@ def run(n_questions: int = 1000, distractors: int = 0) -> dict[str, Any]:
         for setting in SETTINGS[1:]:
             stores[setting].seal(name, {"doc_id": "keyword"})
             stores[setting].point_alias("kb", name)
-        vectors = encoder.encode_queries([q["question"] for q in questions]).vectors
+        vectors = encoder.encode_queries([q.question for q in questions]).vectors
         exact = np.stack(
             [np.argsort(-(matrix @ vector), kind="stable")[:100] for vector in vectors]
         )
         for label, served in stores.items():
             retriever = Retriever(encoder=encoder, store=served, collection="kb")
-            found = {"dense@10": 0.0, "dense@100": 0.0, "gold_dense@10": 0, "gold_hybrid@10": 0}
+            of_exact = {"dense@10": 0.0, "dense@100": 0.0}
             for i, q in enumerate(questions):
-                dense = retriever.retrieve(q["question"], k=100, mode="dense").hits
-                got = [h.chunk_id for h in dense]
+                got = [h.chunk_id for h in retriever.retrieve(q.question, k=100, mode="dense").hits]
                 top = [point_ids[j] for j in exact[i]]
-                found["dense@10"] += len(set(got[:10]) & set(top[:10])) / 10
-                found["dense@100"] += len(set(got) & set(top)) / 100
-                span = q["gold_spans"][0]
-                found["gold_dense@10"] += _has_gold(dense[:10], span)
-                hybrid = retriever.retrieve(q["question"], k=10, mode="hybrid").hits
-                found["gold_hybrid@10"] += _has_gold(hybrid, span)
-            out[label] = {k: v / len(questions) for k, v in found.items()}
+                of_exact["dense@10"] += len(set(got[:10]) & set(top[:10])) / 10
+                of_exact["dense@100"] += len(set(got) & set(top)) / 100
+            scored = evaluate(
+                retriever, questions, collection="kb", modes=MODES, ks=(10,), level=data.level
+            ).summary["modes"]
+            out[label] = {k: v / len(questions) for k, v in of_exact.items()}
+            for mode in MODES:
+                out[label][f"{mode}_recall@10"] = scored[mode]["recall@10"]
+                out[label][f"{mode}_ndcg@10"] = scored[mode]["ndcg@10"]
             out[label]["disk_mb"] = (
                 sum(p.stat().st_size for p in (root / label).rglob("*") if p.is_file()) / 2**20
             )
@@ -120,36 +156,31 @@ def run(n_questions: int = 1000, distractors: int = 0) -> dict[str, Any]:
     return out
 
 
-def _has_gold(hits: Sequence[Any], span: dict[str, Any]) -> int:
-    return int(
-        any(
-            h.doc_id == span["doc_id"] and h.start <= span["start"] and span["end"] <= h.end
-            for h in hits
-        )
-    )
-
-
 def report(result: dict[str, Any]) -> list[str]:
+    data = DATASETS[result.get("dataset", "squad")]
     extra = result.get("distractors", 0)
-    beside = f" and {extra:,} SciFact distractor chunks" if extra else ""
+    beside = f" among {extra:,} distractor documents" if extra else ""
     lines = [
-        f"== quantized vectors: SQuAD{beside}, {result['chunks']:,} chunks, "
-        f"{result['questions']:,} dev questions (Qdrant Edge, all-MiniLM-L6-v2) =="
+        f"== quantized vectors: {data.folder}{beside}, {result['chunks']:,} chunks, "
+        f"{result['questions']:,} {data.label} (Qdrant Edge, all-MiniLM-L6-v2) =="
     ]
     peer = result["none"]
     for setting in SETTINGS:
         r = result[setting]
+        moved = ", ".join(f"{r[f'{m}_recall@10'] - peer[f'{m}_recall@10']:+.4f}" for m in MODES)
         lines.append(
             f"{setting}: dense recall@10 / @100 of exact search {r['dense@10']:.4f} / "
-            f"{r['dense@100']:.4f}; gold chunk recall@10 dense {r['gold_dense@10']:.4f}, hybrid "
-            f"{r['gold_hybrid@10']:.4f} (vs none: {r['gold_dense@10'] - peer['gold_dense@10']:+.4f}"
-            f", {r['gold_hybrid@10'] - peer['gold_hybrid@10']:+.4f}); disk {r['disk_mb']:.1f} MB"
+            f"{r['dense@100']:.4f}; recall@10 dense {r['dense_recall@10']:.4f}, hybrid "
+            f"{r['hybrid_recall@10']:.4f} (vs none: {moved}); nDCG@10 dense "
+            f"{r['dense_ndcg@10']:.4f}, hybrid {r['hybrid_ndcg@10']:.4f}; "
+            f"disk {r['disk_mb']:.1f} MB"
         )
     return lines
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.bench_quantization", description=__doc__)
+    parser.add_argument("--dataset", choices=sorted(DATASETS), default="squad")
     parser.add_argument("--questions", type=int, default=1000)
     parser.add_argument(
         "--distractors",
@@ -161,7 +192,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.questions < 1 or args.distractors < 0:
         parser.error("--questions must be at least 1 and --distractors at least 0")
-    result = run(args.questions, args.distractors)
+    result = run(args.questions, args.distractors, args.dataset)
     for text in report(result):
         print(text, flush=True)
     if args.json:

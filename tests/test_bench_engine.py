@@ -104,6 +104,7 @@ def test_a_quantized_version_needs_resident_all_it_holds_but_the_originals_it_re
         ("bench_engine", ["--shard-points", "0"], "--shard-points takes a positive count (got 0)"),
         ("bench_quantization", ["--distractors", "-1"], SIZES),
         ("bench_quantization", ["--questions", "0"], SIZES),
+        ("bench_quantization", ["--dataset", "nope"], "argument --dataset: invalid choice"),
     ],
 )
 def test_the_benchmarks_refuse_bad_input_with_exit_2_and_the_message(
