@@ -46,6 +46,7 @@ import datetime
 import itertools
 import json
 import os
+import resource
 import shutil
 import sys
 import tempfile
@@ -229,6 +230,7 @@ def serve_probe(engine: str, root: Path, n_queries: int = 0) -> dict[str, Any]:
     questions = iter(_queries(n * len(STAGES)))
     flt = SearchFilter(equals={"group": 3})
     timings: dict[str, list[float]] = {stage: [] for stage in STAGES}
+    faults: dict[str, list[int]] = {stage: [] for stage in STAGES}
     vectors, dense_ids = [], []
     for _ in range(n):
         for stage in STAGES:
@@ -238,9 +240,11 @@ def serve_probe(engine: str, root: Path, n_queries: int = 0) -> dict[str, Any]:
             dense_q = StageQuery(DENSE, vector, 100, scope)
             sparse_q = StageQuery(SPARSE, sparse, 100, scope)
             requests = {"dense": [dense_q], "bm25": [sparse_q]}.get(stage, [dense_q, sparse_q])
+            read0 = _major_faults()
             t0 = time.perf_counter()
             found = store.search(NAME, requests)
             timings[stage].append((time.perf_counter() - t0) * 1000)
+            faults[stage].append(_major_faults() - read0)
             if stage == "dense":
                 vectors.append(vector)
                 dense_ids.append([int(i.rsplit("-", 1)[1]) for i, _ in found[0]])
@@ -251,6 +255,8 @@ def serve_probe(engine: str, root: Path, n_queries: int = 0) -> dict[str, Any]:
         values = values[5:]  # the first queries warm caches
         out[f"{stage}_p50_ms"] = percentile(values, 50)
         out[f"{stage}_p95_ms"] = percentile(values, 95)
+    for stage, counts in faults.items():
+        out[f"{stage}_major_faults"] = float(np.mean(counts[5:]))
     out.update(_memory())
     parts = out["rss_parts_mb"] = rss_parts_mb()
     out["resident_mb"] = resident_mb(parts, record.quantization)
@@ -267,6 +273,13 @@ def serve_probe(engine: str, root: Path, n_queries: int = 0) -> dict[str, Any]:
             )
         )
     return out
+
+
+def _major_faults() -> int:
+    """The process's major page faults so far (all its threads): pages of a mapped shard file
+    read from disk because they were not in memory. Counted around each query, they tell a
+    query that waited on the disk from one that only computed (`serve_probe`)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_majflt
 
 
 def _after_repeat(store: Store, rng: np.random.Generator) -> list[float]:
@@ -610,12 +623,14 @@ def _lines(
         ("reopen_s", "reopen s", "{:.2f}"),
         ("dense_p50_ms", "dense p50 ms", "{:.2f}"),
         ("dense_after_repeat_p50_ms", "dense after a repeat p50", "{:.2f}"),
+        ("dense_major_faults", "dense disk reads/query", "{:.1f}"),
         ("dense_recall_at_10", "dense recall@10 vs exact", "{:.3f}"),
         ("dense_recall_at_100", "dense recall@100 vs exact", "{:.3f}"),
         ("bm25_p50_ms", "bm25 p50 ms", "{:.2f}"),
         ("hybrid_p50_ms", "hybrid p50 ms", "{:.2f}"),
         ("hybrid_p95_ms", "hybrid p95 ms", "{:.2f}"),
         ("hybrid_filtered_p50_ms", "filtered hybrid p50 ms", "{:.2f}"),
+        ("hybrid_major_faults", "hybrid disk reads/query", "{:.1f}"),
         ("build_rss_mb", "build peak RSS MB", "{:,.0f}"),
         ("build_private_mb", "  of which private MB", "{:,.0f}"),
         ("rss_mb", "serving peak RSS MB", "{:,.0f}"),
