@@ -157,7 +157,7 @@ def run(n_questions: int = 1000, distractors: int = 0, dataset: str = "squad") -
 
 
 def report(result: dict[str, Any]) -> list[str]:
-    data = DATASETS[result.get("dataset", "squad")]
+    data = DATASETS[result["dataset"]]
     extra = result.get("distractors", 0)
     beside = f" among {extra:,} distractor documents" if extra else ""
     lines = [
@@ -186,7 +186,7 @@ def main(argv: list[str] | None = None) -> int:
         "--distractors",
         type=int,
         default=0,
-        help="documents of 2-4 SciFact sentences ingested beside SQuAD (an index HNSW searches)",
+        help="documents of 2-4 sentences of the other set ingested beside the set's (an index HNSW searches)",
     )
     parser.add_argument("--json", type=Path, help="also write the results here")
     args = parser.parse_args(argv)
