@@ -208,6 +208,8 @@ def exact_top(queries: np.ndarray, n: int, k: int = 100, seed: int = 0) -> np.nd
 STAGES = ("dense", "bm25", "hybrid", "hybrid_filtered")
 # How many times a new dense query is timed right after one repeated at once (`serve_probe`).
 N_AFTER_REPEAT = 30
+# The first queries of each stage warm caches: their times and disk reads are left out.
+WARM_UP_QUERIES = 5
 
 
 def serve_probe(engine: str, root: Path, n_queries: int = 0) -> dict[str, Any]:
@@ -252,11 +254,11 @@ def serve_probe(engine: str, root: Path, n_queries: int = 0) -> dict[str, Any]:
         timings["dense_after_repeat"] = _after_repeat(store, rng)
     out: dict[str, Any] = {"reopen_s": reopen_s}
     for stage, values in timings.items():
-        values = values[5:]  # the first queries warm caches
+        values = values[WARM_UP_QUERIES:]
         out[f"{stage}_p50_ms"] = percentile(values, 50)
         out[f"{stage}_p95_ms"] = percentile(values, 95)
     for stage, counts in faults.items():
-        out[f"{stage}_major_faults"] = float(np.mean(counts[5:]))
+        out[f"{stage}_major_faults"] = float(np.mean(counts[WARM_UP_QUERIES:]))
     out.update(_memory())
     parts = out["rss_parts_mb"] = rss_parts_mb()
     out["resident_mb"] = resident_mb(parts, record.quantization)
