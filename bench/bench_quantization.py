@@ -3,7 +3,7 @@ against exact search and against float32, on the same vectors, in one run.
 
 Usage:
     python -m bench.bench_quantization [--dataset squad|scifact] [--questions 1000]
-        [--distractors 100000]
+        [--distractors 100000] [--shard-points 10000]
 
 The set's documents are ingested once with the default model (float32, Qdrant Edge); the same
 points (vectors, BM25 weights, payloads) are then written into a version of each other setting
@@ -24,7 +24,9 @@ documents beside the set's, each 2-4 real sentences of the other set
 (bench_bm25.iter_synthetic_chunks; SciFact's beside SQuAD, SQuAD's beside SciFact, so none
 repeats a gold passage; most are one chunk: 100,000 made 102,646), embedded by the same model:
 HNSW then searches them all, and the end-to-end recall says how often the gold still ranks
-among them.
+among them. `--shard-points N` writes every version in base shards of at most N chunks
+(RAG_BASE_SHARD_POINTS), so the recall is that of a query asking several shards (the first for
+the whole limit, the others for their share: store/edge.py, SHARE_OVERASK).
 """
 
 from __future__ import annotations
@@ -49,6 +51,7 @@ from rag_retriever.models.encoder import load_encoder
 from rag_retriever.query.retriever import Retriever
 from rag_retriever.records import Document, Mode, Quantization
 from rag_retriever.store import EdgeStore
+from rag_retriever.store.shards import BASE_SHARD_POINTS
 
 SETTINGS: tuple[Quantization, ...] = ("none", "int8", "binary")
 
@@ -81,7 +84,12 @@ MODES: tuple[Mode, ...] = ("dense", "hybrid")
 COPY_BATCH = 1024
 
 
-def run(n_questions: int = 1000, distractors: int = 0, dataset: str = "squad") -> dict[str, Any]:
+def run(
+    n_questions: int = 1000,
+    distractors: int = 0,
+    dataset: str = "squad",
+    shard_points: int | None = None,
+) -> dict[str, Any]:
     data = DATASETS[dataset]
     articles = read_jsonl(shared_path(data.folder, "docs.jsonl"))
     questions, problems = load_questions(shared_path(data.folder, data.questions))
@@ -93,10 +101,11 @@ def run(n_questions: int = 1000, distractors: int = 0, dataset: str = "squad") -
         texts = iter_synthetic_chunks(distractors, real_sentences((data.distractors_from,)))
         docs += tuple(Document(f"distractor-{i}", "", text) for i, text in enumerate(texts))
     out: dict[str, Any] = {"dataset": dataset, "questions": len(questions)}
+    cap = shard_points or BASE_SHARD_POINTS
     with tempfile.TemporaryDirectory(prefix="bench-quant-") as tmp:
         root = Path(tmp)
         encoder = load_encoder(Settings(data_dir=root))
-        base = EdgeStore(root / "none")
+        base = EdgeStore(root / "none", shard_points=cap)
         ingest_documents(
             LoadedCorpus(docs, 0, dataset), alias="kb", encoder=encoder, store=base, lock_dir=root
         )
@@ -104,7 +113,7 @@ def run(n_questions: int = 1000, distractors: int = 0, dataset: str = "squad") -
         stored = [r.id for r in base.scroll(name)]
         stores: dict[str, EdgeStore] = {"none": base}
         for setting in SETTINGS[1:]:
-            stores[setting] = EdgeStore(root / setting)
+            stores[setting] = EdgeStore(root / setting, shard_points=cap)
             record = dataclasses.replace(base.record(name), quantization=setting)
             stores[setting].create(name, encoder.dim, record)
             stores[setting].put_doc_freqs(name, base.doc_freqs(name))
@@ -153,6 +162,7 @@ def run(n_questions: int = 1000, distractors: int = 0, dataset: str = "squad") -
             served.close()
     out["chunks"] = len(point_ids)
     out["distractors"] = distractors
+    out["shard_points"] = shard_points
     return out
 
 
@@ -160,6 +170,8 @@ def report(result: dict[str, Any]) -> list[str]:
     data = DATASETS[result["dataset"]]
     extra = result.get("distractors", 0)
     beside = f" among {extra:,} distractor documents" if extra else ""
+    if result.get("shard_points"):
+        beside += f", base shards of {result['shard_points']:,}"
     lines = [
         f"== quantized vectors: {data.folder}{beside}, {result['chunks']:,} chunks, "
         f"{result['questions']:,} {data.label} (Qdrant Edge, all-MiniLM-L6-v2) =="
@@ -188,11 +200,19 @@ def main(argv: list[str] | None = None) -> int:
         default=0,
         help="documents of 2-4 sentences of the other set ingested beside the set's (an index HNSW searches)",
     )
+    parser.add_argument(
+        "--shard-points",
+        type=int,
+        help="most chunks in one base shard of each version (RAG_BASE_SHARD_POINTS; default: "
+        "the product's, one shard at these sizes)",
+    )
     parser.add_argument("--json", type=Path, help="also write the results here")
     args = parser.parse_args(argv)
     if args.questions < 1 or args.distractors < 0:
         parser.error("--questions must be at least 1 and --distractors at least 0")
-    result = run(args.questions, args.distractors, args.dataset)
+    if args.shard_points is not None and args.shard_points < 1:
+        parser.error(f"--shard-points must be at least 1 (got {args.shard_points})")
+    result = run(args.questions, args.distractors, args.dataset, args.shard_points)
     for text in report(result):
         print(text, flush=True)
     if args.json:

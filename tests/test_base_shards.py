@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import random
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -94,6 +95,58 @@ def test_a_full_build_past_the_cap_is_base_shards_of_at_most_the_cap(
     _same(reopened, "a__m__v1", one, "a__m__v1")
     assert not sharded.compaction_due("a__m__v1")  # its base shards are no deltas
     reopened.close()
+    one.close()
+
+
+def test_a_topic_written_into_one_later_shard_is_asked_again_in_full(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The shards after the first are asked for their share of the limit (SHARE_OVERASK). 20
+    shards of 40 points, the points nearest the query (dense and BM25) all in the fourth: its
+    share comes back full, the merge asks it again for the whole limit, and the answers are the
+    one-shard store's (the oracle); evenly spread points need no second ask."""
+    sharded, one = EdgeStore(tmp_path / "a", shard_points=40), EdgeStore(tmp_path / "b")
+    names, dense, sparse, payloads = _points(list(range(800)), 5)
+    topic = np.zeros(DIM, dtype=np.float32)
+    topic[0] = 1.0
+    in_topic = range(120, 160)  # the fourth shard: near `topic`, and the heaviest on term 3
+    for i in range(800):
+        if i in in_topic:
+            dense[i] = topic + 0.05 * dense[i]
+            sparse[i] = SparseVector((3,), (5.0 + i / 1000,))
+        else:
+            weight = (i * 7919) % 800 / 100_000  # no shard holds more of the top than another
+            sparse[i] = SparseVector((3, 9), (0.1 + weight, 1.0 + weight))
+    for store in (sharded, one):
+        _create(store, "a__m__v1")
+        _write(store, "a__m__v1", [(names, dense, sparse, payloads)], bulk=store is sharded)
+    segments = [s.id for s in sharded.manifest("a__m__v1").segments]
+    assert len(segments) == 20
+    calls: list[tuple[str, list[int]]] = []
+    points = EdgeStore._points
+
+    def counted(
+        self: EdgeStore, segment: str, queries: list[StageQuery], *a: Any, **kw: Any
+    ) -> Any:
+        if self is sharded:
+            calls.append((segment, [q.limit for q in queries]))
+        return points(self, segment, queries, *a, **kw)
+
+    monkeypatch.setattr(EdgeStore, "_points", counted)
+    # 30 from the first shard, 4 x 30 / 20 + 20 = 26 from each other one
+    shares = [(segments[0], [30])] + [(s, [26]) for s in segments[1:]]
+    for query in (StageQuery(DENSE, topic, 30), StageQuery(SPARSE, SparseVector((3,), (1.0,)), 30)):
+        calls.clear()
+        found = sharded.search("a__m__v1", [query])[0]
+        assert {p for p, _ in found} <= {names[i] for i in in_topic}  # the topic's
+        assert found == one.search("a__m__v1", [query])[0]
+        assert calls == [*shares, (segments[3], [30])]  # the fourth again, in full
+    calls.clear()
+    spread = StageQuery(SPARSE, SparseVector((9,), (1.0,)), 30)  # all but the topic, evenly
+    assert sharded.search("a__m__v1", [spread]) == one.search("a__m__v1", [spread])
+    assert calls == shares  # one ask a shard
+    _same(sharded, "a__m__v1", one, "a__m__v1")
+    sharded.close()
     one.close()
 
 

@@ -105,6 +105,11 @@ def test_a_quantized_version_needs_resident_all_it_holds_but_the_originals_it_re
         ("bench_quantization", ["--distractors", "-1"], SIZES),
         ("bench_quantization", ["--questions", "0"], SIZES),
         ("bench_quantization", ["--dataset", "nope"], "argument --dataset: invalid choice"),
+        (
+            "bench_quantization",
+            ["--shard-points", "0"],
+            "--shard-points must be at least 1 (got 0)",
+        ),
     ],
 )
 def test_the_benchmarks_refuse_bad_input_with_exit_2_and_the_message(

@@ -352,7 +352,9 @@ def test_a_search_across_shards_and_tombstones_equals_a_brute_force_one(
     search over the live points; without the over-fetch every tombstone near the top sends the
     merge back to the engine with the tombstones as a filter, and the answer stays the same."""
     if not over_fetch:
-        monkeypatch.setattr(EdgeStore, "_fetch_limit", staticmethod(lambda seg, q: q.limit))
+        monkeypatch.setattr(
+            EdgeStore, "_fetch_limit", staticmethod(lambda seg, q, share=1.0: q.limit)
+        )
     monkeypatch.setattr(shards_module, "BASE_MERGE_FRACTION", 10.0)  # keep the tombstones
     store = EdgeStore(tmp_path / "edge")
     rng = random.Random(11)

@@ -25,7 +25,10 @@ shard for what it adds; the base's shards and their HNSW graphs are never rewrit
 delta costs what it changes, whatever the corpus size. A query runs one batched call per shard
 (over-fetching past the shard's tombstones) and merges the lists best score first, dropping
 tombstoned ids: dense scores are cosines and BM25's IDF is on the query side, so scores from
-different shards compare. Delta
+different shards compare. The first shard is asked for the whole limit; once it has filled it,
+each other shard is asked only for its share of the answer with room to spare (SHARE_OVERASK)
+and above the first shard's last score, and a shard whose share ran short is asked again in full
+(`_merge_lists`), so the answer is the one whole asks would give. Delta
 shards are merged like a binary counter (MERGE_RATIO, at most MAX_DELTA_SHARDS; cost: the deltas'
 points); when the deltas hold more than BASE_MERGE_FRACTION of the base, everything is merged
 into a new base (a full HNSW build, vectors copied, nothing re-encoded). Either merge runs
@@ -137,6 +140,13 @@ OPENED_MEMORY = "Cold"
 # How far below a floor score a shard is still asked for points (relative; the engine scores in
 # float32, whose relative precision is ~6e-8), so that a point tying with the floor is not lost.
 FLOOR_MARGIN = 1e-6
+# A shard after the first is asked for SHARE_OVERASK times its share of the limit (its live
+# points' share of the version's) plus SHARE_SLACK, not the whole limit: its HNSW breadth and the
+# candidates a quantized version rescores follow what it is asked for. Evenly spread points put
+# about its share of the answer in each shard; a shard that holds more (a topic written into one
+# shard) comes back full and is asked again for the whole limit when the merge reaches its end.
+SHARE_OVERASK = 4
+SHARE_SLACK = 20
 # Points per scroll and write call when shards are merged.
 MERGE_BATCH = 512
 # How often, and how far apart, a compaction tries to lock its marker before it concludes that
@@ -993,9 +1003,9 @@ class EdgeStore(Store):
         segments = self.manifest(name).segments
         if len(segments) == 1 and not segments[0].deleted:
             return [best_first(found) for found in self._query(segments[0].id, queries, None)]
-        asked = [[self._fetch_limit(seg, q) for q in queries] for seg in segments]
         breadth = [q.limit for q in queries]
-        base = self._points(segments[0].id, limited(queries, asked[0]), None, ef_of=breadth)
+        first = [self._fetch_limit(segments[0], q) for q in queries]
+        base = self._points(segments[0].id, limited(queries, first), None, ef_of=breadth)
         # The base's live top `limit` of each query, ids read once here and reused by the merge.
         # No point that scores below its last one can make the answer, so the other shards are
         # asked only for points above it (fewer points handed back and walked).
@@ -1004,9 +1014,18 @@ class EdgeStore(Store):
             for found, q in zip(base, queries, strict=True)
         ]
         floors = [head.floor for head in heads]
-        # A delta shard's HNSW breadth follows the share of the live points it holds: it is
-        # expected to hold that share of any answer (the base keeps the full breadth).
+        # Another shard's HNSW breadth follows the share of the live points it holds: it is
+        # expected to hold that share of any answer (the first keeps the full breadth). Where
+        # the first shard filled the limit it is asked for about that share too (SHARE_OVERASK);
+        # where it did not (a filter that few of its points pass), for the whole limit.
         live = sum(seg.live for seg in segments) or 1
+        asked = [first] + [
+            [
+                self._fetch_limit(seg, q, 1.0 if floor is None else seg.live / live)
+                for q, floor in zip(queries, floors, strict=True)
+            ]
+            for seg in segments[1:]
+        ]
         fetched = [base] + [
             self._points(
                 seg.id,
@@ -1057,14 +1076,18 @@ class EdgeStore(Store):
         return best_first(found, limit)
 
     @staticmethod
-    def _fetch_limit(seg: Segment, q: StageQuery) -> int:
-        """How many points to ask a shard for: the limit, plus room for its tombstones (a
-        `must_not has_id` filter of thousands of ids made a filtered HNSW search ~7x slower,
-        measured at 100k points, so tombstoned points are fetched and dropped instead)."""
+    def _fetch_limit(seg: Segment, q: StageQuery, share: float = 1.0) -> int:
+        """How many points to ask a shard for: the limit (or, `share` < 1, its share of it with
+        room to spare: SHARE_OVERASK), plus room for its tombstones (a `must_not has_id` filter
+        of thousands of ids made a filtered HNSW search ~7x slower, measured at 100k points, so
+        tombstoned points are fetched and dropped instead)."""
+        wanted = q.limit
+        if share < 1:
+            wanted = min(q.limit, math.ceil(SHARE_OVERASK * q.limit * share) + SHARE_SLACK)
         if not seg.deleted:
-            return q.limit
-        share = len(seg.deleted) / max(seg.points, 1)
-        return min(seg.points, q.limit + math.ceil(q.limit * 2 * share) + 10)
+            return wanted
+        gone = len(seg.deleted) / max(seg.points, 1)
+        return min(seg.points, wanted + math.ceil(wanted * 2 * gone) + 10)
 
     def _merge_lists(
         self,
