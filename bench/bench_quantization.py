@@ -211,7 +211,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.questions < 1 or args.distractors < 0:
         parser.error("--questions must be at least 1 and --distractors at least 0")
     if args.shard_points is not None and args.shard_points < 1:
-        parser.error(f"--shard-points must be at least 1 (got {args.shard_points})")
+        parser.error(f"--shard-points takes a positive count (got {args.shard_points})")
     result = run(args.questions, args.distractors, args.dataset, args.shard_points)
     for text in report(result):
         print(text, flush=True)

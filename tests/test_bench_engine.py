@@ -108,7 +108,7 @@ def test_a_quantized_version_needs_resident_all_it_holds_but_the_originals_it_re
         (
             "bench_quantization",
             ["--shard-points", "0"],
-            "--shard-points must be at least 1 (got 0)",
+            "--shard-points takes a positive count (got 0)",
         ),
     ],
 )

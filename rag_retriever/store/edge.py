@@ -1019,22 +1019,23 @@ class EdgeStore(Store):
         # the first shard filled the limit it is asked for about that share too (SHARE_OVERASK);
         # where it did not (a filter that few of its points pass), for the whole limit.
         live = sum(seg.live for seg in segments) or 1
+        shares = [seg.live / live for seg in segments[1:]]
         asked = [first] + [
             [
-                self._fetch_limit(seg, q, 1.0 if floor is None else seg.live / live)
+                self._fetch_limit(seg, q, 1.0 if floor is None else share)
                 for q, floor in zip(queries, floors, strict=True)
             ]
-            for seg in segments[1:]
+            for seg, share in zip(segments[1:], shares, strict=True)
         ]
         fetched = [base] + [
             self._points(
                 seg.id,
                 limited(queries, limits),
                 None,
-                ef_of=[math.ceil(q.limit * seg.live / live) for q in queries],
+                ef_of=[math.ceil(q.limit * share) for q in queries],
                 floors=floors,
             )
-            for seg, limits in zip(segments[1:], asked[1:], strict=True)
+            for seg, share, limits in zip(segments[1:], shares, asked[1:], strict=True)
         ]
         out = []
         for i, q in enumerate(queries):
