@@ -7,6 +7,7 @@ ratios measured side by side much less so.
 
 from __future__ import annotations
 
+import argparse
 import json
 import re
 import subprocess
@@ -20,6 +21,18 @@ from typing import Any, TypeVar
 T = TypeVar("T")
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+
+
+def positive_count(text: str) -> int:
+    """An argparse `type`: a whole number of at least 1 (argparse exits 2 with the message
+    "argument --flag: takes a positive count (got 0)" otherwise)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"takes a positive count (got {text!r})") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"takes a positive count (got {value})")
+    return value
 
 
 def child_json(

@@ -59,7 +59,14 @@ from typing import Any
 import numpy as np
 
 from bench.bench_bm25 import iter_synthetic_chunks
-from bench.bench_common import child_json, percentile, read_jsonl, real_sentences, shared_path
+from bench.bench_common import (
+    child_json,
+    percentile,
+    positive_count,
+    read_jsonl,
+    real_sentences,
+    shared_path,
+)
 from rag_retriever.ingest.writer import WRITE_PROCESS_MIN_CHUNKS
 from rag_retriever.models.bm25 import BM25Model, Tokenizer
 from rag_retriever.records import QUANTIZATIONS, UNQUANTIZED, Quantization, SearchFilter
@@ -712,14 +719,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--shard-points",
-        type=int,
+        type=positive_count,
         help=f"most chunks in one base shard of a build (RAG_BASE_SHARD_POINTS; default "
         f"{BASE_SHARD_POINTS:,}): a bigger build is written and sealed as several shards",
     )
     args = parser.parse_args(argv)
     if args.shard_points is not None:
-        if args.shard_points < 1:
-            parser.error(f"--shard-points takes a positive count (got {args.shard_points})")
         os.environ[SHARD_POINTS_ENV] = str(args.shard_points)
     if args.cap_fraction is not None and not (
         0 < args.cap_fraction <= 1 and "none" in args.quantization

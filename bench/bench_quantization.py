@@ -41,7 +41,7 @@ from typing import Any
 import numpy as np
 
 from bench.bench_bm25 import iter_synthetic_chunks
-from bench.bench_common import read_jsonl, real_sentences, shared_path
+from bench.bench_common import positive_count, read_jsonl, real_sentences, shared_path
 from rag_retriever import Settings
 from rag_retriever.eval.evaluation import Level, evaluate
 from rag_retriever.eval.questions import load_questions
@@ -202,7 +202,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--shard-points",
-        type=int,
+        type=positive_count,
         help="most chunks in one base shard of each version (RAG_BASE_SHARD_POINTS; default: "
         "the product's, one shard at these sizes)",
     )
@@ -210,8 +210,6 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.questions < 1 or args.distractors < 0:
         parser.error("--questions must be at least 1 and --distractors at least 0")
-    if args.shard_points is not None and args.shard_points < 1:
-        parser.error(f"--shard-points takes a positive count (got {args.shard_points})")
     result = run(args.questions, args.distractors, args.dataset, args.shard_points)
     for text in report(result):
         print(text, flush=True)

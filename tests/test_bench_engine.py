@@ -101,14 +101,23 @@ def test_a_quantized_version_needs_resident_all_it_holds_but_the_originals_it_re
         ("bench_engine", ["--cap-fraction", "0.4", "--quantization", "binary"], CAP),
         ("bench_engine", ["--cap-fraction", "1.5", "--quantization", "none", "binary"], CAP),
         ("bench_engine", ["--cap-fraction", "0", "--quantization", "none"], CAP),
-        ("bench_engine", ["--shard-points", "0"], "--shard-points takes a positive count (got 0)"),
+        (
+            "bench_engine",
+            ["--shard-points", "0"],
+            "argument --shard-points: takes a positive count (got 0)",
+        ),
+        (
+            "bench_engine",
+            ["--shard-points", "1e6"],
+            "argument --shard-points: takes a positive count (got '1e6')",
+        ),
         ("bench_quantization", ["--distractors", "-1"], SIZES),
         ("bench_quantization", ["--questions", "0"], SIZES),
         ("bench_quantization", ["--dataset", "nope"], "argument --dataset: invalid choice"),
         (
             "bench_quantization",
             ["--shard-points", "0"],
-            "--shard-points takes a positive count (got 0)",
+            "argument --shard-points: takes a positive count (got 0)",
         ),
     ],
 )
