@@ -405,6 +405,12 @@ def test_the_served_figures_add_the_http_services_own_cost_to_each_query() -> No
     }
     plan = make_plan(Brief(chunks=1_000_000), dict(CASE, served=served))
     assert plan.overhead_ms == pytest.approx(28.0)
+    # a float32 version measured as several shards checks the shard model; the engine's cost at
+    # the served size still comes from the fit through the one-shard points
+    sharded = dict(figures(3_000_000, 3000.0, 30.0, 60.0), shards=3)
+    settings = dict(CASE["settings"], none=[*CASE["settings"]["none"], sharded])
+    several = make_plan(Brief(chunks=1_000_000), dict(CASE, served=served, settings=settings))
+    assert several.overhead_ms == pytest.approx(28.0)
     none = plan.settings[0]
     assert none.p50_ms == pytest.approx(4.0 + 10.0 + 28.0)
     assert none.machine_qps == pytest.approx(2000 / 42.0)

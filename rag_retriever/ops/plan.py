@@ -221,9 +221,9 @@ def make_plan(brief: Brief, constants: dict[str, Any], shard_points: int | None 
     # what a query costs through the HTTP service beyond its encoding and the engine: measured
     # alone at the served size, less the float32 engine's fitted p50 there
     overhead_ms = 0.0
-    if served and "none" in constants["settings"]:
+    if served and (none := constants["settings"].get("none")):
         engine = Fit.through(
-            [(int(p["chunks"]), float(p["hybrid_p50_ms"])) for p in constants["settings"]["none"]],
+            [(int(p["chunks"]), float(p["hybrid_p50_ms"])) for p in _one_shard(none)],
             single_exponent=0.0,
         )
         at = _rising(engine).at(float(served["chunks"]))
@@ -250,6 +250,12 @@ def make_plan(brief: Brief, constants: dict[str, Any], shard_points: int | None 
     )
 
 
+def _one_shard(points: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The points measured as one base shard (a point without "shards" was), which the fits go
+    through (all of them where none was)."""
+    return [p for p in points if int(p.get("shards", 1)) == 1] or points
+
+
 def _setting(
     brief: Brief,
     name: str,
@@ -259,8 +265,7 @@ def _setting(
     cap: int = BASE_SHARD_POINTS,
 ) -> SettingPlan:
     every = points
-    # the fits go through sizes measured as one base shard (a point without "shards" was)
-    points = [p for p in points if int(p.get("shards", 1)) == 1] or points
+    points = _one_shard(points)
     largest_one_shard = max(int(p["chunks"]) for p in points)
     # the largest version measured as several shards checks the shard model (`_Checked`)
     several = max(
