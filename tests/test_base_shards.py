@@ -17,7 +17,8 @@ from rag_retriever.ingest.compaction import compact, merged_into
 from rag_retriever.models.bm25 import SparseVector
 from rag_retriever.models.encoder import Encoder
 from rag_retriever.records import SearchFilter
-from rag_retriever.store import DENSE, SPARSE, EdgeStore, StageQuery
+from rag_retriever.store import DENSE, SPARSE, EdgeStore, StageQuery, edge
+from rag_retriever.store.edge import trim_heap as edge_trim_heap
 from rag_retriever.store.shards import Segment, base_shards, merge_due, outgrown
 from tests.test_compaction import _answers, _outgrow, _same_answers, _texts
 from tests.test_edge_writer import DIM, _create
@@ -72,10 +73,18 @@ def _write(store: EdgeStore, name: str, batches: list[Batch], *, bulk: bool) -> 
 
 @pytest.mark.parametrize("bulk", [False, True])
 def test_a_full_build_past_the_cap_is_base_shards_of_at_most_the_cap(
-    tmp_path: Path, bulk: bool
+    tmp_path: Path, bulk: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """31 points at a cap of 7, in batches that straddle the rolls: five base shards (7, 7, 7,
-    7, 3), the same answers, records and count as one shard; and so after a reopen."""
+    7, 3), the same answers, records and count as one shard; and so after a reopen. The seal
+    gives the C heap back after each of the five shards, never for one."""
+    trims: list[bool] = []
+
+    def trim() -> bool:
+        trims.append(edge_trim_heap())
+        return trims[-1]
+
+    monkeypatch.setattr(edge, "trim_heap", trim)
     sharded, one = EdgeStore(tmp_path / "a", shard_points=7), EdgeStore(tmp_path / "b")
     batches, first = [], 0
     for size in (4, 9, 13, 5):
@@ -88,6 +97,7 @@ def test_a_full_build_past_the_cap_is_base_shards_of_at_most_the_cap(
     assert manifest.bases == len(manifest.segments) == 5 and manifest.own is None
     assert [s.points for s in manifest.segments] == [7, 7, 7, 7, 3]
     assert len(one.manifest("a__m__v1").segments) == 1
+    assert len(trims) == 5  # the real malloc_trim ran each time (False only without glibc)
     _same(sharded, "a__m__v1", one, "a__m__v1")
     sharded.close()
     reopened = EdgeStore(tmp_path / "a")
