@@ -228,11 +228,12 @@ def test_deltas_leave_the_base_shards_and_a_base_merge_writes_several_again(
 
 
 def test_a_compaction_writes_a_base_of_several_shards_and_keeps_what_updates_did_meanwhile(
-    tiny_encoder: Encoder, tmp_path: Path
+    tiny_encoder: Encoder, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The product's path (ingest, deferred updates, `compact`) with a cap of 8 chunks: the
     full build is several shards, the compaction writes base_shards(live) of them, and serves
-    the same texts and answers as before it."""
+    the same texts and answers as before it. Between the shards it writes, the C heap is given
+    back (`trim_heap`), as between a full build's seals."""
     store = EdgeStore(tmp_path / "edge", shard_points=8)
     rng = random.Random(1)
     corpus = {f"d{i}": doc(i, rng, rng.randint(3, 9)) for i in range(30)}
@@ -241,6 +242,13 @@ def test_a_compaction_writes_a_base_of_several_shards_and_keeps_what_updates_did
     assert built.bases == len(built.segments) > 1
     due = _outgrow(store, tiny_encoder, tmp_path, corpus, rng)
     answers = _answers(store, due.collection, random.Random(7))
+    trims: list[int] = []
+
+    def trim() -> bool:
+        trims.append(1)
+        return True
+
+    monkeypatch.setattr(edge, "trim_heap", trim)
 
     report = compact(store, "kb", lock_dir=tmp_path)
 
@@ -248,6 +256,7 @@ def test_a_compaction_writes_a_base_of_several_shards_and_keeps_what_updates_did
     name = store.aliases()["kb"]
     manifest = store.manifest(name)
     assert manifest.bases == len(manifest.segments) == base_shards(store.count(name), 8) > 1
+    assert len(trims) == manifest.bases - 1  # after each shard but the last
     assert report.shards_made == manifest.bases and report.points == store.count(name)
     assert merged_into(report.kind, report.shards_made) == f"a base of {manifest.bases} shards"
     assert all(s.points <= 8 for s in manifest.segments)

@@ -696,6 +696,7 @@ class EdgeStore(Store):
             nonlocal filled
             counts.append(self._seal_segment(targets[len(counts)], kinds))
             self._close_shard(targets[len(counts) - 1])
+            trim_heap()  # as a full build's seal: the next shard starts on what this one freed
             self._create_shard(targets[len(counts)], dim, quantization)
             filled = 0
 
