@@ -570,10 +570,10 @@ class EdgeStore(Store):
         sealing = [s.id for s in manifest.segments] if full else [own]
         counts = {}
         for segment in sealing:
-            counts[segment] = self._seal_segment(segment, indexes)
             if len(sealing) > 1:
-                self._close_shard(segment)
-                trim_heap()  # the next shard's seal starts on what this one's freed
+                counts[segment] = self._seal_and_close(segment, indexes)
+            else:
+                counts[segment] = self._seal_segment(segment, indexes)
         segments = tuple(
             Segment(s.id, counts[s.id], s.deleted) if s.id in counts else s
             for s in manifest.segments
@@ -596,6 +596,15 @@ class EdgeStore(Store):
             with engine_errors(f"flushing shard {segment}"):
                 shard.flush()
         shard.close()
+
+    def _seal_and_close(self, segment: str, indexes: Mapping[str, IndexKind]) -> int:
+        """Seal one of several shards sealed in turn (a full build's, a base merge's), close it
+        and give the C heap back, so the next seal starts on as little of this one as it can;
+        returns the shard's point count."""
+        points = self._seal_segment(segment, indexes)
+        self._close_shard(segment)
+        trim_heap()
+        return points
 
     def _seal_segment(self, segment: str, indexes: Mapping[str, IndexKind]) -> int:
         """Payload indexes (on a shard of at least INDEXED_SHARD_POINTS), flush, optimize;
@@ -695,9 +704,7 @@ class EdgeStore(Store):
 
         def next_target() -> None:
             nonlocal filled
-            counts.append(self._seal_segment(targets[len(counts)], kinds))
-            self._close_shard(targets[len(counts) - 1])
-            trim_heap()  # as a full build's seal: the next shard starts on what this one freed
+            counts.append(self._seal_and_close(targets[len(counts)], kinds))
             self._create_shard(targets[len(counts)], dim, quantization)
             filled = 0
 
