@@ -50,9 +50,8 @@ import resource
 import shutil
 import sys
 import tempfile
-import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -67,6 +66,7 @@ from bench.bench_common import (
     real_sentences,
     shared_path,
 )
+from bench.peak_memory import PeakSampler, status_mb
 from rag_retriever.ingest.writer import WRITE_PROCESS_MIN_CHUNKS
 from rag_retriever.models.bm25 import BM25Model, Tokenizer
 from rag_retriever.records import QUANTIZATIONS, UNQUANTIZED, Quantization, SearchFilter
@@ -311,7 +311,7 @@ def _memory() -> dict[str, float]:
     end split into private memory (RssAnon) and mapped shard files (RssFile: page cache the
     kernel can drop and re-read)."""
     fields = {"VmHWM": "rss_mb", "RssAnon": "rss_anon_mb", "RssFile": "rss_file_mb"}
-    status = _status_mb()
+    status = status_mb()
     return {name: status[key] for key, name in fields.items() if key in status}
 
 
@@ -358,83 +358,22 @@ def resident_mb(parts: Mapping[str, float], quantization: Quantization) -> float
     return sum(parts.values()) - dropped
 
 
-def _status_mb(pid: int | str = "self") -> dict[str, float]:
-    """The sizes /proc/<pid>/status gives (its kB fields), in MB."""
-    out = {}
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        key, _, value = line.partition(":")
-        if value.endswith(" kB"):
-            out[key] = int(value.split()[0]) / 1024
-    return out
-
-
-def _tree_mb(fields: Iterable[str]) -> dict[str, float]:
-    """Each of `fields` of /proc/<pid>/status summed over this process and its descendants (a
-    build's writer processes), from one walk of /proc; a process that ends while being read
-    counts 0."""
-    children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:  # stat: "pid (comm) state ppid ..."; comm may hold spaces and parentheses
-                parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-            children.setdefault(parent, []).append(int(entry.name))
-    totals = dict.fromkeys(fields, 0.0)
-    tree = [os.getpid()]
-    while tree:
-        pid = tree.pop()
-        tree += children.get(pid, [])
-        try:
-            status = _status_mb(pid)
-        except OSError:
-            continue
-        for field in totals:
-            totals[field] += status.get(field, 0.0)
-    return totals
-
-
 def build_probe(engine: str, root: Path, n: int, quantization: Quantization) -> dict[str, Any]:
     """Run in a fresh process: `build`, and the build's peak RSS (the seal's optimize builds the
     sealed segment beside the appendable one, so this is where a build's memory peaks), of
-    this process and the writer processes it starts, summed. Most of that RSS is mapped shard
-    files, which the kernel can drop and read again; the private part (RssAnon, which it
-    cannot) has no peak counter, so a thread samples both."""
-    peaks = _PeakSampler("RssAnon", "VmRSS")
+    this process and the writer and sealer processes it starts, summed. Most of that RSS is
+    mapped shard files, which the kernel can drop and read again; the private part (RssAnon,
+    which it cannot) has no peak counter, so a process beside it samples both (a thread here
+    would not run while the engine holds the interpreter lock: bench/peak_memory.py)."""
+    sampler = PeakSampler("RssAnon", "VmRSS")
     try:
         figures = build(engine, root, n, quantization=quantization)
     finally:
-        peaks.stop()
+        peaks = sampler.stop()
     return figures | {
-        "build_rss_mb": max(_memory()["rss_mb"], peaks.peak_mb["VmRSS"]),
-        "build_private_mb": peaks.peak_mb["RssAnon"],
+        "build_rss_mb": max(_memory()["rss_mb"], peaks["VmRSS"]),
+        "build_private_mb": peaks["RssAnon"],
     }
-
-
-class _PeakSampler:
-    """The largest value of each of `fields` of /proc/<pid>/status summed over this process and
-    its descendants, read every `every_s` in a thread."""
-
-    def __init__(self, *fields: str, every_s: float = 0.1) -> None:
-        self.peak_mb = dict.fromkeys(fields, 0.0)
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, args=(every_s,), daemon=True)
-        self._thread.start()
-
-    def _run(self, every_s: float) -> None:
-        while True:
-            self._read()
-            if self._stop.wait(every_s):
-                return
-
-    def _read(self) -> None:
-        for field, value in _tree_mb(self.peak_mb).items():
-            self.peak_mb[field] = max(self.peak_mb[field], value)
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join()
-        self._read()
 
 
 def _build_in_subprocess(
