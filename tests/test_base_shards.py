@@ -60,6 +60,19 @@ def _same(a: EdgeStore, name_a: str, b: EdgeStore, name_b: str) -> None:
     assert got == {r.id: dict(r.payload) for r in b.retrieve(name_b, ids)}
 
 
+def _count_seals_apart(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The point counts of the shards sealed by a process of their own (the real one runs)."""
+    sealed: list[int] = []
+
+    def counted(directory: str, seal: Any) -> int:
+        sealed.append(real(directory, seal))
+        return sealed[-1]
+
+    real = edge.seal_apart
+    monkeypatch.setattr(edge, "seal_apart", counted)
+    return sealed
+
+
 def _write(store: EdgeStore, name: str, batches: list[Batch], *, bulk: bool) -> None:
     if bulk:
         with store.bulk_write(name):
@@ -76,8 +89,10 @@ def test_a_full_build_past_the_cap_is_base_shards_of_at_most_the_cap(
     tmp_path: Path, bulk: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """31 points at a cap of 7, in batches that straddle the rolls: five base shards (7, 7, 7,
-    7, 3), the same answers, records and count as one shard; and so after a reopen. The seal
-    gives the C heap back after each of the five shards, never for one."""
+    7, 3), the same answers, records and count as one shard; and so after a reopen. Each of the
+    five shards is sealed in a process of its own, after the C heap is given back here; one
+    shard is sealed here."""
+    sealed_apart = _count_seals_apart(monkeypatch)
     trims: list[bool] = []
 
     def trim() -> bool:
@@ -98,6 +113,7 @@ def test_a_full_build_past_the_cap_is_base_shards_of_at_most_the_cap(
     assert [s.points for s in manifest.segments] == [7, 7, 7, 7, 3]
     assert len(one.manifest("a__m__v1").segments) == 1
     assert len(trims) == 5  # the real malloc_trim ran each time (False only without glibc)
+    assert sealed_apart == [7, 7, 7, 7, 3]
     _same(sharded, "a__m__v1", one, "a__m__v1")
     sharded.close()
     reopened = EdgeStore(tmp_path / "a")
@@ -232,8 +248,8 @@ def test_a_compaction_writes_a_base_of_several_shards_and_keeps_what_updates_did
 ) -> None:
     """The product's path (ingest, deferred updates, `compact`) with a cap of 8 chunks: the
     full build is several shards, the compaction writes base_shards(live) of them, and serves
-    the same texts and answers as before it. Between the shards it writes, the C heap is given
-    back (`trim_heap`), as between a full build's seals."""
+    the same texts and answers as before it. Each shard it writes is sealed in a process of its
+    own, as a full build's are."""
     store = EdgeStore(tmp_path / "edge", shard_points=8)
     rng = random.Random(1)
     corpus = {f"d{i}": doc(i, rng, rng.randint(3, 9)) for i in range(30)}
@@ -242,13 +258,7 @@ def test_a_compaction_writes_a_base_of_several_shards_and_keeps_what_updates_did
     assert built.bases == len(built.segments) > 1
     due = _outgrow(store, tiny_encoder, tmp_path, corpus, rng)
     answers = _answers(store, due.collection, random.Random(7))
-    trims: list[int] = []
-
-    def trim() -> bool:
-        trims.append(1)
-        return True
-
-    monkeypatch.setattr(edge, "trim_heap", trim)
+    sealed_apart = _count_seals_apart(monkeypatch)
 
     report = compact(store, "kb", lock_dir=tmp_path)
 
@@ -256,7 +266,7 @@ def test_a_compaction_writes_a_base_of_several_shards_and_keeps_what_updates_did
     name = store.aliases()["kb"]
     manifest = store.manifest(name)
     assert manifest.bases == len(manifest.segments) == base_shards(store.count(name), 8) > 1
-    assert len(trims) == manifest.bases - 1  # after each shard but the last
+    assert sealed_apart == [s.points for s in manifest.segments]
     assert report.shards_made == manifest.bases and report.points == store.count(name)
     assert merged_into(report.kind, report.shards_made) == f"a base of {manifest.bases} shards"
     assert all(s.points <= 8 for s in manifest.segments)

@@ -1,6 +1,6 @@
-"""Edge's writer process (rag_retriever/store/edge_writer.py): what it writes is what the
-store writes itself, its errors reach the caller as StoreUnavailable, and it never outlives the
-build or its parent."""
+"""Edge's writer and sealer processes (rag_retriever/store/edge_writer.py): what they write is
+what the store writes itself, their errors reach the caller as StoreUnavailable, and they never
+outlive the build or its parent."""
 
 from __future__ import annotations
 
@@ -9,15 +9,18 @@ import signal
 import subprocess
 import sys
 import time
+from functools import partial
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 
 from rag_retriever.errors import StoreUnavailable
 from rag_retriever.models.bm25 import BM25Model, SparseVector
-from rag_retriever.store import EdgeStore
-from rag_retriever.store.edge_writer import ShardWriter
+from rag_retriever.store import DENSE, EdgeStore, StageQuery
+from rag_retriever.store.edge import seal_shard
+from rag_retriever.store.edge_writer import ShardWriter, seal_apart
 from rag_retriever.store.record import bare_record
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -119,9 +122,9 @@ _ORPHAN = """
 import sys, time
 from pathlib import Path
 from rag_retriever.models.bm25 import BM25Model
-from rag_retriever.store import EdgeStore
-from rag_retriever.store.edge_writer import ShardWriter
-from rag_retriever.store.edge_writer import ShardWriter
+from rag_retriever.store import DENSE, EdgeStore, StageQuery
+from rag_retriever.store.edge import seal_shard
+from rag_retriever.store.edge_writer import ShardWriter, seal_apart
 from rag_retriever.store.record import bare_record
 store = EdgeStore(Path(sys.argv[1]))
 store.create("a__m__v1", 8, bare_record("a__m__v1", dim=8, bm25=BM25Model.build([["a"]]).stats))
@@ -176,3 +179,112 @@ def test_a_shard_the_process_cannot_open_is_the_engines_message(tmp_path: Path) 
     with pytest.raises(StoreUnavailable, match=r"the Qdrant engine failed writing .*no-such-shard"):
         writer.close()
     assert not writer._process.is_alive()
+
+
+def _written_shard(tmp_path: Path, points: int = 30) -> tuple[EdgeStore, str]:
+    """A store and the directory of a version's shard, written, flushed and closed, unsealed."""
+    store = EdgeStore(tmp_path / "edge")
+    _create(store, "a__m__v1")
+    store.upsert("a__m__v1", *_batch(0, points))
+    own = store._own("a__m__v1")
+    store._close_shard(own, flush=True)
+    return store, str(store._segment_dir(own))
+
+
+def _pid_and_count(shard: Any) -> int:  # run in the sealer process
+    return os.getpid() * 1000 + seal_shard(shard, {"metadata.n": "integer"})
+
+
+def _fails(shard: Any) -> int:
+    raise ValueError("no room on the device")
+
+
+def _dies(shard: Any) -> int:
+    os._exit(3)
+
+
+def _waits(shard: Any) -> int:
+    print(os.getpid(), flush=True)
+    time.sleep(600)
+    return 0
+
+
+def test_a_seal_apart_runs_in_another_process_and_the_shard_serves_after_it(
+    tmp_path: Path,
+) -> None:
+    store, directory = _written_shard(tmp_path)
+    got = seal_apart(directory, _pid_and_count)
+    assert got % 1000 == 30 and got // 1000 not in (0, os.getpid())
+    assert seal_apart(directory, partial(seal_shard, indexes={})) == 30  # sealed twice: no harm
+    assert store.count("a__m__v1") == 30
+    ids, dense, _, _ = _batch(0, 30)
+    (hits,) = store.search("a__m__v1", [StageQuery(DENSE, dense[4], 1)])
+    assert hits[0][0] == ids[4]
+    store.close()
+
+
+def test_an_error_in_the_sealer_is_raised_here_with_its_message(tmp_path: Path) -> None:
+    store, directory = _written_shard(tmp_path)
+    with pytest.raises(
+        StoreUnavailable, match=r"failed sealing .*: ValueError: no room on the device"
+    ):
+        seal_apart(directory, _fails)
+    with pytest.raises(StoreUnavailable, match=r"sealer of .* exited \(code 3\) before the seal"):
+        seal_apart(directory, _dies)
+    store.close()
+
+
+_SEALING = """
+import sys
+from tests.test_edge_writer import _waits
+from rag_retriever.store.edge_writer import seal_apart
+seal_apart(sys.argv[1], _waits)
+"""
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="reads /proc")
+def test_the_sealer_ends_when_its_parent_is_killed(tmp_path: Path) -> None:
+    """SIGKILL of the build's process during a seal: the sealer gets the parent-death signal."""
+    store, directory = _written_shard(tmp_path, points=3)
+    assert_helper_ends_with_parent(_SEALING, directory)
+    store.close()
+
+
+_STOPPED_SEALING = """
+import signal, sys
+from rag_retriever.cli import Stopped, _stop_on_sigterm
+from rag_retriever.store.edge_writer import seal_apart
+from tests.test_edge_writer import _waits
+signal.signal(signal.SIGTERM, _stop_on_sigterm)
+try:
+    seal_apart(sys.argv[1], _waits)
+except Stopped:
+    print("stopped", flush=True)
+    sys.exit(143)
+"""
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="reads /proc")
+def test_sigterm_during_a_seal_apart_stops_it_at_once_and_ends_the_sealer(tmp_path: Path) -> None:
+    """The CLI's SIGTERM (`docker stop`) unwinds while a shard is sealed apart: the parent waits
+    on a pipe, not inside the engine's call (a seal here holds the interpreter lock until its
+    optimize ends, minutes at 1M chunks), and the sealer is killed."""
+    store, directory = _written_shard(tmp_path, points=3)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _STOPPED_SEALING, directory],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        sealer = int(proc.stdout.readline())
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=60)  # a hang guard: the sealer sleeps 600 s
+        assert proc.returncode == 143 and out.strip() == "stopped"
+        assert not _running(sealer)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    store.close()

@@ -17,9 +17,10 @@ Edge has no collections or aliases. Layout under `root`:
     compactions/<alias>.json           a running compaction's marker (flock-held by its process)
 
 LSM-style versions. A full build writes one shard, or past `shard_points` (RAG_BASE_SHARD_POINTS)
-several base shards, each flushed and closed when full and sealed alone, so a build holds one
-shard's memory at a time (the manifest's `bases` counts them; the merge policy reads them as one
-base, and a query asks each in turn). A delta (`derive`) writes a manifest that names
+several base shards, each flushed and closed when full and sealed alone (by a process of its
+own: edge_writer.seal_apart), so a build holds one shard's memory at a time (the manifest's
+`bases` counts them; the merge policy reads them as one base, and a query asks each in turn).
+A delta (`derive`) writes a manifest that names
 the base version's shards, adds the ids it replaces or deletes to their tombstones, and one new
 shard for what it adds; the base's shards and their HNSW graphs are never rewritten, so a small
 delta costs what it changes, whatever the corpus size. A query runs one batched call per shard
@@ -76,6 +77,7 @@ import time
 import uuid
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -101,7 +103,7 @@ from rag_retriever.store.base import (
     metadata_path,
     parse_collection_name,
 )
-from rag_retriever.store.edge_writer import ShardWriter, engine_points
+from rag_retriever.store.edge_writer import ShardWriter, engine_points, seal_apart
 from rag_retriever.store.files import read_json, write_atomic
 from rag_retriever.store.record import VersionRecord
 from rag_retriever.store.shards import (
@@ -198,16 +200,35 @@ def _edge_condition(edge: Any, condition: conditions.Condition) -> Any:
 
 def trim_heap() -> bool:
     """Give the C heap's free pages back to the system (glibc's malloc_trim; False where there
-    is none). A full build sealed as several shards in one process began each seal on top of
-    what the one before left (3M float32 chunks as three shards of 1M: private memory 2.19 GB
-    at the first seal's end, 2.13 GB after its shard closed, 2.74 GB in the third seal); the
-    engine allocates through glibc, whose arenas keep freed memory. Trimming after each shard
-    takes back part of the excess (1M binary chunks as two shards: build private peak 1,347 ->
-    1,299 MB, one 500k shard's 998 MB; benchmarks.md, "float32 as three base shards of 1M")."""
+    is none). The engine allocates through glibc, whose arenas keep freed memory: a shard this
+    process wrote (a base merge's, a build without a writer process) and then closed leaves its
+    pages there; they go back before the shard's seal starts in a process of its own."""
     try:
         return bool(ctypes.CDLL("libc.so.6").malloc_trim(0))
     except (OSError, AttributeError):  # not Linux, or not glibc
         return False
+
+
+def seal_shard(shard: Any, indexes: Mapping[str, IndexKind]) -> int:
+    """Seal an open shard: payload indexes `indexes` (path -> kind; on a shard of at least
+    INDEXED_SHARD_POINTS), flush, optimize, flush; returns its point count. In the store's
+    process, or in a sealer process of its own (edge_writer.seal_apart)."""
+    import qdrant_edge as edge
+
+    cold = getattr(edge.Memory, OPENED_MEMORY)
+    kinds: dict[str, Any] = {
+        "keyword": edge.KeywordIndexParams(memory=cold),
+        "integer": edge.IntegerIndexParams(lookup=True, range=True, memory=cold),
+        "bool": edge.BoolIndexParams(memory=cold),
+    }
+    points = int(shard.count(edge.CountRequest(exact=True)))
+    if points >= INDEXED_SHARD_POINTS:
+        for path, kind in indexes.items():
+            shard.update(edge.UpdateOperation.create_field_index(path, kinds[kind]))
+    shard.flush()
+    shard.optimize()
+    shard.flush()
+    return points
 
 
 class EdgeStore(Store):
@@ -568,12 +589,8 @@ class EdgeStore(Store):
         # A full build seals each of its base shards in turn, one in memory at a time.
         full = manifest.bases == len(manifest.segments)
         sealing = [s.id for s in manifest.segments] if full else [own]
-        counts = {}
-        for segment in sealing:
-            if len(sealing) > 1:
-                counts[segment] = self._seal_and_close(segment, indexes)
-            else:
-                counts[segment] = self._seal_segment(segment, indexes)
+        seal_one = self._seal_apart if len(sealing) > 1 else self._seal_segment
+        counts = {segment: seal_one(segment, indexes) for segment in sealing}
         segments = tuple(
             Segment(s.id, counts[s.id], s.deleted) if s.id in counts else s
             for s in manifest.segments
@@ -597,35 +614,22 @@ class EdgeStore(Store):
                 shard.flush()
         shard.close()
 
-    def _seal_and_close(self, segment: str, indexes: Mapping[str, IndexKind]) -> int:
-        """Seal one of several shards sealed in turn (a full build's, a base merge's), close it
-        and give the C heap back, so the next seal starts on as little of this one as it can;
-        returns the shard's point count."""
-        points = self._seal_segment(segment, indexes)
-        self._close_shard(segment)
+    def _seal_apart(self, segment: str, indexes: Mapping[str, IndexKind]) -> int:
+        """Seal one of several shards sealed in turn (a full build's, a base merge's) in a process
+        of its own (`seal_apart`: a stop need not wait minutes for the engine's optimize); here
+        the shard is flushed and closed first, and what its writes held is given back. Returns
+        the shard's point count; the shard opens again on first use."""
+        self._close_shard(segment, flush=True)
         trim_heap()
-        return points
+        return seal_apart(
+            str(self._segment_dir(segment)), partial(seal_shard, indexes=dict(indexes))
+        )
 
     def _seal_segment(self, segment: str, indexes: Mapping[str, IndexKind]) -> int:
-        """Payload indexes (on a shard of at least INDEXED_SHARD_POINTS), flush, optimize;
-        returns the shard's point count."""
-        edge = self._edge
-        cold = getattr(edge.Memory, OPENED_MEMORY)
-        kinds = {
-            "keyword": edge.KeywordIndexParams(memory=cold),
-            "integer": edge.IntegerIndexParams(lookup=True, range=True, memory=cold),
-            "bool": edge.BoolIndexParams(memory=cold),
-        }
+        """Seal a shard here (seal_shard); returns its point count."""
         shard = self._shard(segment)
         with engine_errors(f"sealing shard {segment}"):
-            points = int(shard.count(edge.CountRequest(exact=True)))
-            if points >= INDEXED_SHARD_POINTS:
-                for path, kind in indexes.items():
-                    shard.update(edge.UpdateOperation.create_field_index(path, kinds[kind]))
-            shard.flush()
-            shard.optimize()
-            shard.flush()
-            return points
+            return seal_shard(shard, indexes)
 
     def _compact(
         self,
@@ -693,8 +697,8 @@ class EdgeStore(Store):
     ) -> list[int]:
         """Create shards `targets` with the live points of `segments` (as version `name` reads
         them), in that order and as many in each (give or take one), indexed for `indexes` and
-        every payload index the segments have; each sealed (and, but the last, closed) before
-        the next is written, so one shard's seal is in memory at a time. Their point counts."""
+        every payload index the segments have; each sealed before the next is written (several:
+        each in a process of its own, `_seal_apart`). Their point counts."""
         dim, quantization = self._dim_of(name, segments), self.record(name).quantization
         kinds = {**self._index_kinds(segments), **indexes}
         each = math.ceil(sum(s.live for s in segments) / len(targets))
@@ -704,7 +708,7 @@ class EdgeStore(Store):
 
         def next_target() -> None:
             nonlocal filled
-            counts.append(self._seal_and_close(targets[len(counts)], kinds))
+            counts.append(self._seal_apart(targets[len(counts)], kinds))
             self._create_shard(targets[len(counts)], dim, quantization)
             filled = 0
 
@@ -722,7 +726,8 @@ class EdgeStore(Store):
                     page = page[room:]
         while len(counts) < len(targets) - 1:  # fewer points than counted: none is left unmade
             next_target()
-        counts.append(self._seal_segment(targets[-1], kinds))
+        seal_last = self._seal_apart if len(targets) > 1 else self._seal_segment
+        counts.append(seal_last(targets[-1], kinds))
         return counts
 
     def _index_kinds(self, segments: Sequence[Segment]) -> dict[str, IndexKind]:
