@@ -18,8 +18,9 @@ Each subprocess makes the corpus and loads the encoder, resets the kernel's peak
 write (`stages_grew`: the chunk, tokenise and encode stages, which run ahead of the writes while
 BM25's statistics wait for the last chunk: what the spill bounds) and the peak of the whole build
 (`grew`: it adds the engine's own memory for the collection being written and its HNSW graph,
-mapped segment files included, which grows with the corpus as serving it does; sampled twice a
-second, the largest anonymous and file-backed parts, which the kernel can drop and read again).
+mapped segment files included, which grows with the corpus as serving it does; and, sampled by a
+process beside it (bench/peak_memory.py) over the build's processes, the largest anonymous part
+and the largest file-backed part, which the kernel can drop and read again).
 The documents themselves are the loaded corpus (the input) and are in `before`.
 """
 
@@ -39,12 +40,13 @@ HERE = Path(__file__).resolve().parents[1]
 SCIFACT_CHUNKS_PER_DOC = 2.39  # 12,382 chunks of 5,183 abstracts with MiniLM's 256 tokens
 
 _CHILD = """
-import json, sys, tempfile, threading, time
+import json, sys, tempfile, time
 from pathlib import Path
 
 import torch
 from transformers import AutoTokenizer, BertConfig, BertModel
 
+from bench.peak_memory import PeakSampler
 import rag_retriever.ingest.writer as writer
 from rag_retriever.ingest.loaders import LoadedCorpus
 from rag_retriever.models.encoder import Encoder
@@ -85,25 +87,20 @@ class Store(EdgeStore):
         peaks["stages"] = status("VmHWM")
         return super().create(*args, **kwargs)
 
-peaks = {"anon": 0, "file": 0}
-sampling = threading.Event()
-
-def sample():  # the peak of each kind of resident page, twice a second
-    while not sampling.wait(0.5):
-        peaks["anon"] = max(peaks["anon"], status("RssAnon"))
-        peaks["file"] = max(peaks["file"], status("RssFile"))
-
-threading.Thread(target=sample, daemon=True).start()
+peaks = {}
+# the peak of each kind of resident page over the build's processes (its writer's included), read
+# by a process of its own: a thread here does not run while the engine's seal holds the lock
+sampler = PeakSampler("RssAnon", "RssFile")
 before = status("VmRSS")
 with open("/proc/self/clear_refs", "w") as f:
     f.write("5")  # the peak (VmHWM) starts again from here
 began = time.perf_counter()
 report = writer.ingest_documents(corpus, alias="mem", encoder=encoder, store=Store(work / "edge"))
 wall = time.perf_counter() - began
-sampling.set()
+tree = sampler.stop()
 print(json.dumps({"chunks": report.chunks, "documents": len(docs), "before": before,
                   "stages_peak": peaks["stages"], "peak": status("VmHWM"), "wall_s": wall,
-                  "anon_peak": peaks["anon"], "file_peak": peaks["file"]}))
+                  "anon_peak": tree["RssAnon"] * 2**20, "file_peak": tree["RssFile"] * 2**20}))
 """
 
 
