@@ -6,6 +6,7 @@ shards again."""
 
 from __future__ import annotations
 
+import logging
 import random
 from pathlib import Path
 from typing import Any
@@ -86,13 +87,14 @@ def _write(store: EdgeStore, name: str, batches: list[Batch], *, bulk: bool) -> 
 
 @pytest.mark.parametrize("bulk", [False, True])
 def test_a_full_build_past_the_cap_is_base_shards_of_at_most_the_cap(
-    tmp_path: Path, bulk: bool, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, bulk: bool, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     """31 points at a cap of 7, in batches that straddle the rolls: five base shards (7, 7, 7,
     7, 3), the same answers, records and count as one shard; and so after a reopen. Each of the
     five shards is sealed in a process of its own, after the C heap is given back here; one
     shard is sealed here."""
     sealed_apart = _count_seals_apart(monkeypatch)
+    caplog.set_level(logging.INFO, logger=edge.log.name)
     trims: list[bool] = []
 
     def trim() -> bool:
@@ -114,6 +116,8 @@ def test_a_full_build_past_the_cap_is_base_shards_of_at_most_the_cap(
     assert len(one.manifest("a__m__v1").segments) == 1
     assert len(trims) == 5  # the real malloc_trim ran each time (False only without glibc)
     assert sealed_apart == [7, 7, 7, 7, 3]
+    sealed_lines = [r.getMessage() for r in caplog.records if " sealed: " in r.getMessage()]
+    assert [line.split(": ")[1].split(" points")[0] for line in sealed_lines] == list("77773")
     _same(sharded, "a__m__v1", one, "a__m__v1")
     sharded.close()
     reopened = EdgeStore(tmp_path / "a")

@@ -621,9 +621,14 @@ class EdgeStore(Store):
         the shard's point count; the shard opens again on first use."""
         self._close_shard(segment, flush=True)
         trim_heap()
-        return seal_apart(
+        started = time.monotonic()
+        points = seal_apart(
             str(self._segment_dir(segment)), partial(seal_shard, indexes=dict(indexes))
         )
+        log.info(
+            "shard %s sealed: %d points in %.0f s", segment, points, time.monotonic() - started
+        )
+        return points
 
     def _seal_segment(self, segment: str, indexes: Mapping[str, IndexKind]) -> int:
         """Seal a shard here (seal_shard); returns its point count."""

@@ -25,16 +25,16 @@ Contract:
 
 `seal_apart(directory, seal)` runs `seal(shard)` (picklable; the store's seal) on the closed
 shard at `directory` in a process of its own and returns what it returns. Why: the engine's
-optimize is one call of minutes (13 at 1M int8 chunks) that holds the interpreter lock, so a
-seal in the build's process stops every other thread there and defers a signal's handler (the
-CLI's SIGTERM, `docker stop`) until it returns; here the caller waits on a pipe, and a stop kills
-the sealer at once. What each seal leaves allocated also goes with its process. The memory it
-costs is the same: 1M binary chunks as two shards of 500k peaked at 1,310 MB private sealed
-apart, 1,294 MB sealed in the build's process, one 500k shard 1,260 MB (sampled from outside the
-process: docs/benchmarks.md, "A build's private peak, read from outside"). An error the seal
-raises is raised here as `StoreUnavailable` with the engine's message, and so is the process's
-death (the kernel's OOM killer included) with its exit code; on any exception here the process
-is killed, and it ends with its parent.
+optimize is one call of minutes (10-13 for a 1M-chunk int8 shard on 2 cores) that holds the
+interpreter lock, so a seal in the build's process stops every other thread there and defers a
+signal's handler (the CLI's SIGTERM, `docker stop`) until it returns; here the caller waits on a
+pipe, and a stop kills the sealer at once. What each seal leaves allocated also goes with its
+process. The memory it costs is the same: 1M binary chunks as two shards of 500k peaked at
+1,310 MB private sealed apart, 1,294 MB sealed in the build's process, one 500k shard 1,260 MB
+(sampled from outside the process: docs/benchmarks.md, "A build's private peak, read from
+outside"). An error the seal raises is raised here as `StoreUnavailable` with the engine's
+message, and so is the process's death (the kernel's OOM killer included) with its exit code;
+on any exception here the process is killed, and it ends with its parent.
 """
 
 from __future__ import annotations
