@@ -549,7 +549,7 @@ def describe(plan: Plan) -> list[str]:
             f"embedded: {b.chunks:,} chunks are {shards} base shards of ~{b.chunks / shards:,.0f} "
             f"(RAG_BASE_SHARD_POINTS {plan.shard_points:,}), {node} a node of {b.nodes}: a query "
             f"asks each in turn (latency: k x one shard's), a build seals "
-            f"one at a time, each written by a process of its own (its peak: one shard's)"
+            f"one at a time, each written and sealed by a process of its own (its peak: one shard's)"
         )
     for s in plan.settings:
         if s.shard_extrapolated_by > 1:
