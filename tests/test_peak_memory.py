@@ -5,6 +5,7 @@ seal's optimize does, and counts the process's descendants but not itself."""
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -29,6 +30,7 @@ def test_a_child_holding_memory_while_this_process_holds_the_lock_is_seen() -> N
     """Oracle: the child's 200 MB exist only while this process runs one C call that keeps the
     interpreter lock (builtin sum over a range, seconds): a sampling thread here would not run
     then (one runs beside the sampler here, as bench_engine's did)."""
+    before = tree_mb(["RssAnon"], os.getpid())["RssAnon"]  # this process and any it runs
     sampler = PeakSampler("RssAnon")
     thread_peak = [0.0]
     stop = threading.Event()
@@ -47,26 +49,41 @@ def test_a_child_holding_memory_while_this_process_holds_the_lock_is_seen() -> N
     peaks = sampler.stop()
     if not ended_in_time:
         pytest.skip("the child outlived the lock's hold (a very slow or loaded machine)")
-    mine = status_mb()["RssAnon"]
-    assert peaks["RssAnon"] >= mine + 0.9 * HELD_MB
-    assert thread_peak[0] < mine + 0.5 * HELD_MB  # the thread saw none of it
+    assert peaks["RssAnon"] >= before + 0.9 * HELD_MB
+    assert thread_peak[0] < before + 0.5 * HELD_MB  # the thread saw none of it
+
+
+# A child that starts a grandchild, prints the grandchild's pid once it runs, and waits.
+_PARENT = """
+import subprocess, sys, time
+grandchild = subprocess.Popen(
+    [sys.executable, "-c", "import time; print('ready', flush=True); time.sleep(60)"],
+    stdout=subprocess.PIPE, text=True,
+)
+grandchild.stdout.readline()
+print(grandchild.pid, flush=True)
+time.sleep(60)
+"""
 
 
 @pytest.mark.skipif(sys.platform != "linux", reason="reads /proc")
 def test_the_tree_sums_descendants_and_leaves_out_the_one_asked() -> None:
-    child = subprocess.Popen(
-        [sys.executable, "-c", "import time; print('ready', flush=True); time.sleep(30)"],
-        stdout=subprocess.PIPE,
-        text=True,
-    )
+    """Oracle: each process's own /proc status. A tree rooted at a child of this test, so that
+    whatever else this process runs does not count."""
+    child = subprocess.Popen([sys.executable, "-c", _PARENT], stdout=subprocess.PIPE, text=True)
+    grandchild = 0
     try:
-        assert child.stdout is not None and child.stdout.readline().strip() == "ready"
-        me = os.getpid()
-        with_child = tree_mb(["VmRSS"], me)["VmRSS"]
-        alone = tree_mb(["VmRSS"], me, leave_out=child.pid)["VmRSS"]
-        child_rss = status_mb(child.pid)["VmRSS"]
-        assert with_child - alone == pytest.approx(child_rss, abs=2.0)
-        assert tree_mb(["VmRSS"], me, leave_out=me)["VmRSS"] == pytest.approx(child_rss, abs=2.0)
+        assert child.stdout is not None
+        grandchild = int(child.stdout.readline())
+        own = status_mb(child.pid)["VmRSS"]
+        below = status_mb(grandchild)["VmRSS"]
+        assert tree_mb(["VmRSS"], child.pid)["VmRSS"] == pytest.approx(own + below, abs=2.0)
+        assert tree_mb(["VmRSS"], child.pid, leave_out=child.pid)["VmRSS"] == pytest.approx(
+            below, abs=2.0
+        )
+        assert tree_mb(["VmRSS"], grandchild, leave_out=grandchild)["VmRSS"] == 0.0
     finally:
+        if grandchild:
+            os.kill(grandchild, signal.SIGKILL)
         child.kill()
         child.wait()
