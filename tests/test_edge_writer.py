@@ -142,13 +142,7 @@ def test_the_process_ends_when_its_parent_is_killed(tmp_path: Path) -> None:
 
 def assert_helper_ends_with_parent(script: str, *args: str) -> None:
     """Run `script` (it prints its helper's pid, then waits), SIGKILL it: the helper must end."""
-    proc = subprocess.Popen(
-        [sys.executable, "-c", script, *args],
-        cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-        stdout=subprocess.PIPE,
-        text=True,
-    )
+    proc = _run_script(script, *args)
     try:
         assert proc.stdout is not None
         child = int(proc.stdout.readline())
@@ -162,6 +156,17 @@ def assert_helper_ends_with_parent(script: str, *args: str) -> None:
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+def _run_script(script: str, *args: str) -> subprocess.Popen[str]:
+    """`python -c script args` from the repository root, its stdout piped."""
+    return subprocess.Popen(
+        [sys.executable, "-c", script, *args],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        stdout=subprocess.PIPE,
+        text=True,
+    )
 
 
 def _running(pid: int) -> bool:
@@ -270,13 +275,7 @@ def test_sigterm_during_a_seal_apart_stops_it_at_once_and_ends_the_sealer(tmp_pa
     on a pipe, not inside the engine's call (a seal here holds the interpreter lock until its
     optimize ends, minutes at 1M chunks), and the sealer is killed."""
     store, directory = _written_shard(tmp_path, points=3)
-    proc = subprocess.Popen(
-        [sys.executable, "-c", _STOPPED_SEALING, directory],
-        cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-        stdout=subprocess.PIPE,
-        text=True,
-    )
+    proc = _run_script(_STOPPED_SEALING, directory)
     try:
         assert proc.stdout is not None
         sealer = int(proc.stdout.readline())
