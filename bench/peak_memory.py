@@ -12,12 +12,14 @@ and 136 s (each shard's optimize), so the build's private peak it read (1,178 MB
 process held before and after the optimizes, not during. This process reads /proc beside it.
 
 Run as `python -m bench.peak_memory PID EVERY_S FIELD...`: samples until its stdin has a line
-or closes, then prints each field's peak (MB) as JSON. Standard library only, so it starts in
+or closes, then prints each field's peak (MB) as JSON; a bad argument exits 2 with a message.
+It imports the standard library only (and bench_common, which does too), so it starts in
 milliseconds.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import select
@@ -25,6 +27,8 @@ import subprocess
 import sys
 from collections.abc import Iterable
 from pathlib import Path
+
+from bench.bench_common import positive_count
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -102,6 +106,23 @@ def sample(root: int, every_s: float, fields: Iterable[str]) -> dict[str, float]
         stopped = bool(select.select([sys.stdin], [], [], every_s)[0])
 
 
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.peak_memory",
+        description="Peaks of /proc/<pid>/status fields over a process tree, until stdin has a "
+        "line or closes; printed as JSON (MB).",
+    )
+    parser.add_argument("pid", type=positive_count, help="the root of the tree")
+    parser.add_argument("every_s", type=float, help="seconds between samples (> 0)")
+    parser.add_argument("fields", nargs="+", help="/proc/<pid>/status fields in kB, e.g. RssAnon")
+    args = parser.parse_args(argv)
+    if not args.every_s > 0:
+        parser.error(f"every_s must be more than 0 (got {args.every_s})")
+    if not Path(f"/proc/{args.pid}").is_dir():
+        parser.error(f"no process {args.pid} to sample")
+    print(json.dumps(sample(args.pid, args.every_s, args.fields)))
+    return 0
+
+
 if __name__ == "__main__":
-    pid, every, *names = sys.argv[1:]
-    print(json.dumps(sample(int(pid), float(every), names)))
+    sys.exit(main())

@@ -87,3 +87,23 @@ def test_the_tree_sums_descendants_and_leaves_out_the_one_asked() -> None:
             os.kill(grandchild, signal.SIGKILL)
         child.kill()
         child.wait()
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["x", "0.1", "RssAnon"], "argument pid: takes a positive count (got 'x')"),
+        (["1", "0", "RssAnon"], "every_s must be more than 0 (got 0.0)"),
+        (["1", "0.1"], "the following arguments are required: fields"),
+        (["999999999", "0.1", "RssAnon"], "no process 999999999 to sample"),
+    ],
+)
+def test_the_sampler_command_refuses_bad_arguments(args: list[str], message: str) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "bench.peak_memory", *args],
+        capture_output=True,
+        text=True,
+        stdin=subprocess.DEVNULL,
+        timeout=60,
+    )
+    assert proc.returncode == 2 and message in proc.stderr and proc.stdout == ""
