@@ -19,8 +19,8 @@ each: its latency, build time and disk are k times one shard's fitted figure (a 
 shards in turn), its build's peak one shard's (they are sealed one at a time); the fits go
 through the sizes measured as one shard, and a shard bigger than any of them is extrapolated
 (said too). The largest version measured as several shards checks that model: where it took
-more (3M int8 chunks as 3 shards: a build's private peak 1.37x the model's, against one-shard
-figures read low; 3M float32: p50 1.30x, p95 2.96x), latency and a build's private
+more (10M binary chunks as 10 shards: a build's private peak 1.17x the model's; 3M float32:
+p50 1.30x, p95 2.96x), latency and a build's private
 peak from its size on are scaled up by the ratio (`_Checked`), and past the largest size
 measured memory grows at least in proportion to the corpus (`_AtLeastLinear`).
 Fewer, bigger shards cost a query less (HNSW grows slowly with a shard's size, k shards cost k
