@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 import logging
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -61,6 +63,42 @@ def test_without_text_only_the_query_hash_is_kept(
     [line] = list(read_lines([tmp_path / "log"], "queries"))
     assert "query" not in line and len(line["query_sha256"]) == 64
     assert "secret" not in (next((tmp_path / "log").glob("*.jsonl"))).read_text()
+
+
+# A process that logs a query and its feedback, then ends at once without closing its log
+# (a script's end, `search`): within the writer's one-second flush, before the fix nothing was
+# written.
+_ENDS_AT_ONCE = """
+import sys
+from pathlib import Path
+from rag_retriever.query.querylog import QueryLog
+from rag_retriever.records import Hit, SearchResult, StageScore
+log = QueryLog(Path(sys.argv[1]))
+hit = Hit("c1", "d1", "T", "text", 0, 4, 0, rank=1, score=0.5, dense=StageScore(1, 0.5))
+log.record(SearchResult("q", "dense", "kb__m__v1", (hit,), {}, query_id="id1"), alias="kb", k=1,
+           flt=None)
+log.feedback("id1", chunk_id="c1", relevant=True)
+"""
+
+
+def test_a_process_that_ends_writes_its_last_lines_first(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", _ENDS_AT_ONCE, str(tmp_path / "log")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    [query] = list(read_lines([tmp_path / "log"], "queries"))
+    [feedback] = list(read_lines([tmp_path / "log"], "feedback"))
+    assert query["query_id"] == feedback["query_id"] == "id1"
+
+
+def test_closing_a_log_twice_is_harmless(tmp_path: Path) -> None:
+    log = QueryLog(tmp_path / "log")
+    log.close()
+    log.close()  # the exit hook closes what is still open; a closed log must not wait on it
+    assert not log._thread.is_alive()
 
 
 def test_an_unwritable_log_never_stops_a_query(

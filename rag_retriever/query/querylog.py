@@ -12,7 +12,8 @@ offsets and every stage's rank, latency, truncation, and the query text (or only
 `RAG_QUERY_LOG_TEXT=false`). Never an API key: nothing of the request but these fields is logged.
 
 Lines are queued and written by one background thread, off the request path, and flushed at
-least every FLUSH_S seconds (a crash loses at most that). Each process writes its own files
+least every FLUSH_S seconds (a crash loses at most that; a process that ends normally, `serve`
+stopped by SIGTERM included, writes every queued line first). Each process writes its own files
 (`queries-<host>-<pid>-<n>.jsonl`, `feedback-<host>-<pid>-<n>.jsonl`), so several `serve`
 processes share a directory; a file is closed at `max_file_bytes` and the oldest files of the
 directory are deleted beyond `max_total_bytes`. A directory that cannot be written, or a full
@@ -31,6 +32,7 @@ logs anywhere.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import hashlib
 import json
@@ -41,6 +43,7 @@ import socket
 import threading
 import time
 import uuid
+import weakref
 from collections import OrderedDict
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -99,8 +102,10 @@ class QueryLog:
         self._warned = False
         # one writer per file: host, process and this log object (several may share a process)
         self._prefix = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        self._closed = False
         self._thread = threading.Thread(target=self._run, name="query-log", daemon=True)
         self._thread.start()
+        _OPEN.add(self)  # written out when the process ends (a stopped server, a script's end)
 
     # -- what callers log ---------------------------------------------------------------------
 
@@ -207,6 +212,11 @@ class QueryLog:
         done.wait(timeout)
 
     def close(self) -> None:
+        """Write every queued line and close the files; again, it does nothing."""
+        if self._closed:
+            return
+        self._closed = True
+        _OPEN.discard(self)
         self.flush()
         self._queue.put(None)
         self._thread.join(timeout=5)
@@ -294,6 +304,18 @@ class QueryLog:
                 continue
             total -= path.stat().st_size
             path.unlink(missing_ok=True)
+
+
+# The logs of this process not closed yet: the writer thread is a daemon, so without this a
+# process that ends normally (`serve` stopped by SIGTERM, `search`, a script) would lose the lines
+# of its last FLUSH_S seconds.
+_OPEN: weakref.WeakSet[QueryLog] = weakref.WeakSet()
+
+
+@atexit.register
+def _close_open_logs() -> None:
+    for query_log in list(_OPEN):
+        query_log.close()
 
 
 # -- reading a log back -------------------------------------------------------------------------
