@@ -416,13 +416,14 @@ def default_of(name: str) -> Any:
 
 
 def choices_of(name: str) -> tuple[str, ...] | None:
-    """The values a Literal-typed setting accepts; None for any other."""
-    for arg in (
-        Settings.model_fields[name].annotation,
-        *get_args(Settings.model_fields[name].annotation),
-    ):
-        if getattr(arg, "__origin__", None) is Literal:
-            return get_args(arg)
+    """The values a Literal-typed setting accepts (or an optional one); None for any other,
+    a number that may also be "auto" among them: a flag's choices would refuse the number."""
+    annotation = Settings.model_fields[name].annotation
+    if getattr(annotation, "__origin__", None) is Literal:
+        return get_args(annotation)
+    members = [arg for arg in get_args(annotation) if arg is not type(None)]
+    if members and all(getattr(arg, "__origin__", None) is Literal for arg in members):
+        return tuple(value for arg in members for value in get_args(arg))
     return None
 
 
@@ -469,6 +470,13 @@ class _Environment(EnvSettingsSource):
         return self._environ
 
 
+def _flag_note(name: str) -> str:
+    """Where a setting given by a flag came from, for a message that names its variable."""
+    if name not in Settings.model_fields or name in ENV_ONLY:
+        return ""
+    return f" (flag {flag_of(name)})"
+
+
 def _explain(exc: ValidationError) -> str:
     """The first problem, naming the variable and what it accepts."""
     error = exc.errors()[0]
@@ -478,9 +486,11 @@ def _explain(exc: ValidationError) -> str:
     value = error.get("input")
     choices = choices_of(name) if name in Settings.model_fields else None
     if choices and error["type"] == "literal_error":
-        return f"{env_name(name)} must be one of {', '.join(choices)}; got {value!r}"
+        return (
+            f"{env_name(name)} must be one of {', '.join(choices)}; got {value!r}{_flag_note(name)}"
+        )
     reason = str(error["msg"]).removeprefix("Value error, ")
-    return f"{env_name(name)}={value!r} is invalid: {reason}"
+    return f"{env_name(name)}={value!r} is invalid: {reason}{_flag_note(name)}"
 
 
 if __name__ == "__main__":

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from rag_retriever.cli import build_parser, main
-from rag_retriever.settings import ENV_ONLY, Settings
+from rag_retriever.cli.common import command_settings
+from rag_retriever.settings import ENV_ONLY, Settings, flag_of
 from rag_retriever.store import EdgeStore
 from tests.conftest import write_jsonl
 
@@ -172,6 +173,86 @@ def test_a_bad_flag_value_is_refused_like_a_bad_variable(
     assert exit_info.value.code == 2 and "invalid choice: 'LOUD'" in capsys.readouterr().err
     assert main(["search", "q", "--rrf-k", "sixty"]) == 2
     assert "RAG_RRF_K='sixty' is invalid" in capsys.readouterr().err
+    assert main(["search", "q", "--otlp-endpoint", "localhost:4318"]) == 2
+    err = capsys.readouterr().err  # given as a flag: the message names it too
+    assert (
+        "RAG_OTLP_ENDPOINT='localhost:4318' is invalid" in err and "(flag --otlp-endpoint)" in err
+    )
+
+
+@pytest.mark.parametrize("name", ["embed_batch_size", "rerank_batch_size"])
+def test_a_batch_size_flag_takes_a_number_as_its_variable_does(name: str) -> None:
+    flag = flag_of(name)
+    args = build_parser().parse_args(["search", "q", flag, "64"])
+    assert getattr(command_settings(args), name) == 64
+    args = build_parser().parse_args(["search", "q", flag, "auto"])
+    assert getattr(command_settings(args), name) == "auto"
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["ingest", "{corpus}", "--collection", "kb", "--gate", "{missing}"],
+        ["doctor", "--collection", "kb", "--questions", "{missing}"],
+        ["tune-fusion", "--collection", "kb", "--questions", "{missing}", "--dry-run"],
+        ["improve", "--collection", "kb", "--questions", "{missing}", "--budget", "1m"],
+        ["train-embedder", "--collection", "kb", "--questions", "{missing}", "--out", "m"],
+        ["train-reranker", "--collection", "kb", "--questions", "{missing}", "--out", "m"],
+    ],
+)
+def test_a_missing_questions_file_is_a_usage_error_before_any_model(
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    command: list[str],
+) -> None:
+    monkeypatch.setenv("RAG_DATA_DIR", str(tmp_path / "data"))
+    monkeypatch.setenv("RAG_EMBED_MODEL", str(tmp_path / "no-such-model"))  # loading it fails
+    corpus = write_jsonl(tmp_path / "docs.jsonl", [{"id": "a", "text": "A river."}])
+    missing = tmp_path / "questions.jsonl"
+    argv = [a.format(corpus=corpus, missing=missing) for a in command]
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    assert exit_info.value.code == 2
+    assert f"{missing} does not exist: expected a file" in capsys.readouterr().err
+    assert not (tmp_path / "data").exists()
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--questions", "{bad}"], "--questions: "),  # drift against nothing: not a FAIL
+        (["--questions", "{empty}"], "holds no questions"),
+        (["--duplicate-similarity", "5"], "--duplicate-similarity must be between -1 and 1"),
+        (["--max-duplicate-share", "-1"], "--max-duplicate-share must be between 0 and 1"),
+    ],
+)
+def test_doctor_refuses_a_bad_questions_file_or_threshold_before_any_model(
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    extra: list[str],
+    message: str,
+) -> None:
+    monkeypatch.setenv("RAG_EMBED_MODEL", str(tmp_path / "no-such-model"))  # loading it fails
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"id": "q1", "question": "where?"}\n', encoding="utf-8")  # no gold ids
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("", encoding="utf-8")
+    argv = ["doctor", "--collection", "kb", *(a.format(bad=bad, empty=empty) for a in extra)]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and message in err, err
+
+
+def test_a_data_dir_that_cannot_be_created_is_one_line_and_exit_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("RAG_DATA_DIR", "/proc/rag-retriever-test")  # /proc takes no new folder
+    corpus = write_jsonl(tmp_path / "docs.jsonl", [{"id": "a", "text": "A river."}])
+    assert main(["ingest", str(corpus), "--collection", "kb", "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "cannot create /proc/rag-retriever-test/locks" in err, err
 
 
 @pytest.mark.parametrize("module", ["rag_retriever.cli", "rag_retriever.client"])

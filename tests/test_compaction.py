@@ -747,3 +747,40 @@ def test_the_compact_command_refuses_bad_input_with_exit_2(
     check = EdgeStore(env / "edge")
     assert len(check.versions("kb")) == 1
     check.close()
+
+
+def test_a_background_compaction_is_given_the_settings_flags_gave_its_parent(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The child reads only its environment: what the parent was given as flags (tracing, a
+    server's URL) must reach it there, or it traces nothing and compacts the wrong store. The
+    spawn is replaced (the child itself runs in the tests above): only its environment is read."""
+    import dataclasses
+
+    from rag_retriever.cli import ingest as cli_ingest
+    from rag_retriever.settings import Settings
+
+    spawned: dict[str, str] = {}
+
+    def spawn(alias: str, *, env: dict[str, str], log_path: Path) -> int:
+        spawned.update(env)
+        return 4242
+
+    monkeypatch.setattr(compaction_module, "spawn_compaction", spawn)
+    settings = Settings(
+        data_dir=tmp_path,
+        tracing="console",
+        qdrant_url="http://qdrant.internal:6333",
+        compaction="background",
+    )
+
+    @dataclasses.dataclass(frozen=True)
+    class Report:
+        alias: str = "kb"
+        compaction: str = "due"
+
+    report = cli_ingest._start_compaction(settings, Report())
+    assert report.compaction.startswith("started (pid 4242")
+    assert spawned["RAG_TRACING"] == "console"
+    assert spawned["RAG_QDRANT_URL"] == "http://qdrant.internal:6333"
+    assert spawned["RAG_DATA_DIR"] == str(tmp_path) and "RAG_OTLP_ENDPOINT" not in spawned

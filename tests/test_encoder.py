@@ -105,6 +105,15 @@ def test_model_profiles_by_family() -> None:
     assert bge.profile.pooling == "cls" and bge.profile.query_prefix.startswith("Represent")
 
 
+def test_a_model_path_that_is_no_folder_is_named_as_such(tmp_path: Path) -> None:
+    # not "no profile is known", which sends a user to set prefixes for a typo in a path
+    with pytest.raises(ModelLoadError, match="no such directory; set RAG_EMBED_MODEL"):
+        resolve_model(str(tmp_path / "no-such-model"))
+    (tmp_path / "weights.bin").write_bytes(b"")
+    with pytest.raises(ModelLoadError, match="is a file, not a directory"):
+        resolve_model(str(tmp_path / "weights.bin"))
+
+
 def test_unknown_model_needs_explicit_settings(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="RAG_QUERY_PREFIX, RAG_PASSAGE_PREFIX and RAG_POOLING"):
         resolve_model("acme/secret-embedder")

@@ -392,6 +392,21 @@ def test_the_cli_plans_the_brief_from_the_shipped_constants(
     assert CONSTANTS.is_file()
 
 
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--memory-gb", "0"], "--memory-gb must be > 0"),  # not this machine's memory instead
+        (["--cores", "0"], "--cores must be > 0"),
+        (["--documents", "-5"], "--documents must be > 0; got -5"),  # the flag given, named
+    ],
+)
+def test_a_brief_of_nothing_is_refused_naming_the_flag_given(
+    capsys: pytest.CaptureFixture[str], flags: list[str], message: str
+) -> None:
+    assert main(["plan", "--documents", "1000", *flags]) == 2
+    assert message in capsys.readouterr().err
+
+
 def test_the_served_figures_add_the_http_services_own_cost_to_each_query() -> None:
     served = {
         "command": "python -m bench.bench_brief",

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from rag_retriever.errors import RagError
@@ -101,3 +102,12 @@ def parse_duration(text: str) -> float:
     if seconds <= 0:
         raise argparse.ArgumentTypeError(f"the budget must be positive: {text!r}")
     return seconds
+
+
+def existing_file(text: str) -> Path:
+    """A file the command will read (labelled questions): refused before any model loads."""
+    path = Path(text)
+    if not path.is_file():
+        why = "is a folder" if path.is_dir() else "does not exist"
+        raise argparse.ArgumentTypeError(f"{text} {why}: expected a file")
+    return path

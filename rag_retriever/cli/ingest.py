@@ -10,7 +10,15 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from rag_retriever.cli.common import MODEL, QUERY, STORE, WRITE, command_settings, setting_flags
+from rag_retriever.cli.common import (
+    MODEL,
+    QUERY,
+    STORE,
+    WRITE,
+    command_settings,
+    existing_file,
+    setting_flags,
+)
 from rag_retriever.errors import ConfigError, GateRejected
 from rag_retriever.ingest.loaders import describe_suffixes
 from rag_retriever.records import TENANT_FIELD, Document, check_alias, check_tenant, tenant_of
@@ -105,7 +113,15 @@ def _start_compaction(settings: Settings, report: Any) -> Any:
         "RAG_RETENTION_GRACE_S": str(settings.retention_grace_s),
         "RAG_BASE_SHARD_POINTS": str(settings.base_shard_points),
         "RAG_LOG_LEVEL": "INFO",
+        "RAG_TRACING": settings.tracing,
     }
+    # given as flags, these reach the child only this way (it reads the environment)
+    for name, value in (
+        ("RAG_OTLP_ENDPOINT", settings.otlp_endpoint),
+        ("RAG_QDRANT_URL", settings.qdrant_url),
+    ):
+        if value:
+            env[name] = str(value)
     pid = spawn_compaction(report.alias, env=env, log_path=log_path)
     return dataclasses.replace(report, compaction=f"started (pid {pid}, log {log_path})")
 
@@ -284,7 +300,9 @@ def add_ingest(sub: Any) -> None:
     p.add_argument(
         "--no-promote", action="store_true", help="build the version, do not move the alias"
     )
-    p.add_argument("--gate", type=Path, help="labelled questions: evaluate before promoting")
+    p.add_argument(
+        "--gate", type=existing_file, help="labelled questions: evaluate before promoting"
+    )
     p.add_argument("--gate-k", type=int, default=10, help="the k of the gate's recall@k (10)")
     p.add_argument("--min-recall", type=float, default=0.0, help="refuse below this recall@k (0)")
     p.add_argument(

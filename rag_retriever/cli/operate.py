@@ -8,7 +8,15 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from rag_retriever.cli.common import LIMITS, MODEL, QUERY, STORE, command_settings, setting_flags
+from rag_retriever.cli.common import (
+    LIMITS,
+    MODEL,
+    QUERY,
+    STORE,
+    command_settings,
+    existing_file,
+    setting_flags,
+)
 from rag_retriever.errors import ConfigError
 
 
@@ -61,10 +69,12 @@ def cmd_questions(args: argparse.Namespace) -> int:
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
-    from rag_retriever.ops.doctor import Doctor, Thresholds
+    from rag_retriever.ops.doctor import Doctor, Thresholds, labelled_questions
     from rag_retriever.query.retriever import Retriever
 
     settings = command_settings(args)
+    # refused before the model loads: a bad file, or bad thresholds, is exit 2 at once
+    labelled = labelled_questions(args.questions) if args.questions else None
     thresholds = Thresholds(
         duplicate_similarity=args.duplicate_similarity,
         max_duplicate_share=args.max_duplicate_share,
@@ -75,7 +85,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     )
     retriever = Retriever.from_settings(settings.replace(rerank_model=None))
     doctor = Doctor(retriever, collection=settings.collection, thresholds=thresholds)
-    checks = doctor.run(log=args.log or (), questions=args.questions)
+    checks = doctor.run(log=args.log or (), questions=labelled)
     failed = [c.name for c in checks if not c.ok]
     # an operator's view: every tenant's chunks and queries (docs/tenants.md)
     tenants = "tenant" in (doctor.record.fields or {})
@@ -122,7 +132,9 @@ def add_doctor(sub: Any) -> None:
         metavar="DIR",
         help="query log directories (only the queries asked of --collection's alias are read)",
     )
-    p.add_argument("--questions", type=Path, help="labelled questions: drift is measured from them")
+    p.add_argument(
+        "--questions", type=existing_file, help="labelled questions: drift is measured from them"
+    )
     for name, text in (
         ("duplicate_similarity", "cosine at which two chunks count as near-duplicates"),
         ("max_duplicate_share", "fail above this share of near-duplicate chunks"),
@@ -274,10 +286,17 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
     if args.chunks_per_document <= 0:
         raise ConfigError("--chunks-per-document must be > 0")
+    if args.documents is not None and args.documents <= 0:
+        raise ConfigError(f"--documents must be > 0; got {args.documents}")
     chunks = (
         args.chunks if args.chunks is not None else round(args.documents * args.chunks_per_document)
     )
-    memory_gb = args.memory_gb or os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    # this machine's only where not given: a 0 given is refused by Brief, never replaced
+    memory_gb = (
+        args.memory_gb
+        if args.memory_gb is not None
+        else os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    )
     brief = Brief(
         chunks=chunks,
         qps=args.qps,
@@ -285,8 +304,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
         edits_per_day=args.edits_per_day,
         chunks_per_edit=args.chunks_per_document,
         nodes=args.nodes,
-        memory_gb=round(memory_gb, 1),
-        cores=args.cores or os.cpu_count() or 1,
+        memory_gb=round(memory_gb, 1) if args.memory_gb is None else memory_gb,
+        cores=args.cores if args.cores is not None else os.cpu_count() or 1,
         dim=args.dim,
     )
     # the shard size the deployment builds with (RAG_BASE_SHARD_POINTS or its flag)

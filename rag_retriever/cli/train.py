@@ -8,7 +8,14 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from rag_retriever.cli.common import MODEL, STORE, command_settings, parse_duration, setting_flags
+from rag_retriever.cli.common import (
+    MODEL,
+    STORE,
+    command_settings,
+    existing_file,
+    parse_duration,
+    setting_flags,
+)
 from rag_retriever.settings import (
     default_of,
     shown_default,
@@ -228,7 +235,10 @@ def _training_args(p: argparse.ArgumentParser) -> None:
         "--collection", required=True, help="collection to mine positives/negatives from"
     )
     p.add_argument(
-        "--questions", type=Path, required=True, help="labelled training questions (.jsonl)"
+        "--questions",
+        type=existing_file,
+        required=True,
+        help="labelled training questions (.jsonl)",
     )
     p.add_argument("--out", type=Path, required=True, help="output model directory")
     p.add_argument("--epochs", type=int, default=1, help="passes over the questions (1)")
@@ -337,7 +347,9 @@ def add_tune_fusion(sub: Any) -> None:
         help="fit the fusion of dense and BM25 (RRF k, weights, depths, or DBSF) on questions",
     )
     p.add_argument("--collection", required=True, help="alias or version to tune")
-    p.add_argument("--questions", type=Path, required=True, help="labelled questions (.jsonl)")
+    p.add_argument(
+        "--questions", type=existing_file, required=True, help="labelled questions (.jsonl)"
+    )
     p.add_argument(
         "--held-out", type=float, default=0.3, help="part checked, split by document (0.3)"
     )
@@ -361,7 +373,9 @@ def add_improve(sub: Any) -> None:
         "result only when it beats the live version on held-out questions",
     )
     p.add_argument("--collection", required=True, help="the alias to improve")
-    p.add_argument("--questions", type=Path, required=True, help="labelled questions (.jsonl)")
+    p.add_argument(
+        "--questions", type=existing_file, required=True, help="labelled questions (.jsonl)"
+    )
     p.add_argument(
         "--steps",
         default="embedder,fusion,reranker",

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from rag_retriever.errors import ConfigError
 from rag_retriever.ingest.loaders import jsonl_records
 
 
@@ -48,7 +49,14 @@ def load_questions(path: Path) -> tuple[list[Question], list[str]]:
     questions: list[Question] = []
     problems: list[str] = []
     seen: dict[str, int] = {}
-    for lineno, where, record in jsonl_records(path.read_bytes(), path, problems):
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise ConfigError(
+            f"questions file {path} cannot be read ({exc.strerror}): give a .jsonl of labelled "
+            "questions"
+        ) from None
+    for lineno, where, record in jsonl_records(data, path, problems):
         question, problem = _parse(record, where, lineno)
         if problem:
             problems.append(problem)

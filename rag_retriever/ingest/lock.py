@@ -66,7 +66,14 @@ class IngestLock:
         self._fh: int | None = None
 
     def __enter__(self) -> IngestLock:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise ConfigError(
+                f"cannot create {self.path.parent} ({exc.strerror}): the data dir "
+                f"{self.path.parent.parent} must be a folder this user can write; set "
+                f"RAG_DATA_DIR or --data-dir"
+            ) from None
         if not self.path.resolve().is_relative_to(self.path.parent.parent.resolve()):
             raise ConfigError(
                 f"{self.path} leads outside the data dir (to {self.path.resolve()}); "

@@ -21,7 +21,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from rag_retriever.errors import ConfigError
+from rag_retriever.errors import ConfigError, ModelLoadError
 
 PROFILE_FILE = "rag_profile.json"
 
@@ -153,6 +153,12 @@ def resolve_model(
         source = str(bundled())
         profile = family_profile(spec.split("/")[-1])
         name_for_error = spec
+    elif path.exists() or spec.startswith((".", "/", "~")) or spec.count("/") > 1:  # a path
+        what = "is a file, not a directory" if path.exists() else "no such directory"
+        raise ModelLoadError(
+            f"model {spec!r}: {what}; set RAG_EMBED_MODEL (--model) to a folder of "
+            f"weights, a known name ({DEFAULT_MODEL}) or a hub id"
+        )
     else:
         source = spec
         profile = family_profile(spec)

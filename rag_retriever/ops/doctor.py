@@ -37,7 +37,8 @@ from typing import Any
 
 import numpy as np
 
-from rag_retriever.eval.questions import load_questions
+from rag_retriever.errors import ConfigError
+from rag_retriever.eval.questions import Question, load_questions
 from rag_retriever.query.querylog import read_queries
 from rag_retriever.query.retriever import Retriever
 from rag_retriever.records import content_hash
@@ -61,6 +62,14 @@ class Thresholds:
     max_truncated_share: float = 0.01
     max_far_query_share: float = 0.25  # recent queries with no evaluation question near them
     max_empty_share: float = 0.05
+
+    def __post_init__(self) -> None:
+        # a share outside [0, 1] would fail or pass every time; a cosine above 1 finds nothing
+        for name, value in self.__dict__.items():
+            low = 0.0 if name.startswith("max_") else -1.0
+            if not low <= value <= 1.0:
+                flag = "--" + name.replace("_", "-")
+                raise ConfigError(f"{flag} must be between {low:g} and 1; got {value:g}")
 
 
 @dataclass
@@ -109,12 +118,15 @@ class Doctor:
         self.thresholds = thresholds
         self.rng = random.Random(seed)
 
-    def run(self, *, log: Sequence[Path] = (), questions: Path | None = None) -> list[Check]:
+    def run(
+        self, *, log: Sequence[Path] = (), questions: Path | Sequence[Question] | None = None
+    ) -> list[Check]:
         ids, payloads = self._chunks()
         sample = self.rng.sample(ids, min(SAMPLE_CHUNKS, len(ids)))
         vectors = self._vectors(sample)
         floor = self._noise_floor(vectors)
         checks = [floor, self._duplicates(sample, vectors, floor), self._boilerplate(payloads)]
+        labelled = labelled_questions(questions) if isinstance(questions, Path) else questions
         entries: Sequence[dict[str, Any]] = []
         if log:
             logged = read_queries(log, alias=self.alias)
@@ -122,7 +134,7 @@ class Doctor:
             checks.append(self._log_scope(logged.aliases, len(logged.lines), len(entries)))
         checks.append(self._truncation(payloads, entries))
         if entries:
-            checks.append(self._drift(entries, questions, floor))
+            checks.append(self._drift(entries, labelled, floor))
             checks.append(self._stage_health(entries))
         return checks
 
@@ -276,7 +288,10 @@ class Doctor:
         )
 
     def _drift(
-        self, entries: Sequence[dict[str, Any]], questions: Path | None, floor: Check
+        self,
+        entries: Sequence[dict[str, Any]],
+        labelled: Sequence[Question] | None,
+        floor: Check,
     ) -> Check:
         texts = [e["query"] for e in entries if e.get("query")]
         if len(texts) < 2:
@@ -298,11 +313,10 @@ class Doctor:
             f"half) -> {figures['best_chunk_newest'].get('p50', 0):.3f} (newest half)"
         )
         meaning = "queries moving away from the corpus or from what the evaluation covers"
-        if questions is None:  # nothing to judge against: reported, never failed
+        if labelled is None:  # nothing to judge against: reported, never failed
             return Check("drift", True, summary, meaning, figures)
-        labelled, _ = load_questions(questions)
         q_vectors = encoder.encode_queries([q.question for q in labelled]).vectors
-        nearest = (vectors @ q_vectors.T).max(axis=1) if len(labelled) else np.zeros(len(texts))
+        nearest = (vectors @ q_vectors.T).max(axis=1)
         far_line = float(floor.figures.get("p95", 0.0))
         far = float(np.mean(nearest[half:] < far_line))
         figures.update(
@@ -351,3 +365,15 @@ class Doctor:
                 "latency_ms": _percentiles(latencies),
             },
         )
+
+
+def labelled_questions(path: Path) -> list[Question]:
+    """The questions drift is measured against; a file with a bad line, or none, is refused
+    before any check runs (no drift measured against nothing)."""
+    labelled, problems = load_questions(path)
+    if problems:
+        more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+        raise ConfigError(f"--questions: {problems[0]}{more}; fix the file or leave it out")
+    if not labelled:
+        raise ConfigError(f"--questions: {path} holds no questions; give labelled questions")
+    return labelled
