@@ -346,6 +346,11 @@ def test_the_cli_takes_a_filter_and_a_threshold(
     assert main([*args, "--filter", "{not json"]) == 2
     assert "--filter" in capsys.readouterr().err
     assert main([*args, "--min-score", "-1"]) == 2
+    capsys.readouterr()
+    # a bad filter is refused before any model loads (this one could not be loaded)
+    dense = ["search", "river", "--collection", "kb", "--model", str(tmp_path / "no-model")]
+    assert main([*dense, "--filter", "{not json"]) == 2
+    assert capsys.readouterr().err.startswith("error: --filter: ")
 
 
 @pytest.mark.parametrize("kind", ["edge", "server"])

@@ -26,8 +26,7 @@ def cmd_search(args: argparse.Namespace) -> int:
     from rag_retriever.query.retriever import Retriever
 
     settings = command_settings(args)
-    retriever = Retriever.from_settings(settings, mode=args.mode)  # bm25: no model loads
-    try:
+    try:  # a bad filter is refused before the model loads
         condition = json.loads(args.filter) if args.filter is not None else None
         flt = SearchFilter(
             doc_ids=tuple(args.doc) if args.doc else None,
@@ -36,6 +35,7 @@ def cmd_search(args: argparse.Namespace) -> int:
         )
     except (ValueError, TypeError) as exc:  # json.JSONDecodeError is a ValueError
         raise ConfigError(f"--filter: {exc}") from None
+    retriever = Retriever.from_settings(settings, mode=args.mode)  # bm25: no model loads
     result = retriever.retrieve(
         args.query,
         k=args.k,
