@@ -123,6 +123,86 @@ def test_a_query_pass_goes_before_queued_background_passes() -> None:
     assert order == ["query", "edit-1", "edit-2"]
 
 
+def test_stop_lets_the_running_pass_finish_cancels_the_waiting_ones_and_refuses_more() -> None:
+    compute = ComputeThread(idle_s=60)  # stop, not the idle timeout, must end the thread
+    running, release = threading.Event(), threading.Event()
+    done: list[str] = []
+
+    def first() -> None:
+        running.set()
+        release.wait(10)
+        done.append("first")
+
+    outcomes: dict[str, BaseException | None] = {}
+
+    def ask(name: str, fn: Callable[[], None]) -> threading.Thread:
+        def target() -> None:
+            try:
+                compute.run(fn, BACKGROUND)
+                outcomes[name] = None
+            except BaseException as exc:  # the waiting pass's cancellation, seen by its caller
+                outcomes[name] = exc
+
+        t = threading.Thread(target=target)
+        t.start()
+        return t
+
+    askers = [ask("first", first)]
+    assert running.wait(10)
+    thread = compute._thread
+    assert thread is not None
+    askers.append(ask("waiting", lambda: done.append("waiting")))
+    _until(lambda: compute._tasks.qsize() == 1)
+    stopper = threading.Thread(target=compute.stop)
+    stopper.start()
+    _until(lambda: compute._stopping)
+    release.set()
+    for t in [stopper, *askers]:
+        t.join(10)
+    assert done == ["first"] and outcomes["first"] is None
+    assert type(outcomes["waiting"]).__name__ == "CancelledError"
+    assert not thread.is_alive() and compute._thread is None
+    with pytest.raises(RuntimeError, match="the process is stopping"):
+        compute.run(lambda: 1)
+
+
+# A process whose main thread stops waiting for a pass (Ctrl-C) and exits at once. A pass still
+# running while the interpreter tears down aborted the process (exit 134, "terminate called
+# without an active exception": the thread, back from torch, is ended inside a C++ destructor),
+# seen on `update` stopped by SIGTERM. The exit now waits for it: its last line is written.
+_STOPPED_WHILE_A_PASS_RUNS = """
+import signal, sys, threading, time
+from pathlib import Path
+from rag_retriever.models.device import COMPUTE
+
+def long_pass():
+    time.sleep(1.5)
+    Path(sys.argv[1]).write_text("finished")
+
+main = threading.main_thread().ident  # at the main thread, whose wait it must interrupt
+threading.Timer(0.3, lambda: signal.pthread_kill(main, signal.SIGINT)).start()
+try:
+    COMPUTE.run(long_pass)
+except KeyboardInterrupt:
+    sys.exit(130)
+"""
+
+
+def test_a_process_stopped_while_a_pass_runs_exits_after_it(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    mark = tmp_path / "finished"
+    done = subprocess.run(
+        [sys.executable, "-c", _STOPPED_WHILE_A_PASS_RUNS, str(mark)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 130, done.stderr
+    assert mark.read_text() == "finished"
+
+
 def test_passes_asked_within_inline_run_in_the_asking_thread(tiny_encoder_dir: Path) -> None:
     """A trainer's thread (training_thread): its evaluations run where its steps do."""
     encoder = Encoder.load(str(tiny_encoder_dir), device="cpu", dtype="fp32", batch_size=2)

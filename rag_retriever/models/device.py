@@ -19,6 +19,7 @@ trained next keeps fp32 weights (`half_weights=False`); training runs under auto
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import functools
 import itertools
@@ -181,6 +182,7 @@ class ComputeThread:
         self._order = itertools.count()
         self._thread: threading.Thread | None = None
         self._local = threading.local()
+        self._stopping = False
         self.started = 0  # threads started so far (tests read it)
 
     @contextlib.contextmanager
@@ -202,12 +204,32 @@ class ComputeThread:
             return fn()
         future: Future[T] = Future()
         with self._lock:
+            if self._stopping:
+                raise RuntimeError("the process is stopping: no forward pass is started")
             self._tasks.put((priority, next(self._order), future, fn))
             if self._thread is None:
                 self._thread = threading.Thread(target=self._loop, name="rag-compute", daemon=True)
                 self.started += 1
                 self._thread.start()
         return future.result()
+
+    def stop(self, timeout: float = 60.0) -> None:
+        """Cancel the waiting passes, let the running one finish, end the thread (the process's
+        exit: a forward pass still running while the interpreter tears down aborts the process,
+        exit status 134, after a Ctrl-C or SIGTERM has ended the wait for it)."""
+        with self._lock:
+            self._stopping = True
+            thread = self._thread
+            while True:
+                try:
+                    _, _, future, _ = self._tasks.get_nowait()
+                except queue.Empty:
+                    break
+                future.cancel()
+            if thread is not None:  # wakes it now, not after COMPUTE_IDLE_S
+                self._tasks.put((-1, next(self._order), Future(), _end_loop))
+        if thread is not None:
+            thread.join(timeout)
 
     def _loop(self) -> None:
         while True:
@@ -219,6 +241,10 @@ class ComputeThread:
                         self._thread = None
                         return
                 continue
+            if fn is _end_loop:
+                with self._lock:
+                    self._thread = None
+                return
             if not future.set_running_or_notify_cancel():
                 continue
             try:
@@ -227,7 +253,12 @@ class ComputeThread:
                 future.set_exception(exc)
 
 
+def _end_loop() -> None:
+    """The task `ComputeThread.stop` queues: the loop ends when it reaches it."""
+
+
 COMPUTE = ComputeThread()
+atexit.register(COMPUTE.stop)
 
 P = ParamSpec("P")
 
