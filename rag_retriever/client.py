@@ -77,7 +77,8 @@ class Forbidden(RetrieverHTTPError):
 
 
 class NotFound(RetrieverHTTPError):
-    """404: an unknown collection (or a wrong base URL)."""
+    """404: an unknown collection, a wrong base URL, or a write endpoint of a server that runs
+    without RAG_WRITE_API_KEY (the write endpoints are absent there)."""
 
 
 class Conflict(RetrieverHTTPError):
@@ -94,6 +95,20 @@ class UnprocessableRequest(RetrieverHTTPError):
 
 class ServerError(RetrieverHTTPError):
     """5xx: the server failed; `detail` is what it chose to say."""
+
+
+class InvalidArgument(ClientError, ValueError):
+    """A call the client refuses before sending it: a string where a list of queries goes, a
+    filter of neither accepted form."""
+
+
+class ClientClosed(ClientError, RuntimeError):
+    """A call on a client after `close()` (`aclose()`): open a new one."""
+
+
+class UnexpectedResponse(ClientError):
+    """A 2xx answer whose body is not the API's: a proxy's page, or another service at the base
+    URL."""
 
 
 class RetrieverUnavailable(ClientError):
@@ -167,7 +182,7 @@ class SearchOptions(TypedDict, total=False):
 
     k: int | None
     mode: Mode | None
-    filter: SearchFilter | None
+    filter: SearchFilter | Mapping[str, Any] | None  # the dict form as the HTTP API takes it
     collection: str | None
     diversity: float | None
     expand: Literal["neighbours", "section"] | None
@@ -180,7 +195,10 @@ def search_body(**fields: Any) -> dict[str, Any]:
     """The JSON body of a search (`query` or `queries` plus SearchOptions); options that are None
     are left out, so the server's defaults apply."""
     body = {key: value for key, value in fields.items() if value is not None}
-    flt = body.pop("filter", None)
+    try:
+        flt = SearchFilter.of(body.pop("filter", None))
+    except (ValueError, TypeError) as exc:
+        raise InvalidArgument(str(exc)) from None
     if flt is not None and not flt.is_empty:
         body["filter"] = flt.to_dict()
     return body
@@ -201,6 +219,21 @@ class _Call(Generic[T]):
     wait_s: float = 0.0
 
 
+def _read(call: _Call[T], response: httpx.Response) -> T:
+    """The call's answer read from a 2xx response; UnexpectedResponse where it is not the API's."""
+    try:
+        return call.read(response)
+    except RagError:
+        raise
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        kind = response.headers.get("content-type", "no content type")
+        raise UnexpectedResponse(
+            f"{call.method} {response.request.url}: HTTP {response.status_code} ({kind}) is not "
+            f"a rag-retriever answer ({type(exc).__name__}: {exc}); is the base URL a "
+            f"rag-retriever service? The body begins: {response.text[:200]!r}"
+        ) from exc
+
+
 # The API, written once; RetrieverClient and AsyncRetrieverClient send these calls.
 def _retrieve(query: str, options: SearchOptions) -> _Call[SearchResult]:
     body = search_body(query=query, **options)
@@ -208,6 +241,10 @@ def _retrieve(query: str, options: SearchOptions) -> _Call[SearchResult]:
 
 
 def _retrieve_batch(queries: Sequence[str], options: SearchOptions) -> _Call[list[SearchResult]]:
+    if isinstance(queries, str):  # would be sent letter by letter
+        raise InvalidArgument(
+            "queries must be a list of questions, not one string; search(query) asks one"
+        )
     body = search_body(queries=list(queries), **options)
     return _Call("POST", "/v1/search/batch", _results, body)
 
@@ -476,12 +513,16 @@ class RetrieverClient(_Client):
         self.close()
 
     def _probe(self, path: str) -> bool:
+        if self._http.is_closed:
+            raise ClientClosed(f"GET {path}: this client is closed; open a new one")
         try:
             return _probe_answer(self._http.get(path))
         except httpx.TransportError:
             return False
 
     def _send(self, call: _Call[T]) -> T:
+        if self._http.is_closed:
+            raise ClientClosed(f"{call.method} {call.path}: this client is closed; open a new one")
         for attempt in range(self.retries + 1):
             response, error = None, None
             try:
@@ -492,7 +533,7 @@ class RetrieverClient(_Client):
                 error = exc
             done = _judge(attempt, self.retries, (call.method, self._url(call)), response, error)
             if done is not None:
-                return call.read(done)
+                return _read(call, done)
             time.sleep(_delay(self.backoff, attempt))
         raise AssertionError("unreachable: the last attempt returns or raises")
 
@@ -580,12 +621,16 @@ class AsyncRetrieverClient(_Client):
         await self.aclose()
 
     async def _probe(self, path: str) -> bool:
+        if self._http.is_closed:
+            raise ClientClosed(f"GET {path}: this client is closed; open a new one")
         try:
             return _probe_answer(await self._http.get(path))
         except httpx.TransportError:
             return False
 
     async def _send(self, call: _Call[T]) -> T:
+        if self._http.is_closed:
+            raise ClientClosed(f"{call.method} {call.path}: this client is closed; open a new one")
         for attempt in range(self.retries + 1):
             response, error = None, None
             try:
@@ -596,6 +641,6 @@ class AsyncRetrieverClient(_Client):
                 error = exc
             done = _judge(attempt, self.retries, (call.method, self._url(call)), response, error)
             if done is not None:
-                return call.read(done)
+                return _read(call, done)
             await asyncio.sleep(_delay(self.backoff, attempt))
         raise AssertionError("unreachable: the last attempt returns or raises")

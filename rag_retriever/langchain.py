@@ -142,7 +142,8 @@ class RagRetrieverLangChain(BaseRetriever):
         return self.backend.retrieve(query, **options)
 
     def _options(self, call: dict[str, Any]) -> SearchOptions:
-        """This retriever's options, with those `call` sets (not None) instead."""
+        """This retriever's options, with those `call` sets instead (None included: a call
+        clears an option the retriever sets, back to the backend's default)."""
         unknown = sorted(set(call) - set(CALL_OPTIONS))
         if unknown:
             raise TypeError(
@@ -150,5 +151,5 @@ class RagRetrieverLangChain(BaseRetriever):
                 f"set {', '.join(CALL_OPTIONS)}"
             )
         options: dict[str, Any] = {name: getattr(self, name) for name in CALL_OPTIONS}
-        options.update({name: value for name, value in call.items() if value is not None})
+        options.update(call)
         return SearchOptions(**options)  # type: ignore[typeddict-item]

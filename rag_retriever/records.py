@@ -422,6 +422,11 @@ class SearchFilter:
         if self.where is not None and not isinstance(self.where, _CONDITION_TYPES):
             # the JSON form, parsed (and checked) here
             object.__setattr__(self, "where", conditions.parse(self.where))
+        if isinstance(self.doc_ids, str):  # ("a") for ("a",): one id per character, 0 hits
+            raise TypeError(
+                f"SearchFilter.doc_ids must be a tuple of strings, not one string: write "
+                f"doc_ids=({self.doc_ids!r},)"
+            )
         if self.doc_ids is not None and not all(isinstance(d, str) for d in self.doc_ids):
             raise TypeError("SearchFilter.doc_ids must be a tuple of strings")
         for doc_id in self.doc_ids or ():
@@ -465,6 +470,19 @@ class SearchFilter:
         if self.where is not None:
             uses.extend(conditions.fields(self.where))
         return uses
+
+    @classmethod
+    def of(cls, value: SearchFilter | Mapping[str, Any] | None) -> SearchFilter | None:
+        """A search call's `filter` argument: a SearchFilter, its dict form (`from_dict`, as the
+        HTTP API takes it) or None; anything else is a ValueError naming both forms."""
+        if value is None or isinstance(value, SearchFilter):
+            return value
+        if isinstance(value, Mapping):
+            return cls.from_dict(value)
+        raise ValueError(
+            f"filter must be a SearchFilter or its dict form ({{'doc_ids': [...], 'equals': "
+            f"{{...}}, 'where': {{...}}}}), got {type(value).__name__}"
+        )
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any] | None) -> SearchFilter:

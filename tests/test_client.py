@@ -13,8 +13,10 @@ import pytest
 
 from rag_retriever.client import (
     AsyncRetrieverClient,
+    ClientClosed,
     ClientError,
     Conflict,
+    InvalidArgument,
     NotFound,
     PayloadTooLarge,
     RetrieverClient,
@@ -22,6 +24,7 @@ from rag_retriever.client import (
     RetrieverUnavailable,
     ServerError,
     Unauthorized,
+    UnexpectedResponse,
     UnprocessableRequest,
 )
 from rag_retriever.errors import RagError
@@ -193,6 +196,69 @@ def test_error_statuses_raise_typed_errors_and_are_not_retried(
     assert isinstance(info.value, ClientError) and isinstance(info.value, RagError)
     assert info.value.http_status == status and info.value.code == "some_code"
     assert len(recorder.requests) == 1
+
+
+def test_a_filter_in_its_dict_form_is_sent_as_the_same_filter() -> None:
+    recorder = Recorder(httpx.Response(200, json=result_json()))
+    as_dict = {"doc_ids": ["d1"], "equals": {"lang": "en"}}
+    with client_for(recorder) as client:
+        client.search("q", filter=as_dict)
+        client.search("q", filter=SearchFilter(doc_ids=("d1",), equals={"lang": "en"}))
+    first, second = (json.loads(r.content)["filter"] for r in recorder.requests)
+    assert first == second == as_dict
+
+
+@pytest.mark.parametrize(
+    ("call", "message"),
+    [
+        (lambda c: c.search_batch("oil"), "not one string"),  # would be "o", "i", "l"
+        (lambda c: c.search("q", filter=["d1"]), "filter must be a SearchFilter or its dict"),
+        (lambda c: c.search("q", filter={"doc_id": ["d1"]}), "unknown filter keys"),
+    ],
+)
+def test_a_call_the_client_cannot_mean_is_refused_before_it_is_sent(
+    call: Any, message: str
+) -> None:
+    recorder = Recorder(httpx.Response(200, json=result_json()))
+    with client_for(recorder) as client, pytest.raises(InvalidArgument, match=message):
+        call(client)
+    assert recorder.requests == []
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        httpx.Response(200, text="<html>Welcome to the proxy</html>"),  # not JSON
+        httpx.Response(200, json={"something": "else"}),  # JSON of another shape
+    ],
+)
+def test_a_2xx_that_is_not_the_apis_answer_is_an_unexpected_response(
+    answer: httpx.Response,
+) -> None:
+    with client_for(Recorder(answer)) as client:
+        with pytest.raises(UnexpectedResponse, match="is not a rag-retriever answer"):
+            client.search("q")
+        with pytest.raises(UnexpectedResponse, match="is the base URL a rag-retriever service"):
+            client.search_batch(["q"])
+
+
+def test_a_closed_client_says_so() -> None:
+    recorder = Recorder(httpx.Response(200, json=result_json()))
+    client = client_for(recorder)
+    client.close()
+    with pytest.raises(ClientClosed, match="this client is closed"):
+        client.search("q")
+    with pytest.raises(ClientClosed):
+        client.health()
+
+    async def run() -> None:
+        aclient = async_client_for(recorder)
+        await aclient.aclose()
+        with pytest.raises(ClientClosed, match="this client is closed"):
+            await aclient.search("q")
+
+    asyncio.run(run())
+    assert recorder.requests == [] and issubclass(ClientClosed, ClientError)
 
 
 def test_a_non_json_error_body_still_gives_a_typed_error() -> None:

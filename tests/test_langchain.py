@@ -168,6 +168,10 @@ def test_invoke_options_apply_to_that_call_only(local: Retriever, url: str) -> N
     check_documents(lc.invoke("the king", k=1), local, "the king", k=1, mode="hybrid")
     check_documents(lc.invoke("the king", mode="bm25"), local, "the king", k=4, mode="bm25")
     check_documents(lc.invoke("the king"), local, "the king", k=4, mode="hybrid")  # unchanged
+    # None clears the retriever's own option for the call: the backend's default k here
+    default_k = local.config.default_k
+    cleared = lc.invoke("the king", k=None)
+    check_documents(cleared, local, "the king", k=default_k, mode="hybrid")
     docs = asyncio.run(lc.ainvoke("the king", k=2))
     check_documents(docs, local, "the king", k=2, mode="hybrid")
     with pytest.raises(TypeError, match="a call may set k, mode, filter"):

@@ -189,6 +189,11 @@ def test_batch_equals_single(collection) -> None:
         ({"query": "x", "mode": "sparse"}, "unknown mode 'sparse'"),
         ({"query": "x", "mode": "rerank"}, "reranking is off"),
         ({"query": "x" * 2001}, "the limit is 2000"),
+        ({"query": b"king"}, "the query must be a string, got bytes"),  # not "empty"
+        ({"query": None}, "the query must be a string, got NoneType"),
+        ({"query": "x", "collection": ""}, "collection must be an alias or version name"),
+        ({"query": "x", "filter": ["doc2"]}, "filter must be a SearchFilter or its dict form"),
+        ({"query": "x", "filter": {"doc_ids": "doc2"}}, "'doc_ids' must be a list of strings"),
     ],
 )
 def test_bad_requests(collection, kwargs: dict, message: str) -> None:
@@ -196,6 +201,24 @@ def test_bad_requests(collection, kwargs: dict, message: str) -> None:
     query = kwargs.pop("query")
     with pytest.raises(InvalidRequest, match=message):
         retriever.search(query, **kwargs)
+
+
+def test_a_filter_in_its_dict_form_is_the_same_filter(collection) -> None:
+    retriever, _ = collection
+    as_dict = {"doc_ids": ["doc2", "doc7", "doc4"], "equals": {"year": 2002}}
+    as_filter = SearchFilter(doc_ids=("doc2", "doc7", "doc4"), equals={"year": 2002})
+    by_dict = retriever.search("the wine of the king", k=20, filter=as_dict)
+    by_filter = retriever.search("the wine of the king", k=20, filter=as_filter)
+    assert [h.chunk_id for h in by_dict] == [h.chunk_id for h in by_filter]
+    assert by_dict and {h.doc_id for h in by_dict} == {"doc2"}
+
+
+def test_one_string_where_a_sequence_goes_is_refused(collection) -> None:
+    retriever, _ = collection
+    with pytest.raises(InvalidRequest, match="not one string"):  # not "k", "i", "n", "g"
+        retriever.search_batch("king")
+    with pytest.raises(TypeError, match=r"write doc_ids=\('doc2',\)"):  # ("doc2") for ("doc2",)
+        SearchFilter(doc_ids="doc2")  # type: ignore[arg-type]
 
 
 def test_unknown_collection_lists_the_existing_ones(collection) -> None:

@@ -14,8 +14,9 @@ Values only: nothing here searches (query/retriever.py does).
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
-from typing import TypedDict
+from typing import Any, TypedDict
 
 from rag_retriever import conditions
 from rag_retriever.access import with_conditions
@@ -96,7 +97,7 @@ class SearchOptions(TypedDict, total=False):
 
     k: int | None
     mode: Mode | None
-    filter: SearchFilter | None
+    filter: SearchFilter | Mapping[str, Any] | None  # the dict form as the HTTP API takes it
     collection: str | None
     diversity: float | None
     expand: ExpandKind | None

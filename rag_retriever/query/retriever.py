@@ -27,8 +27,8 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Unpack
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Unpack
 
 import numpy as np
 
@@ -217,7 +217,7 @@ class Retriever:
         *,
         k: int | None = None,
         mode: Mode | None = None,
-        filter: SearchFilter | None = None,
+        filter: SearchFilter | Mapping[str, Any] | None = None,
         collection: str | None = None,
         diversity: float | None = None,
         expand: ExpandKind | None = None,
@@ -235,7 +235,20 @@ class Retriever:
         is) is below it; in rerank mode, the chunks past the reranked ones too. `filter`'s fields
         must be fields of the version's documents (InvalidRequest lists them). `tenant`: that
         tenant's documents only (docs/tenants.md)."""
-        filter = tenant_filter(filter, tenant)
+        if isinstance(queries, str):  # would be searched letter by letter
+            raise InvalidRequest(
+                "queries must be a list of questions, not one string; search(query) asks one"
+            )
+        if collection is not None and (not isinstance(collection, str) or not collection):
+            raise InvalidRequest(
+                f"collection must be an alias or version name, got {collection!r}; leave it out "
+                f"for the default ({self.default_collection!r})"
+            )
+        try:
+            flt = SearchFilter.of(filter)
+        except (ValueError, TypeError) as exc:
+            raise InvalidRequest(str(exc)) from None
+        filter = tenant_filter(flt, tenant)
         k = self._check_k(k)
         chosen_mode = self._check_mode(mode)
         shape = self._check_options(diversity, expand, expand_tokens, min_score, chosen_mode)
@@ -477,7 +490,9 @@ class Retriever:
             raise InvalidRequest(str(exc)) from None
 
     def _check_query(self, query: str) -> None:
-        if not isinstance(query, str) or is_blank(query):
+        if not isinstance(query, str):
+            raise InvalidRequest(f"the query must be a string, got {type(query).__name__}")
+        if is_blank(query):
             raise InvalidRequest("the query is empty; send a question with at least one word")
         bad = _lone_surrogate(query)
         if bad is not None:
