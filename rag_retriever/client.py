@@ -416,6 +416,12 @@ class _Client:
         return f"{self.base_url.rstrip('/')}{call.path}"
 
 
+def _check_open(http: httpx.Client | httpx.AsyncClient, method: str, path: str) -> None:
+    """ClientClosed for a call after close() (httpx's own error would be a RuntimeError)."""
+    if http.is_closed:
+        raise ClientClosed(f"{method} {path}: this client is closed; open a new one")
+
+
 class RetrieverClient(_Client):
     """A blocking client of `rag-retriever serve`. Use it as a context manager, or call close()."""
 
@@ -513,16 +519,14 @@ class RetrieverClient(_Client):
         self.close()
 
     def _probe(self, path: str) -> bool:
-        if self._http.is_closed:
-            raise ClientClosed(f"GET {path}: this client is closed; open a new one")
+        _check_open(self._http, "GET", path)
         try:
             return _probe_answer(self._http.get(path))
         except httpx.TransportError:
             return False
 
     def _send(self, call: _Call[T]) -> T:
-        if self._http.is_closed:
-            raise ClientClosed(f"{call.method} {call.path}: this client is closed; open a new one")
+        _check_open(self._http, call.method, call.path)
         for attempt in range(self.retries + 1):
             response, error = None, None
             try:
@@ -621,16 +625,14 @@ class AsyncRetrieverClient(_Client):
         await self.aclose()
 
     async def _probe(self, path: str) -> bool:
-        if self._http.is_closed:
-            raise ClientClosed(f"GET {path}: this client is closed; open a new one")
+        _check_open(self._http, "GET", path)
         try:
             return _probe_answer(await self._http.get(path))
         except httpx.TransportError:
             return False
 
     async def _send(self, call: _Call[T]) -> T:
-        if self._http.is_closed:
-            raise ClientClosed(f"{call.method} {call.path}: this client is closed; open a new one")
+        _check_open(self._http, call.method, call.path)
         for attempt in range(self.retries + 1):
             response, error = None, None
             try:
