@@ -35,6 +35,17 @@ def positive_count(text: str) -> int:
     return value
 
 
+def factor(text: str) -> float:
+    """An argparse `type`: a number of at least 1 (an oversampling, a breadth multiplier)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"takes a number of at least 1 (got {text!r})") from None
+    if not value >= 1:  # NaN too
+        raise argparse.ArgumentTypeError(f"takes a number of at least 1 (got {value:g})")
+    return value
+
+
 def child_json(
     script: str, args: list[str], env: dict[str, str], what: str, cwd: str | None = None
 ) -> dict[str, Any]:

@@ -27,21 +27,31 @@ HNSW then searches them all, and the end-to-end recall says how often the gold s
 among them. `--shard-points N` writes every version in base shards of at most N chunks
 (RAG_BASE_SHARD_POINTS), so the recall is that of a query asking several shards (the first for
 the whole limit, the others for their share: store/edge.py, SHARE_OVERASK).
+
+`--ef-per-result A B ...` and `--oversampling X Y ...` score the same versions again with each
+HNSW breadth (ef = A times the neighbours asked for; the product's is HNSW_EF_PER_RESULT) and
+each quantized oversampling (QUANTIZATION_OVERSAMPLING; float32 has none to vary), the product's
+constants patched between passes in this process; each line then also gives the median time of
+the engine's part of a dense query (`timings_ms["search"]`, no encoding): read it as a ratio
+to the product's setting of the same run, not as a latency (bench_engine measures those).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
+import statistics
 import tempfile
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from bench.bench_bm25 import iter_synthetic_chunks
-from bench.bench_common import positive_count, read_jsonl, real_sentences, shared_path
+from bench.bench_common import factor, positive_count, read_jsonl, real_sentences, shared_path
 from rag_retriever import Settings
 from rag_retriever.eval.evaluation import Level, evaluate
 from rag_retriever.eval.questions import load_questions
@@ -50,7 +60,9 @@ from rag_retriever.ingest.writer import ingest_documents
 from rag_retriever.models.encoder import load_encoder
 from rag_retriever.query.retriever import Retriever
 from rag_retriever.records import Document, Mode, Quantization
-from rag_retriever.store import EdgeStore
+from rag_retriever.store import HNSW_EF_PER_RESULT, EdgeStore
+from rag_retriever.store import edge as edge_module
+from rag_retriever.store.base import QUANTIZATION_OVERSAMPLING
 from rag_retriever.store.shards import BASE_SHARD_POINTS
 
 SETTINGS: tuple[Quantization, ...] = ("none", "int8", "binary")
@@ -84,11 +96,27 @@ MODES: tuple[Mode, ...] = ("dense", "hybrid")
 COPY_BATCH = 1024
 
 
+@contextlib.contextmanager
+def search_params(ef_per_result: int, oversampling: float) -> Iterator[None]:
+    """Within: Qdrant Edge's dense searches at this breadth and oversampling."""
+    saved = edge_module.HNSW_EF_PER_RESULT, edge_module.QUANTIZATION_OVERSAMPLING
+    edge_module.HNSW_EF_PER_RESULT, edge_module.QUANTIZATION_OVERSAMPLING = (
+        ef_per_result,
+        oversampling,
+    )
+    try:
+        yield
+    finally:
+        edge_module.HNSW_EF_PER_RESULT, edge_module.QUANTIZATION_OVERSAMPLING = saved
+
+
 def run(
     n_questions: int = 1000,
     distractors: int = 0,
     dataset: str = "squad",
     shard_points: int | None = None,
+    ef_per_result: Sequence[int] = (),
+    oversampling: Sequence[float] = (),
 ) -> dict[str, Any]:
     data = DATASETS[dataset]
     articles = read_jsonl(shared_path(data.folder, "docs.jsonl"))
@@ -141,29 +169,60 @@ def run(
         exact = np.stack(
             [np.argsort(-(matrix @ vector), kind="stable")[:100] for vector in vectors]
         )
-        for label, served in stores.items():
-            retriever = Retriever(encoder=encoder, store=served, collection="kb")
-            of_exact = {"dense@10": 0.0, "dense@100": 0.0}
-            for i, q in enumerate(questions):
-                got = [h.chunk_id for h in retriever.retrieve(q.question, k=100, mode="dense").hits]
-                top = [point_ids[j] for j in exact[i]]
-                of_exact["dense@10"] += len(set(got[:10]) & set(top[:10])) / 10
-                of_exact["dense@100"] += len(set(got) & set(top)) / 100
-            scored = evaluate(
-                retriever, questions, collection="kb", modes=MODES, ks=(10,), level=data.level
-            ).summary["modes"]
-            out[label] = {k: v / len(questions) for k, v in of_exact.items()}
-            for mode in MODES:
-                out[label][f"{mode}_recall@10"] = scored[mode]["recall@10"]
-                out[label][f"{mode}_ndcg@10"] = scored[mode]["ndcg@10"]
+        top = [[point_ids[j] for j in row] for row in exact]
+        retrievers = {
+            label: Retriever(encoder=encoder, store=served, collection="kb")
+            for label, served in stores.items()
+        }
+        for label, retriever in retrievers.items():
+            out[label] = _score(retriever, questions, top, data.level)
             out[label]["disk_mb"] = (
                 sum(p.stat().st_size for p in (root / label).rglob("*") if p.is_file()) / 2**20
             )
+        default = (HNSW_EF_PER_RESULT, QUANTIZATION_OVERSAMPLING)
+        out["sweep"] = []
+        for ef in ef_per_result or (HNSW_EF_PER_RESULT,):
+            for over in oversampling or (QUANTIZATION_OVERSAMPLING,):
+                if (ef, over) == default:
+                    continue  # scored above
+                with search_params(ef, over):
+                    for label, retriever in retrievers.items():
+                        if label == "none" and over != QUANTIZATION_OVERSAMPLING:
+                            continue  # float32 has nothing to oversample
+                        figures = _score(retriever, questions, top, data.level)
+                        out["sweep"].append(
+                            {"setting": label, "ef_per_result": ef, "oversampling": over} | figures
+                        )
+        for served in stores.values():
             served.close()
     out["chunks"] = len(point_ids)
     out["distractors"] = distractors
     out["shard_points"] = shard_points
     return out
+
+
+def _score(
+    retriever: Retriever, questions: Sequence[Any], top: list[list[str]], level: Level
+) -> dict[str, Any]:
+    """Dense recall@10/@100 of the exact top lists, the median engine time of a dense query, and
+    the end-to-end recall@10 and nDCG@10 of each mode."""
+    of_exact = {"dense@10": 0.0, "dense@100": 0.0}
+    search_ms = []
+    for q, exact in zip(questions, top, strict=True):
+        result = retriever.retrieve(q.question, k=100, mode="dense")
+        got = [h.chunk_id for h in result.hits]
+        search_ms.append(result.timings_ms.get("search", 0.0))
+        of_exact["dense@10"] += len(set(got[:10]) & set(exact[:10])) / 10
+        of_exact["dense@100"] += len(set(got) & set(exact)) / 100
+    scored = evaluate(
+        retriever, list(questions), collection="kb", modes=MODES, ks=(10,), level=level
+    ).summary["modes"]
+    figures: dict[str, Any] = {k: v / len(questions) for k, v in of_exact.items()}
+    figures["dense_search_p50_ms"] = statistics.median(search_ms)
+    for mode in MODES:
+        figures[f"{mode}_recall@10"] = scored[mode]["recall@10"]
+        figures[f"{mode}_ndcg@10"] = scored[mode]["ndcg@10"]
+    return figures
 
 
 def report(result: dict[str, Any]) -> list[str]:
@@ -185,7 +244,17 @@ def report(result: dict[str, Any]) -> list[str]:
             f"{r['dense@100']:.4f}; recall@10 dense {r['dense_recall@10']:.4f}, hybrid "
             f"{r['hybrid_recall@10']:.4f} (vs none: {moved}); nDCG@10 dense "
             f"{r['dense_ndcg@10']:.4f}, hybrid {r['hybrid_ndcg@10']:.4f}; "
-            f"disk {r['disk_mb']:.1f} MB"
+            f"disk {r['disk_mb']:.1f} MB; dense engine time p50 {r['dense_search_p50_ms']:.2f} ms"
+        )
+    for r in result.get("sweep", ()):
+        base = result[r["setting"]]
+        lines.append(
+            f"{r['setting']} at ef {r['ef_per_result']}x, oversampling {r['oversampling']:g}: "
+            f"dense recall@10 / @100 of exact search {r['dense@10']:.4f} / {r['dense@100']:.4f}; "
+            f"recall@10 dense {r['dense_recall@10']:.4f}, hybrid {r['hybrid_recall@10']:.4f}; "
+            f"dense engine time p50 {r['dense_search_p50_ms']:.2f} ms "
+            f"({r['dense_search_p50_ms'] / max(base['dense_search_p50_ms'], 1e-9):.2f}x the "
+            f"product's ef {HNSW_EF_PER_RESULT}x, oversampling {QUANTIZATION_OVERSAMPLING:g})"
         )
     return lines
 
@@ -206,11 +275,34 @@ def main(argv: list[str] | None = None) -> int:
         help="most chunks in one base shard of each version (RAG_BASE_SHARD_POINTS; default: "
         "the product's, one shard at these sizes)",
     )
+    parser.add_argument(
+        "--ef-per-result",
+        type=positive_count,
+        nargs="+",
+        default=(),
+        help=f"also score at these HNSW breadths (ef = this x neighbours asked; the product's: "
+        f"{HNSW_EF_PER_RESULT})",
+    )
+    parser.add_argument(
+        "--oversampling",
+        type=factor,
+        nargs="+",
+        default=(),
+        help=f"also score the quantized settings at these oversamplings (the product's: "
+        f"{QUANTIZATION_OVERSAMPLING:g})",
+    )
     parser.add_argument("--json", type=Path, help="also write the results here")
     args = parser.parse_args(argv)
     if args.questions < 1 or args.distractors < 0:
         parser.error("--questions must be at least 1 and --distractors at least 0")
-    result = run(args.questions, args.distractors, args.dataset, args.shard_points)
+    result = run(
+        args.questions,
+        args.distractors,
+        args.dataset,
+        args.shard_points,
+        args.ef_per_result,
+        args.oversampling,
+    )
     for text in report(result):
         print(text, flush=True)
     if args.json:
