@@ -292,6 +292,13 @@ def main(argv: list[str] | None = None) -> int:
         f"{QUANTIZATION_OVERSAMPLING:g})",
     )
     parser.add_argument("--json", type=Path, help="also write the results here")
+    parser.add_argument(
+        "--constants-out",
+        type=Path,
+        help="add this run's dense recall of the exact top 10/100 to a plan constants file "
+        "(`recall`, which `rag-retriever plan` prints beside its figures; the file's other "
+        "constants are kept)",
+    )
     args = parser.parse_args(argv)
     if args.questions < 1 or args.distractors < 0:
         parser.error("--questions must be at least 1 and --distractors at least 0")
@@ -307,7 +314,30 @@ def main(argv: list[str] | None = None) -> int:
         print(text, flush=True)
     if args.json:
         args.json.write_text(json.dumps(result, indent=2))
+    if args.constants_out:
+        constants = json.loads(args.constants_out.read_text(encoding="utf-8"))
+        constants["recall"] = recall_constants(result, argv)
+        args.constants_out.write_text(json.dumps(constants, indent=1) + "\n", encoding="utf-8")
     return 0
+
+
+def recall_constants(result: dict[str, Any], argv: Sequence[str] | None) -> dict[str, Any]:
+    """The plan's `recall` entry: each setting's dense recall of an exact search at the
+    product's breadth and oversampling, and the command that measured it."""
+    import datetime
+    import sys
+
+    args = [a for a in (sys.argv[1:] if argv is None else argv)]
+    if "--constants-out" in args:  # the command, not where it wrote
+        at = args.index("--constants-out")
+        del args[at : at + 2]
+    return {
+        "chunks": result["chunks"],
+        "dense_at10_of_exact": {s: round(result[s]["dense@10"], 4) for s in SETTINGS},
+        "dense_at100_of_exact": {s: round(result[s]["dense@100"], 4) for s in SETTINGS},
+        "date": datetime.date.today().isoformat(),
+        "command": " ".join(["python -m bench.bench_quantization", *args]),
+    }
 
 
 if __name__ == "__main__":

@@ -429,3 +429,32 @@ def test_the_served_figures_add_the_http_services_own_cost_to_each_query() -> No
     none = plan.settings[0]
     assert none.p50_ms == pytest.approx(4.0 + 10.0 + 28.0)
     assert none.machine_qps == pytest.approx(2000 / 42.0)
+
+
+def test_the_recall_measured_on_real_embeddings_is_said_beside_the_figures() -> None:
+    """The plan's figures hold no recall; where the constants have it (bench_quantization
+    --constants-out), the plan says what it was at the largest size measured and how far past
+    it the brief is, and says nothing where they have none."""
+    from bench.bench_quantization import recall_constants
+
+    result = {
+        "chunks": 315_045,
+        **{
+            s: {"dense@10": v, "dense@100": v - 0.2}
+            for s, v in (("none", 0.9516), ("int8", 0.95249), ("binary", 0.89331))
+        },
+    }
+    argv = ["--distractors", "300000", "--constants-out", "capacity.json"]
+    recall = recall_constants(result, argv)
+    assert recall["command"] == "python -m bench.bench_quantization --distractors 300000"
+    assert recall["dense_at10_of_exact"] == {"none": 0.9516, "int8": 0.9525, "binary": 0.8933}
+    constants = {**CASE, "recall": recall}
+    text = "\n".join(describe(make_plan(Brief(chunks=20_000_000, dim=8), constants)))
+    assert (
+        "real embeddings at 315,045 chunks, the largest measured: none 0.95, int8 0.95, binary 0.89"
+        in text
+        and "this brief is 63x past it" in text
+    )
+    assert "real embeddings" not in "\n".join(
+        describe(make_plan(Brief(chunks=20_000_000, dim=8), CASE))
+    )

@@ -171,6 +171,9 @@ class Plan:
     served: dict[str, Any] = field(default_factory=dict)  # the HTTP service measured at load
     overhead_ms: float = 0.0  # a query's cost through the service beyond encoding and engine
     shard_points: int = BASE_SHARD_POINTS  # the base shard size the figures are computed for
+    # dense recall of an exact search's top 10 on real embeddings, each setting, at the largest
+    # size measured (bench_quantization); not in the figures, said beside them
+    recall: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -184,6 +187,7 @@ class Plan:
             "served": self.served,
             "overhead_ms": self.overhead_ms,
             "shard_points": self.shard_points,
+            "recall": self.recall,
         }
 
 
@@ -247,6 +251,7 @@ def make_plan(brief: Brief, constants: dict[str, Any], shard_points: int | None 
         dict(served),
         overhead_ms,
         cap,
+        dict(constants.get("recall") or {}),
     )
 
 
@@ -643,4 +648,13 @@ def describe(plan: Plan) -> list[str]:
         "not measured: p95 under load at this size is a queueing estimate from single-client "
         "latency; a cluster's network and fan-out; the reranker's cost"
     )
+    if plan.recall:
+        r = plan.recall
+        found = ", ".join(f"{name} {value:.2f}" for name, value in r["dense_at10_of_exact"].items())
+        past = b.chunks / float(r["chunks"])
+        lines.append(
+            f"dense recall@10 of an exact search on real embeddings at {r['chunks']:,} chunks, "
+            f"the largest measured: {found} (`{r['command']}`); it falls as the index grows"
+            + (f", and this brief is {past:.0f}x past it" if past > 1 else "")
+        )
     return lines
