@@ -22,7 +22,7 @@ import threading
 from collections.abc import Sequence
 
 from rag_retriever import __version__, tracing
-from rag_retriever.cli.common import command_settings
+from rag_retriever.cli.common import check_files, command_settings
 from rag_retriever.cli.ingest import add_ingest, add_update
 from rag_retriever.cli.operate import add_doctor, add_plan, add_questions, add_serve
 from rag_retriever.cli.query import add_search, add_versions, format_result
@@ -100,6 +100,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, _stop_on_sigterm)
     try:
+        check_files(args)  # a file the command reads, refused before it loads anything
         settings = command_settings(args)
         logging.basicConfig(
             level=getattr(logging, settings.log_level.upper(), logging.INFO),

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from rag_retriever.errors import RagError
+from rag_retriever.errors import ConfigError, RagError
 from rag_retriever.settings import (
     Settings,
     choices_of,
@@ -104,10 +104,17 @@ def parse_duration(text: str) -> float:
     return seconds
 
 
-def existing_file(text: str) -> Path:
-    """A file the command will read (labelled questions): refused before any model loads."""
-    path = Path(text)
-    if not path.is_file():
-        why = "is a folder" if path.is_dir() else "does not exist"
-        raise argparse.ArgumentTypeError(f"{text} {why}: expected a file")
-    return path
+def reads_files(parser: argparse.ArgumentParser, *dests: str) -> None:
+    """The flags of `parser` that name a file its command reads (labelled questions): `main`
+    checks them before the command runs, so a missing one is refused before any model loads
+    (not at parse time: a documented command still parses where its files are not)."""
+    parser.set_defaults(reads_files=dests)
+
+
+def check_files(args: argparse.Namespace) -> None:
+    """ConfigError (exit 2) for a file flag of `reads_files` that names no file."""
+    for dest in getattr(args, "reads_files", ()):
+        path: Path | None = getattr(args, dest, None)
+        if path is not None and not path.is_file():
+            why = "is a folder" if path.is_dir() else "does not exist"
+            raise ConfigError(f"--{dest.replace('_', '-')} {path} {why}: expected a file")

@@ -16,7 +16,7 @@ from rag_retriever.cli.common import (
     STORE,
     WRITE,
     command_settings,
-    existing_file,
+    reads_files,
     setting_flags,
 )
 from rag_retriever.errors import ConfigError, GateRejected
@@ -300,9 +300,8 @@ def add_ingest(sub: Any) -> None:
     p.add_argument(
         "--no-promote", action="store_true", help="build the version, do not move the alias"
     )
-    p.add_argument(
-        "--gate", type=existing_file, help="labelled questions: evaluate before promoting"
-    )
+    p.add_argument("--gate", type=Path, help="labelled questions: evaluate before promoting")
+    reads_files(p, "gate")
     p.add_argument("--gate-k", type=int, default=10, help="the k of the gate's recall@k (10)")
     p.add_argument("--min-recall", type=float, default=0.0, help="refuse below this recall@k (0)")
     p.add_argument(

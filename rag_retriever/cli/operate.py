@@ -14,7 +14,7 @@ from rag_retriever.cli.common import (
     QUERY,
     STORE,
     command_settings,
-    existing_file,
+    reads_files,
     setting_flags,
 )
 from rag_retriever.errors import ConfigError
@@ -132,9 +132,8 @@ def add_doctor(sub: Any) -> None:
         metavar="DIR",
         help="query log directories (only the queries asked of --collection's alias are read)",
     )
-    p.add_argument(
-        "--questions", type=existing_file, help="labelled questions: drift is measured from them"
-    )
+    p.add_argument("--questions", type=Path, help="labelled questions: drift is measured from them")
+    reads_files(p, "questions")
     for name, text in (
         ("duplicate_similarity", "cosine at which two chunks count as near-duplicates"),
         ("max_duplicate_share", "fail above this share of near-duplicate chunks"),

@@ -12,8 +12,8 @@ from rag_retriever.cli.common import (
     MODEL,
     STORE,
     command_settings,
-    existing_file,
     parse_duration,
+    reads_files,
     setting_flags,
 )
 from rag_retriever.settings import (
@@ -236,10 +236,11 @@ def _training_args(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--questions",
-        type=existing_file,
+        type=Path,
         required=True,
         help="labelled training questions (.jsonl)",
     )
+    reads_files(p, "questions")
     p.add_argument("--out", type=Path, required=True, help="output model directory")
     p.add_argument("--epochs", type=int, default=1, help="passes over the questions (1)")
     p.add_argument("--max-questions", type=int, help="use only the first N questions")
@@ -347,9 +348,8 @@ def add_tune_fusion(sub: Any) -> None:
         help="fit the fusion of dense and BM25 (RRF k, weights, depths, or DBSF) on questions",
     )
     p.add_argument("--collection", required=True, help="alias or version to tune")
-    p.add_argument(
-        "--questions", type=existing_file, required=True, help="labelled questions (.jsonl)"
-    )
+    p.add_argument("--questions", type=Path, required=True, help="labelled questions (.jsonl)")
+    reads_files(p, "questions")
     p.add_argument(
         "--held-out", type=float, default=0.3, help="part checked, split by document (0.3)"
     )
@@ -373,9 +373,8 @@ def add_improve(sub: Any) -> None:
         "result only when it beats the live version on held-out questions",
     )
     p.add_argument("--collection", required=True, help="the alias to improve")
-    p.add_argument(
-        "--questions", type=existing_file, required=True, help="labelled questions (.jsonl)"
-    )
+    p.add_argument("--questions", type=Path, required=True, help="labelled questions (.jsonl)")
+    reads_files(p, "questions")
     p.add_argument(
         "--steps",
         default="embedder,fusion,reranker",

@@ -31,6 +31,7 @@ from rag_retriever.records import (
     SearchFilter,
     StageScore,
     check_tenant,
+    is_blank,
 )
 from rag_retriever.settings import RerankFusion, Settings
 from rag_retriever.store import Store, VersionRecord
@@ -261,6 +262,50 @@ def check_filter(flt: SearchFilter | None, opened: OpenCollection) -> None:
             + f". The fields it can name: {known or 'none (no document has metadata)'}"
             + (f" and {more} more" if more > 0 else "")
         )
+
+
+def check_query(query: object, max_chars: int) -> None:
+    """InvalidRequest for a query that is not a string, blank, not valid Unicode, or longer than
+    `max_chars` (RAG_MAX_QUERY_CHARS)."""
+    if not isinstance(query, str):
+        raise InvalidRequest(f"the query must be a string, got {type(query).__name__}")
+    if is_blank(query):
+        raise InvalidRequest("the query is empty; send a question with at least one word")
+    try:
+        query.encode("utf-8")
+    except UnicodeEncodeError as exc:  # a lone surrogate
+        raise InvalidRequest(
+            f"the query is not valid Unicode (a lone surrogate at character {exc.start}); "
+            f"send UTF-8 text"
+        ) from None
+    if len(query) > max_chars:
+        raise InvalidRequest(
+            f"the query is {len(query)} characters long; the limit is {max_chars} "
+            f"(RAG_MAX_QUERY_CHARS)"
+        )
+
+
+def check_request(
+    queries: object,
+    collection: object,
+    flt: SearchFilter | Mapping[str, Any] | None,
+    default_collection: str,
+) -> SearchFilter | None:
+    """A search call's queries and collection checked, and its filter as a SearchFilter (the
+    dict form as the HTTP API takes it accepted); InvalidRequest for what it cannot mean."""
+    if isinstance(queries, str):  # would be searched letter by letter
+        raise InvalidRequest(
+            "queries must be a list of questions, not one string; search(query) asks one"
+        )
+    if collection is not None and (not isinstance(collection, str) or not collection):
+        raise InvalidRequest(
+            f"collection must be an alias or version name, got {collection!r}; leave it out "
+            f"for the default ({default_collection!r})"
+        )
+    try:
+        return SearchFilter.of(flt)
+    except (ValueError, TypeError) as exc:
+        raise InvalidRequest(str(exc)) from None
 
 
 def tenant_filter(flt: SearchFilter | None, tenant: str | None) -> SearchFilter | None:

@@ -56,6 +56,8 @@ from rag_retriever.query.options import (
     at_least,
     check_filter,
     check_min_score,
+    check_query,
+    check_request,
     serving_record,
     tenant_filter,
 )
@@ -67,7 +69,6 @@ from rag_retriever.records import (
     SearchFilter,
     SearchResult,
     StageScore,
-    is_blank,
     tenant_of,
 )
 from rag_retriever.settings import Settings, default_of
@@ -235,19 +236,7 @@ class Retriever:
         is) is below it; in rerank mode, the chunks past the reranked ones too. `filter`'s fields
         must be fields of the version's documents (InvalidRequest lists them). `tenant`: that
         tenant's documents only (docs/tenants.md)."""
-        if isinstance(queries, str):  # would be searched letter by letter
-            raise InvalidRequest(
-                "queries must be a list of questions, not one string; search(query) asks one"
-            )
-        if collection is not None and (not isinstance(collection, str) or not collection):
-            raise InvalidRequest(
-                f"collection must be an alias or version name, got {collection!r}; leave it out "
-                f"for the default ({self.default_collection!r})"
-            )
-        try:
-            flt = SearchFilter.of(filter)
-        except (ValueError, TypeError) as exc:
-            raise InvalidRequest(str(exc)) from None
+        flt = check_request(queries, collection, filter, self.default_collection)
         filter = tenant_filter(flt, tenant)
         k = self._check_k(k)
         chosen_mode = self._check_mode(mode)
@@ -342,7 +331,7 @@ class Retriever:
         assert self.cache is not None
         t0 = time.perf_counter()
         for q in queries:
-            self._check_query(q)
+            check_query(q, self.config.max_query_chars)
         name = self.store.resolve(collection or self.default_collection)
         key = CacheKey(
             name, mode, k, json.dumps(flt.to_dict(), sort_keys=True) if flt else "", shape.key
@@ -406,7 +395,7 @@ class Retriever:
         chosen_mode = self._check_mode(mode)
         for i, q in enumerate(queries):
             try:
-                self._check_query(q)
+                check_query(q, self.config.max_query_chars)
             except InvalidRequest as exc:
                 if len(queries) == 1:
                     raise
@@ -488,23 +477,6 @@ class Retriever:
             )
         except ValueError as exc:
             raise InvalidRequest(str(exc)) from None
-
-    def _check_query(self, query: str) -> None:
-        if not isinstance(query, str):
-            raise InvalidRequest(f"the query must be a string, got {type(query).__name__}")
-        if is_blank(query):
-            raise InvalidRequest("the query is empty; send a question with at least one word")
-        bad = _lone_surrogate(query)
-        if bad is not None:
-            raise InvalidRequest(
-                f"the query is not valid Unicode (a lone surrogate at character {bad}); "
-                f"send UTF-8 text"
-            )
-        if len(query) > self.config.max_query_chars:
-            raise InvalidRequest(
-                f"the query is {len(query)} characters long; the limit is "
-                f"{self.config.max_query_chars} (RAG_MAX_QUERY_CHARS)"
-            )
 
     def _bm25_of(self, name: str, record: VersionRecord) -> BM25Model:
         """The version's BM25 query side; the document frequencies of a version are read once
@@ -803,12 +775,3 @@ class Retriever:
             if term in present and term not in seen:
                 seen[term] = word
         return tuple(seen.values())
-
-
-def _lone_surrogate(text: str) -> int | None:
-    """Where `text` stops being encodable as UTF-8 (a lone surrogate), or None."""
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError as exc:
-        return exc.start
-    return None
