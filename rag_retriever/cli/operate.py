@@ -290,12 +290,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
     chunks = (
         args.chunks if args.chunks is not None else round(args.documents * args.chunks_per_document)
     )
-    # this machine's only where not given: a 0 given is refused by Brief, never replaced
-    memory_gb = (
-        args.memory_gb
-        if args.memory_gb is not None
-        else os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
-    )
+    memory_gb = args.memory_gb
+    if memory_gb is None:  # this machine's; a 0 given is refused by Brief, never replaced
+        memory_gb = round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1)
     brief = Brief(
         chunks=chunks,
         qps=args.qps,
@@ -303,7 +300,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         edits_per_day=args.edits_per_day,
         chunks_per_edit=args.chunks_per_document,
         nodes=args.nodes,
-        memory_gb=round(memory_gb, 1) if args.memory_gb is None else memory_gb,
+        memory_gb=memory_gb,
         cores=args.cores if args.cores is not None else os.cpu_count() or 1,
         dim=args.dim,
     )
