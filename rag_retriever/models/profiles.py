@@ -126,6 +126,12 @@ def write_profile_file(directory: Path, profile: ModelProfile) -> None:
     )
 
 
+def looks_like_path(spec: str) -> bool:
+    """Whether a model name is meant as a local folder rather than a hub id ("org/name"): it
+    starts with ".", "/" or "~", or has more than one "/"."""
+    return spec.startswith((".", "/", "~")) or spec.count("/") > 1
+
+
 def resolve_model(
     spec: str,
     *,
@@ -153,7 +159,7 @@ def resolve_model(
         source = str(bundled())
         profile = family_profile(spec.split("/")[-1])
         name_for_error = spec
-    elif path.exists() or spec.startswith((".", "/", "~")) or spec.count("/") > 1:  # a path
+    elif path.exists() or looks_like_path(spec):
         what = "is a file, not a directory" if path.exists() else "no such directory"
         raise ModelLoadError(
             f"model {spec!r}: {what}; set RAG_EMBED_MODEL (--model) to a folder of "

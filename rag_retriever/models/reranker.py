@@ -39,6 +39,7 @@ from rag_retriever.models.device import (
     forward,
 )
 from rag_retriever.models.encoder import Tokens, tokenize_once
+from rag_retriever.models.profiles import looks_like_path
 from rag_retriever.models.quiet import quiet_transformers
 from rag_retriever.settings import Settings
 
@@ -139,8 +140,7 @@ class CrossEncoderReranker:
         max_length: int = 256,
     ) -> CrossEncoderReranker:
         source = str(source)
-        looks_like_path = source.startswith((".", "/", "~")) or source.count("/") > 1
-        if looks_like_path and not Path(source).expanduser().is_dir():
+        if looks_like_path(source) and not Path(source).expanduser().is_dir():
             raise ModelLoadError(
                 f"reranker {source!r}: no such directory; set RAG_RERANK_MODEL (--rerank-model) "
                 f"to a cross-encoder directory, e.g. one written by `rag-retriever train-reranker`"
