@@ -302,6 +302,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.questions < 1 or args.distractors < 0:
         parser.error("--questions must be at least 1 and --distractors at least 0")
+    if args.constants_out is not None and not args.constants_out.is_file():
+        # checked before the run (an hour at 300,000 distractors), not after it
+        parser.error(
+            f"--constants-out {args.constants_out}: no such file (a plan constants "
+            f"file, written by bench_engine --constants-out)"
+        )
     result = run(
         args.questions,
         args.distractors,

@@ -119,6 +119,26 @@ def test_a_quantized_version_needs_resident_all_it_holds_but_the_originals_it_re
             ["--shard-points", "0"],
             "argument --shard-points: takes a positive count (got 0)",
         ),
+        (
+            "bench_quantization",
+            ["--ef-per-result", "0"],
+            "argument --ef-per-result: takes a positive count (got 0)",
+        ),
+        (
+            "bench_quantization",
+            ["--oversampling", "0.5"],
+            "argument --oversampling: takes a number of at least 1 (got 0.5)",
+        ),
+        (
+            "bench_quantization",
+            ["--oversampling", "nan"],
+            "argument --oversampling: takes a number of at least 1 (got nan)",
+        ),
+        (
+            "bench_quantization",
+            ["--constants-out", "/nonexistent/capacity.json"],
+            "--constants-out /nonexistent/capacity.json: no such file",
+        ),
     ],
 )
 def test_the_benchmarks_refuse_bad_input_with_exit_2_and_the_message(
