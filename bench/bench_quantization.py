@@ -30,7 +30,8 @@ the whole limit, the others for their share: store/edge.py, SHARE_OVERASK).
 
 `--ef-per-result A B ...` and `--oversampling X Y ...` score the same versions again with each
 HNSW breadth (ef = A times the neighbours asked for; the product's is HNSW_EF_PER_RESULT) and
-each quantized oversampling (QUANTIZATION_OVERSAMPLING; float32 has none to vary), the product's
+each quantized oversampling (QUANTIZATION_OVERSAMPLING, the product's per setting; float32 has
+none to vary: scored once at each breadth), the product's
 constants patched between passes in this process; each line then also gives the median time of
 the engine's part of a dense query (`timings_ms["search"]`, no encoding): read it as a ratio
 to the product's setting of the same run, not as a latency (bench_engine measures those).
@@ -97,13 +98,15 @@ COPY_BATCH = 1024
 
 
 @contextlib.contextmanager
-def search_params(ef_per_result: int, oversampling: float) -> Iterator[None]:
-    """Within: Qdrant Edge's dense searches at this breadth and oversampling."""
+def search_params(ef_per_result: int, oversampling: float | None) -> Iterator[None]:
+    """Within: Qdrant Edge's dense searches at this breadth, and every quantized setting at this
+    oversampling (None: each its own, the product's)."""
     saved = edge_module.HNSW_EF_PER_RESULT, edge_module.QUANTIZATION_OVERSAMPLING
-    edge_module.HNSW_EF_PER_RESULT, edge_module.QUANTIZATION_OVERSAMPLING = (
-        ef_per_result,
-        oversampling,
-    )
+    edge_module.HNSW_EF_PER_RESULT = ef_per_result
+    if oversampling is not None:
+        edge_module.QUANTIZATION_OVERSAMPLING = dict.fromkeys(
+            QUANTIZATION_OVERSAMPLING, oversampling
+        )
     try:
         yield
     finally:
@@ -139,7 +142,7 @@ def run(
         )
         name = base.resolve("kb")
         stored = [r.id for r in base.scroll(name)]
-        stores: dict[str, EdgeStore] = {"none": base}
+        stores: dict[Quantization, EdgeStore] = {"none": base}
         for setting in SETTINGS[1:]:
             stores[setting] = EdgeStore(root / setting, shard_points=cap)
             record = dataclasses.replace(base.record(name), quantization=setting)
@@ -179,25 +182,42 @@ def run(
             out[label]["disk_mb"] = (
                 sum(p.stat().st_size for p in (root / label).rglob("*") if p.is_file()) / 2**20
             )
-        default = (HNSW_EF_PER_RESULT, QUANTIZATION_OVERSAMPLING)
         out["sweep"] = []
-        for ef in ef_per_result or (HNSW_EF_PER_RESULT,):
-            for over in oversampling or (QUANTIZATION_OVERSAMPLING,):
-                if (ef, over) == default:
-                    continue  # scored above
-                with search_params(ef, over):
-                    for label, retriever in retrievers.items():
-                        if label == "none" and over != QUANTIZATION_OVERSAMPLING:
-                            continue  # float32 has nothing to oversample
-                        figures = _score(retriever, questions, top, data.level)
-                        out["sweep"].append(
-                            {"setting": label, "ef_per_result": ef, "oversampling": over} | figures
-                        )
+        for ef, over, passes in sweep(ef_per_result, oversampling):
+            with search_params(ef, over):
+                for label, used in passes:
+                    figures = _score(retrievers[label], questions, top, data.level)
+                    out["sweep"].append(
+                        {"setting": label, "ef_per_result": ef, "oversampling": used} | figures
+                    )
         for served in stores.values():
             served.close()
     out["chunks"] = len(point_ids)
     out["distractors"] = distractors
     out["shard_points"] = shard_points
+    return out
+
+
+def sweep(
+    ef_per_result: Sequence[int], oversampling: Sequence[float]
+) -> list[tuple[int, float | None, list[tuple[Quantization, float | None]]]]:
+    """The sweep's passes beyond the product's own: (ef, the oversampling patched in (None: each
+    setting's own), and each setting scored under them with the oversampling it searches at).
+    float32 has nothing to oversample: it is scored once at each breadth."""
+    overs: Sequence[float | None] = oversampling or (None,)
+    out = []
+    for ef in ef_per_result or (HNSW_EF_PER_RESULT,):
+        for over in overs:
+            passes: list[tuple[Quantization, float | None]] = []
+            for label in SETTINGS:
+                own = QUANTIZATION_OVERSAMPLING.get(label)
+                if own is None and over != overs[0]:
+                    continue
+                used = own if own is None or over is None else over
+                if (ef, used) != (HNSW_EF_PER_RESULT, own):  # the product's: scored already
+                    passes.append((label, used))
+            if passes:
+                out.append((ef, over, passes))
     return out
 
 
@@ -249,14 +269,20 @@ def report(result: dict[str, Any]) -> list[str]:
     for r in result.get("sweep", ()):
         base = result[r["setting"]]
         lines.append(
-            f"{r['setting']} at ef {r['ef_per_result']}x, oversampling {r['oversampling']:g}: "
+            f"{r['setting']} at ef {r['ef_per_result']}x{_oversampled(r['oversampling'])}: "
             f"dense recall@10 / @100 of exact search {r['dense@10']:.4f} / {r['dense@100']:.4f}; "
             f"recall@10 dense {r['dense_recall@10']:.4f}, hybrid {r['hybrid_recall@10']:.4f}; "
             f"dense engine time p50 {r['dense_search_p50_ms']:.2f} ms "
             f"({r['dense_search_p50_ms'] / max(base['dense_search_p50_ms'], 1e-9):.2f}x the "
-            f"product's ef {HNSW_EF_PER_RESULT}x, oversampling {QUANTIZATION_OVERSAMPLING:g})"
+            f"product's ef {HNSW_EF_PER_RESULT}x"
+            f"{_oversampled(QUANTIZATION_OVERSAMPLING.get(r['setting']))})"
         )
     return lines
+
+
+def _oversampled(over: float | None) -> str:
+    """ ", oversampling X" of a quantized setting's line (float32 has none)."""
+    return "" if over is None else f", oversampling {over:g}"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -288,8 +314,9 @@ def main(argv: list[str] | None = None) -> int:
         type=factor,
         nargs="+",
         default=(),
-        help=f"also score the quantized settings at these oversamplings (the product's: "
-        f"{QUANTIZATION_OVERSAMPLING:g})",
+        help="also score the quantized settings at these oversamplings (the product's: "
+        + ", ".join(f"{k} {v:g}" for k, v in QUANTIZATION_OVERSAMPLING.items())
+        + ")",
     )
     parser.add_argument("--json", type=Path, help="also write the results here")
     parser.add_argument(

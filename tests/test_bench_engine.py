@@ -161,3 +161,17 @@ def test_a_build_is_written_in_the_shard_size_asked_for(
     store = bench_engine._open("edge", tmp_path)
     assert isinstance(store, EdgeStore) and store.shard_points == 2_000_000
     store.close()
+
+
+def test_the_quantization_sweep_scores_each_setting_once_at_each_point_beyond_the_products() -> (
+    None
+):
+    """Hand-computed against the product's constants (ef 4x; int8 oversampled 2, binary 4):
+    float32 once a breadth, each quantized setting at each asked oversampling, and no pass the
+    product's own run already scored."""
+    from bench.bench_quantization import sweep
+
+    assert sweep([], []) == []
+    assert sweep([4, 8], []) == [(8, None, [("none", None), ("int8", 2.0), ("binary", 4.0)])]
+    assert sweep([], [2, 4]) == [(4, 2, [("binary", 2)]), (4, 4, [("int8", 4)])]
+    assert sweep([8], [4]) == [(8, 4, [("none", None), ("int8", 4), ("binary", 4)])]

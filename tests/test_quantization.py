@@ -156,3 +156,84 @@ def test_the_server_path_asks_the_server_for_the_quantized_collection(
         "alpha", k=3, mode="dense"
     )
     assert len(hits) == 3
+
+
+def oversampling_asked(request: Any) -> float | None:
+    """The oversampling an engine request asks of a quantized search (None: none asked)."""
+    params = request.params
+    return (
+        None if params is None or params.quantization is None else params.quantization.oversampling
+    )
+
+
+@pytest.mark.parametrize(
+    ("quantization", "expected"), [("none", None), ("int8", 2.0), ("binary", 4.0)]
+)
+def test_each_setting_is_searched_at_its_own_oversampling_in_every_shard(
+    tmp_path: Path,
+    tiny_encoder: Encoder,
+    monkeypatch: pytest.MonkeyPatch,
+    quantization: str,
+    expected: float | None,
+) -> None:
+    """Binary's 1-bit ranking is coarser than int8's, so it rescores twice as many candidates
+    (store/base.py, QUANTIZATION_OVERSAMPLING); float32 has nothing to rescore. Read from the
+    engine requests themselves (a spy on the store's request builder, which still runs), in a
+    one-shard version and in an update's delta (the several-shard path)."""
+    store = EdgeStore(tmp_path / "edge")
+    ingest(store, tiny_encoder, tmp_path, quantization)
+    built = EdgeStore._request
+    asked: list[float | None] = []
+
+    def spy(self: EdgeStore, q: Any, *args: Any, **kwargs: Any) -> Any:
+        request = built(self, q, *args, **kwargs)
+        if q.using == "dense":
+            asked.append(oversampling_asked(request))
+        return request
+
+    monkeypatch.setattr(EdgeStore, "_request", spy)
+    retriever = Retriever(encoder=tiny_encoder, store=store, collection="kb")
+    assert retriever.search("alpha bravo", k=5, mode="dense")
+    update_documents(
+        [Document("new", "new", "alpha mike november")],
+        alias="kb",
+        encoder=tiny_encoder,
+        store=store,
+        lock_dir=tmp_path,
+        rebase_drift=1.0,
+    )
+    assert len(store.manifest(store.resolve("kb")).segments) == 2  # base and delta
+    assert retriever.search("alpha mike", k=5, mode="dense")
+    assert len(asked) >= 3 and set(asked) == {expected}
+    store.close()
+
+
+@pytest.mark.filterwarnings("ignore:Local mode performs exact")
+@pytest.mark.parametrize(("quantization", "expected"), [("none", None), ("binary", 4.0)])
+def test_the_server_path_asks_each_setting_for_its_own_oversampling(
+    server_store: Store,
+    tiny_encoder: Encoder,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    quantization: str,
+    expected: float | None,
+) -> None:
+    """qdrant-client's in-process implementation searches exactly and is sent no search
+    parameters, so the store is told it talks to a server for the query (the in-process
+    implementation takes the parameters and warns), and what the server is asked is read from
+    the call: a spy on query_batch_points, which still runs."""
+    ingest(server_store, tiny_encoder, tmp_path, quantization)
+    client = server_store.client  # type: ignore[attr-defined]
+    real = client.query_batch_points
+    asked: list[float | None] = []
+
+    def spy(collection: str, requests: Any, **kwargs: Any) -> Any:
+        asked.extend(oversampling_asked(r) for r in requests if r.using == "dense")
+        return real(collection, requests=requests, **kwargs)
+
+    monkeypatch.setattr(client, "query_batch_points", spy)
+    monkeypatch.setattr(server_store, "embedded", False)
+    hits = Retriever(encoder=tiny_encoder, store=server_store, collection="kb").search(
+        "alpha", k=3, mode="dense"
+    )
+    assert len(hits) == 3 and asked == [expected]

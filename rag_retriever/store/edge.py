@@ -266,6 +266,8 @@ class EdgeStore(Store):
         # (version, shard) -> its tombstone condition, built once: a query reuses it
         self._excluded: dict[tuple[str, str], Any] = {}
         self._dims: dict[str, int] = {}
+        # version -> how its dense vectors are held (read once from its record)
+        self._quantization: dict[str, Quantization] = {}
         # shard -> the process writing it (bulk_write)
         self._writers: dict[str, ShardWriter] = {}
         # version -> its full build's base shards being written (rolled at shard_points)
@@ -934,6 +936,7 @@ class EdgeStore(Store):
         shards of its alias that no remaining version names."""
         directory = self._dir(name)
         self._manifests.pop(name, None)
+        self._quantization.pop(name, None)
         trash = self._collections / f".deleted-{name}-{uuid.uuid4().hex[:8]}"
         try:
             directory.rename(trash)
@@ -1035,11 +1038,12 @@ class EdgeStore(Store):
         if not queries:
             return []
         segments = self.manifest(name).segments
+        over = self._oversampling(name)
         if len(segments) == 1 and not segments[0].deleted:
-            return [best_first(found) for found in self._query(segments[0].id, queries, None)]
+            return [best_first(found) for found in self._query(segments[0].id, queries, None, over)]
         breadth = [q.limit for q in queries]
         first = [self._fetch_limit(segments[0], q) for q in queries]
-        base = self._points(segments[0].id, limited(queries, first), None, ef_of=breadth)
+        base = self._points(segments[0].id, limited(queries, first), None, over, ef_of=breadth)
         # The base's live top `limit` of each query, ids read once here and reused by the merge.
         # No point that scores below its last one can make the answer, so the other shards are
         # asked only for points above it (fewer points handed back and walked).
@@ -1066,6 +1070,7 @@ class EdgeStore(Store):
                 seg.id,
                 limited(queries, limits),
                 None,
+                over,
                 ef_of=[math.ceil(q.limit * share) for q in queries],
                 floors=floors,
             )
@@ -1162,7 +1167,8 @@ class EdgeStore(Store):
                 return best_first(out, q.limit)
             # rare: the over-fetch left a shard short; ask it for its exact live top `limit`
             seg = segments[short]
-            lists[short] = self._points(seg.id, [q], self._tombstones(name, seg))[0]
+            tombstones = self._tombstones(name, seg)
+            lists[short] = self._points(seg.id, [q], tombstones, self._oversampling(name))[0]
             names[short] = []
             asked[short] = seg.points  # that list is now complete for this query
 
@@ -1171,30 +1177,41 @@ class EdgeStore(Store):
         segment: str,
         queries: Sequence[StageQuery],
         excluded: Any,
+        over: float | None,
     ) -> list[list[tuple[str, float]]]:
         return [
             [(str(p.id), float(p.score)) for p in points]
-            for points in self._points(segment, queries, excluded)
+            for points in self._points(segment, queries, excluded, over)
         ]
+
+    def _oversampling(self, name: str) -> float | None:
+        """The oversampling of a version's quantized dense search (None: float32 vectors).
+        Its quantization is read from its record once: a version never changes it."""
+        quantization = self._quantization.get(name)
+        if quantization is None:
+            quantization = self._quantization[name] = self.record(name).quantization
+        return QUANTIZATION_OVERSAMPLING.get(quantization)
 
     def _points(
         self,
         segment: str,
         queries: Sequence[StageQuery],
         excluded: Any,
+        over: float | None,
         ef_of: Sequence[int] | None = None,
         floors: Sequence[float | None] | None = None,
     ) -> list[list[Any]]:
         """One batched engine call, its scored points as the engine returns them (best first);
-        `ef_of` = the limit each query's HNSW breadth is sized for (default its own limit);
-        `floors` = the score each query's points must reach (None: any)."""
+        `over` = the version's quantized oversampling (None: float32 vectors); `ef_of` = the
+        limit each query's HNSW breadth is sized for (default its own limit); `floors` = the
+        score each query's points must reach (None: any)."""
         bases = ef_of or [q.limit for q in queries]
         lows = floors or [None] * len(queries)
         with engine_errors(f"searching shard {segment}"):
             results = self._shard(segment).query_batch(
                 self._edge.QueryBatchRequest(
                     [
-                        self._request(q, excluded, b, low)
+                        self._request(q, excluded, over, b, low)
                         for q, b, low in zip(queries, bases, lows, strict=True)
                     ]
                 )
@@ -1202,7 +1219,12 @@ class EdgeStore(Store):
         return list(results)
 
     def _request(
-        self, q: StageQuery, excluded: Any, ef_base: int, floor: float | None = None
+        self,
+        q: StageQuery,
+        excluded: Any,
+        over: float | None,
+        ef_base: int,
+        floor: float | None = None,
     ) -> Any:
         edge = self._edge
         if isinstance(q.vector, SparseVector):
@@ -1216,10 +1238,9 @@ class EdgeStore(Store):
             params=edge.SearchParams(
                 hnsw_ef=max(HNSW_EF_PER_RESULT * ef_base, q.limit),
                 # a quantized version rescores its best candidates with the originals
-                # (ignored by a version of float32 vectors)
-                quantization=edge.QuantizationSearchParams(
-                    rescore=True, oversampling=QUANTIZATION_OVERSAMPLING
-                ),
+                quantization=None
+                if over is None
+                else edge.QuantizationSearchParams(rescore=True, oversampling=over),
             )
             if q.using == DENSE
             else None,

@@ -71,7 +71,7 @@ import numpy as np
 from rag_retriever import conditions
 from rag_retriever.errors import CollectionNotFound, StoreUnavailable
 from rag_retriever.models.bm25 import DocFreqs, SparseVector
-from rag_retriever.records import TENANT_FIELD, Quantization, SearchFilter
+from rag_retriever.records import TENANT_FIELD, UNQUANTIZED, Quantization, SearchFilter
 from rag_retriever.store.base import (
     DENSE,
     HNSW_EF_PER_RESULT,
@@ -133,6 +133,8 @@ class _Version:
     # whether the physical collection has its "where" collection (made since 0.5; older ones
     # are read with filters)
     located: bool = False
+    # how its dense vectors are held (the record's; a quantized search oversamples by it)
+    quantization: Quantization = UNQUANTIZED
 
     @property
     def base(self) -> int:
@@ -317,7 +319,7 @@ class ServerStore(Store):
         if cached is not None and not fresh and time.monotonic() - cached[0] < ENTRY_TTL_S:
             return cached[1]
         found = self._catalog_get(
-            "version", name, ("alias", "physical", "number", "runs", "located")
+            "version", name, ("alias", "physical", "number", "runs", "located", "meta")
         )
         if found is None:
             self._entries.pop(name, None)
@@ -329,6 +331,7 @@ class ServerStore(Store):
             int(found["number"]),
             tuple((int(lo), int(hi)) for lo, hi in found["runs"]),
             bool(found.get("located")),
+            (found.get("meta") or {}).get("quantization") or UNQUANTIZED,
         )
         self._entries[name] = (time.monotonic(), entry)
         return entry
@@ -792,6 +795,7 @@ class ServerStore(Store):
         from qdrant_client import models as qm
 
         entry = self._entry(name)
+        over = QUANTIZATION_OVERSAMPLING.get(entry.quantization)
         requests = []
         for q in queries:
             if isinstance(q.vector, SparseVector):
@@ -809,9 +813,9 @@ class ServerStore(Store):
                     # local mode searches exactly (and warns about HNSW parameters)
                     params=qm.SearchParams(
                         hnsw_ef=HNSW_EF_PER_RESULT * q.limit,
-                        quantization=qm.QuantizationSearchParams(
-                            rescore=True, oversampling=QUANTIZATION_OVERSAMPLING
-                        ),
+                        quantization=None
+                        if over is None
+                        else qm.QuantizationSearchParams(rescore=True, oversampling=over),
                     )
                     if q.using == DENSE and not self.embedded
                     else None,
