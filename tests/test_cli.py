@@ -409,3 +409,16 @@ def test_metadata_the_engine_cannot_store_is_exit_2_and_writes_nothing(
         assert err.startswith("error: ") and "Traceback" not in err, err
         assert "nothing was" in err and expected in err, err
     assert collections(env) == before
+
+
+def test_a_missing_collection_or_reranker_is_refused_before_the_embedder_loads(
+    env: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The embedder named here cannot load: had it been loaded first, the error would say so."""
+    monkeypatch.setenv("RAG_EMBED_MODEL", str(tmp_path / "no-model"))
+    assert main(["doctor", "--collection", "nope"]) == 2
+    err = capsys.readouterr().err
+    assert "'nope' does not exist" in err and "no-model" not in err
+    assert main(["search", "anything", "--mode", "rerank"]) == 2
+    err = capsys.readouterr().err
+    assert "mode 'rerank' needs a reranker" in err and "no-model" not in err

@@ -83,7 +83,9 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         max_far_query_share=args.max_far_query_share,
         max_empty_share=args.max_empty_share,
     )
-    retriever = Retriever.from_settings(settings.replace(rerank_model=None))
+    # the embedder loads when a check first needs it (mode bm25 defers it): a collection that
+    # does not exist is refused by Doctor before that
+    retriever = Retriever.from_settings(settings.replace(rerank_model=None), mode="bm25")
     doctor = Doctor(retriever, collection=settings.collection, thresholds=thresholds)
     checks = doctor.run(log=args.log or (), questions=labelled)
     failed = [c.name for c in checks if not c.ok]

@@ -155,6 +155,8 @@ class Retriever:
             from rag_retriever.models.reranker import CrossEncoderReranker
 
             reranker = CrossEncoderReranker.from_settings(settings, version)
+            if mode is not None and reranker is None:
+                raise _no_reranker()  # before the embedder loads, not after
         embeds = mode is None or MODE_STAGES[mode].dense
         return cls(
             encoder=encoder() if embeds else None,
@@ -442,10 +444,7 @@ class Retriever:
         if mode not in MODE_STAGES:
             raise InvalidRequest(f"unknown mode {mode!r}; expected one of {', '.join(MODE_STAGES)}")
         if MODE_STAGES[mode].rerank and self.reranker is None:
-            raise InvalidRequest(
-                "mode 'rerank' needs a reranker, and reranking is off: set RAG_RERANK_MODEL to a "
-                "cross-encoder directory (train one with `rag-retriever train-reranker`)"
-            )
+            raise _no_reranker()
         return mode
 
     def _check_k(self, k: int | None) -> int:
@@ -775,3 +774,10 @@ class Retriever:
             if term in present and term not in seen:
                 seen[term] = word
         return tuple(seen.values())
+
+
+def _no_reranker() -> InvalidRequest:
+    return InvalidRequest(
+        "mode 'rerank' needs a reranker, and reranking is off: set RAG_RERANK_MODEL to a "
+        "cross-encoder directory (train one with `rag-retriever train-reranker`)"
+    )
