@@ -207,11 +207,11 @@ def sweep(
     overs: Sequence[float | None] = oversampling or (None,)
     out = []
     for ef in ef_per_result or (HNSW_EF_PER_RESULT,):
-        for over in overs:
+        for at, over in enumerate(overs):
             passes: list[tuple[Quantization, float | None]] = []
             for label in SETTINGS:
                 own = QUANTIZATION_OVERSAMPLING.get(label)
-                if own is None and over != overs[0]:
+                if own is None and at > 0:
                     continue
                 used = own if own is None or over is None else over
                 if (ef, used) != (HNSW_EF_PER_RESULT, own):  # the product's: scored already

@@ -175,3 +175,5 @@ def test_the_quantization_sweep_scores_each_setting_once_at_each_point_beyond_th
     assert sweep([4, 8], []) == [(8, None, [("none", None), ("int8", 2.0), ("binary", 4.0)])]
     assert sweep([], [2, 4]) == [(4, 2, [("binary", 2)]), (4, 4, [("int8", 4)])]
     assert sweep([8], [4]) == [(8, 4, [("none", None), ("int8", 4), ("binary", 4)])]
+    # an oversampling asked twice scores float32 still once
+    assert [p for *_, passes in sweep([8], [2, 2]) for p in passes].count(("none", None)) == 1

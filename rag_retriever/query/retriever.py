@@ -156,6 +156,7 @@ class Retriever:
 
             reranker = CrossEncoderReranker.from_settings(settings, version)
             if mode is not None and reranker is None:
+                store.close()
                 raise _no_reranker()  # before the embedder loads, not after
         embeds = mode is None or MODE_STAGES[mode].dense
         return cls(

@@ -351,6 +351,7 @@ class EdgeStore(Store):
 
     def write_meta(self, name: str, meta: Mapping[str, Any]) -> None:
         self._write(name, "meta.json", dict(meta))
+        self._quantization.pop(name, None)  # a name made again (another process deleted it)
 
     def doc_freqs(self, name: str) -> DocFreqs:
         try:

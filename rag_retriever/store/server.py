@@ -319,7 +319,10 @@ class ServerStore(Store):
         if cached is not None and not fresh and time.monotonic() - cached[0] < ENTRY_TTL_S:
             return cached[1]
         found = self._catalog_get(
-            "version", name, ("alias", "physical", "number", "runs", "located", "meta")
+            # the record's one key: its whole (up to 10,000 changed ids) is not read each second
+            "version",
+            name,
+            ("alias", "physical", "number", "runs", "located", "meta.quantization"),
         )
         if found is None:
             self._entries.pop(name, None)
