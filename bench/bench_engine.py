@@ -80,6 +80,7 @@ from rag_retriever.store import (
     StageQuery,
     Store,
 )
+from rag_retriever.store.base import QUANTIZATION_OVERSAMPLING
 from rag_retriever.store.record import bare_record
 from rag_retriever.store.shards import BASE_SHARD_POINTS
 
@@ -515,6 +516,8 @@ def constants(
             point = {"chunks": int(n)} | {
                 k: float(figures[k]) for k in (*CONSTANT_FIGURES, *OPTIONAL_FIGURES) if k in figures
             }
+            if quantization in QUANTIZATION_OVERSAMPLING:  # what its searches were asked
+                point["oversampling"] = QUANTIZATION_OVERSAMPLING[quantization]
             settings.setdefault(quantization, []).append(point)
     return {
         "measured": {

@@ -458,3 +458,22 @@ def test_the_recall_measured_on_real_embeddings_is_said_beside_the_figures() -> 
     assert "real embeddings" not in "\n".join(
         describe(make_plan(Brief(chunks=20_000_000, dim=8), CASE))
     )
+
+
+def test_points_measured_at_another_oversampling_than_todays_are_named() -> None:
+    """The benchmark records the oversampling each quantized point's searches were asked; a
+    point without it was measured at 2 (before binary's rose to 4). The plan names those a
+    setting is no longer searched at, and nothing for float32 (nothing to oversample)."""
+    row = {k: 1.0 for k in CONSTANT_FIGURES}
+    made = constants({"100000": {"edge": row, "edge-binary": row, "edge-int8": row}}, "c")
+    assert "oversampling" not in made["settings"]["none"][0]
+    assert made["settings"]["binary"][0]["oversampling"] == 4.0
+    assert made["settings"]["int8"][0]["oversampling"] == 2.0
+    today = dict(figures(1_000_000, 250.0, 4.0, 8.0), oversampling=4.0)
+    settings = dict(CASE["settings"], binary=[figures(100_000, 25.0, 2.0, 4.0), today])
+    plan = make_plan(Brief(chunks=1_000_000), dict(CASE, settings=settings))
+    assert [s.other_oversampling for s in plan.settings] == [[], [(100_000, 2.0)]]
+    assert (
+        "binary: measured at another oversampling than the 4 it is searched at now, at "
+        "100,000 (2) chunks" in "\n".join(describe(plan))
+    )

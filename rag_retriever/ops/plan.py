@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from rag_retriever.errors import ConfigError
+from rag_retriever.store.base import QUANTIZATION_OVERSAMPLING
 from rag_retriever.store.shards import BASE_SHARD_POINTS, base_shards
 
 CONSTANTS: Final = Path(__file__).with_name("capacity.json")
@@ -157,6 +158,9 @@ class SettingPlan:
     # past this size (chunks, MB measured there) memory grows at least in proportion
     memory_linear_from: tuple[int, float] = (0, 0.0)
     meets: dict[str, bool] = field(default_factory=dict)
+    # (chunks, oversampling) of the points measured at an oversampling other than the one the
+    # product searches this setting at (its latency there is not today's)
+    other_oversampling: list[tuple[int, float]] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -383,12 +387,28 @@ def _setting(
             if c is not None and c.factor != 1.0
         },
         memory_linear_from=(memory.n, memory.y),
+        other_oversampling=_other_oversampling(name, every),
     )
     plan.meets.update(
         memory=plan.fits_one_machine,
         p95=p95_replicated <= brief.p95_ms,
     )
     return plan
+
+
+# The oversampling every quantized point was measured at before the constants recorded it
+# (binary has been searched at 4 since 2026-12-06).
+EARLIER_OVERSAMPLING: Final = 2.0
+
+
+def _other_oversampling(name: str, points: list[dict[str, Any]]) -> list[tuple[int, float]]:
+    """(chunks, oversampling) of the points measured at another oversampling than the product
+    searches `name` at now."""
+    own = QUANTIZATION_OVERSAMPLING.get(name)
+    if own is None:
+        return []
+    found = [(int(p["chunks"]), float(p.get("oversampling", EARLIER_OVERSAMPLING))) for p in points]
+    return [(n, over) for n, over in found if over != own]
 
 
 @dataclass(frozen=True)
@@ -575,6 +595,14 @@ def describe(plan: Plan) -> list[str]:
             lines.append(
                 f"{s.quantization}: never measured as several shards: its latency is the shard "
                 f"model's, unchecked"
+            )
+        if s.other_oversampling:
+            at = ", ".join(f"{n:,} ({over:g})" for n, over in s.other_oversampling)
+            lines.append(
+                f"{s.quantization}: measured at another oversampling than the "
+                f"{QUANTIZATION_OVERSAMPLING[s.quantization]:g} it is searched at now, at "
+                f"{at} chunks: its latency there was lower than today's (re-measure with "
+                f"bench_engine)"
             )
         linear_n, linear_mb = s.memory_linear_from
         if b.chunks > linear_n > 0:

@@ -42,7 +42,7 @@ from rag_retriever.errors import (
     VersionIncompatible,
 )
 from rag_retriever.models.bm25 import SparseVector
-from rag_retriever.records import Quantization, SearchFilter
+from rag_retriever.records import SearchFilter
 from rag_retriever.store.record import STATUS_COMPLETE, VersionRecord
 
 log = logging.getLogger(__name__)
@@ -65,9 +65,7 @@ HNSW_EF_PER_RESULT = 4
 # 105k chunks oversampling 4 raised its dense recall@10 of an exact search from 0.975 to 0.986
 # for at most 1.12x the engine's time (at 1M binary chunks: hybrid p95 1.13x), where int8 gained
 # nothing from it (docs/benchmarks.md, "Real embeddings at 315k chunks").
-QUANTIZATION_OVERSAMPLING: Mapping[Quantization, float] = MappingProxyType(
-    {"int8": 2.0, "binary": 4.0}
-)
+QUANTIZATION_OVERSAMPLING: Mapping[str, float] = MappingProxyType({"int8": 2.0, "binary": 4.0})
 
 # The payload index type of each kind of filterable value (Qdrant's exact match takes these).
 IndexKind = Literal["keyword", "integer", "bool"]
