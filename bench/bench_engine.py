@@ -80,7 +80,7 @@ from rag_retriever.store import (
     StageQuery,
     Store,
 )
-from rag_retriever.store.base import QUANTIZATION_OVERSAMPLING
+from rag_retriever.store.base import HNSW_EF_PER_RESULT, QUANTIZATION_OVERSAMPLING
 from rag_retriever.store.record import bare_record
 from rag_retriever.store.shards import BASE_SHARD_POINTS
 
@@ -516,7 +516,8 @@ def constants(
             point = {"chunks": int(n)} | {
                 k: float(figures[k]) for k in (*CONSTANT_FIGURES, *OPTIONAL_FIGURES) if k in figures
             }
-            if quantization in QUANTIZATION_OVERSAMPLING:  # what its searches were asked
+            point["ef_per_result"] = HNSW_EF_PER_RESULT  # what its searches were asked
+            if quantization in QUANTIZATION_OVERSAMPLING:
                 point["oversampling"] = QUANTIZATION_OVERSAMPLING[quantization]
             settings.setdefault(quantization, []).append(point)
     return {

@@ -460,20 +460,30 @@ def test_the_recall_measured_on_real_embeddings_is_said_beside_the_figures() -> 
     )
 
 
-def test_points_measured_at_another_oversampling_than_todays_are_named() -> None:
-    """The benchmark records the oversampling each quantized point's searches were asked; a
-    point without it was measured at 2 (before binary's rose to 4). The plan names those a
-    setting is no longer searched at, and nothing for float32 (nothing to oversample)."""
+def test_points_searched_otherwise_than_today_are_named() -> None:
+    """The benchmark records how each point's searches were asked (HNSW breadth; oversampling
+    where quantized); a point without them was measured at ef 4x and oversampling 2 (before
+    2026-12-06). The plan names the points a setting is no longer searched as."""
     row = {k: 1.0 for k in CONSTANT_FIGURES}
     made = constants({"100000": {"edge": row, "edge-binary": row, "edge-int8": row}}, "c")
-    assert "oversampling" not in made["settings"]["none"][0]
-    assert made["settings"]["binary"][0]["oversampling"] == 4.0
-    assert made["settings"]["int8"][0]["oversampling"] == 2.0
-    today = dict(figures(1_000_000, 250.0, 4.0, 8.0), oversampling=4.0)
-    settings = dict(CASE["settings"], binary=[figures(100_000, 25.0, 2.0, 4.0), today])
+    none, binary, int8 = (made["settings"][s][0] for s in ("none", "binary", "int8"))
+    assert "oversampling" not in none and none["ef_per_result"] == 8
+    assert binary["oversampling"] == 4.0 and int8["oversampling"] == 2.0
+    today = dict(figures(1_000_000, 250.0, 4.0, 8.0), ef_per_result=8, oversampling=4.0)
+    settings = {
+        "none": [
+            figures(100_000, 100.0, 2.0, 4.0),
+            dict(figures(1_000_000, 1e3, 4.0, 8.0), ef_per_result=8),
+        ],
+        "binary": [figures(100_000, 25.0, 2.0, 4.0), today],
+    }
     plan = make_plan(Brief(chunks=1_000_000), dict(CASE, settings=settings))
-    assert [s.other_oversampling for s in plan.settings] == [[], [(100_000, 2.0)]]
+    assert [s.other_search for s in plan.settings] == [
+        [(100_000, "ef 4x")],
+        [(100_000, "ef 4x, oversampling 2")],
+    ]
+    text = "\n".join(describe(plan))
     assert (
-        "binary: measured at another oversampling than the 4 it is searched at now, at "
-        "100,000 (2) chunks" in "\n".join(describe(plan))
+        "binary: searched today at ef 8x, oversampling 4, measured otherwise at 100,000 (ef 4x, "
+        "oversampling 2) chunks" in text
     )

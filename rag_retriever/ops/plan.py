@@ -36,12 +36,13 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
 from rag_retriever.errors import ConfigError
-from rag_retriever.store.base import QUANTIZATION_OVERSAMPLING
+from rag_retriever.store.base import HNSW_EF_PER_RESULT, QUANTIZATION_OVERSAMPLING
 from rag_retriever.store.shards import BASE_SHARD_POINTS, base_shards
 
 CONSTANTS: Final = Path(__file__).with_name("capacity.json")
@@ -158,9 +159,9 @@ class SettingPlan:
     # past this size (chunks, MB measured there) memory grows at least in proportion
     memory_linear_from: tuple[int, float] = (0, 0.0)
     meets: dict[str, bool] = field(default_factory=dict)
-    # (chunks, oversampling) of the points measured at an oversampling other than the one the
-    # product searches this setting at (its latency there is not today's)
-    other_oversampling: list[tuple[int, float]] = field(default_factory=list)
+    # (chunks, how its searches were asked) of the points measured with other search
+    # parameters than the product asks today (their latency there is below today's)
+    other_search: list[tuple[int, str]] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -387,7 +388,7 @@ def _setting(
             if c is not None and c.factor != 1.0
         },
         memory_linear_from=(memory.n, memory.y),
-        other_oversampling=_other_oversampling(name, every),
+        other_search=_other_search(name, every),
     )
     plan.meets.update(
         memory=plan.fits_one_machine,
@@ -396,19 +397,30 @@ def _setting(
     return plan
 
 
-# The oversampling every quantized point was measured at before the constants recorded it
-# (binary has been searched at 4 since 2026-12-06).
+# What every point was searched with before the constants recorded it (the breadth has been 8x
+# and binary's oversampling 4 since 2026-12-06).
+EARLIER_EF_PER_RESULT: Final = 4
 EARLIER_OVERSAMPLING: Final = 2.0
 
 
-def _other_oversampling(name: str, points: list[dict[str, Any]]) -> list[tuple[int, float]]:
-    """(chunks, oversampling) of the points measured at another oversampling than the product
-    searches `name` at now."""
-    own = QUANTIZATION_OVERSAMPLING.get(name)
-    if own is None:
-        return []
-    found = [(int(p["chunks"]), float(p.get("oversampling", EARLIER_OVERSAMPLING))) for p in points]
-    return [(n, over) for n, over in found if over != own]
+def search_asked(name: str, point: Mapping[str, Any] | None = None) -> str:
+    """How a point of setting `name` was searched ("ef 8x, oversampling 4"); without a point,
+    how the product searches that setting today."""
+    if point is None:
+        ef, over = float(HNSW_EF_PER_RESULT), QUANTIZATION_OVERSAMPLING.get(name)
+    else:
+        ef = float(point.get("ef_per_result", EARLIER_EF_PER_RESULT))
+        over = float(point.get("oversampling", EARLIER_OVERSAMPLING))
+    return f"ef {ef:g}x" + (
+        "" if name not in QUANTIZATION_OVERSAMPLING else f", oversampling {over:g}"
+    )
+
+
+def _other_search(name: str, points: list[dict[str, Any]]) -> list[tuple[int, str]]:
+    """(chunks, how it was searched) of the points searched otherwise than `name` is today."""
+    today = search_asked(name)
+    found = [(int(p["chunks"]), search_asked(name, p)) for p in points]
+    return [(n, asked) for n, asked in found if asked != today]
 
 
 @dataclass(frozen=True)
@@ -596,12 +608,11 @@ def describe(plan: Plan) -> list[str]:
                 f"{s.quantization}: never measured as several shards: its latency is the shard "
                 f"model's, unchecked"
             )
-        if s.other_oversampling:
-            at = ", ".join(f"{n:,} ({over:g})" for n, over in s.other_oversampling)
+        if s.other_search:
+            at = ", ".join(f"{n:,} ({asked})" for n, asked in s.other_search)
             lines.append(
-                f"{s.quantization}: measured at another oversampling than the "
-                f"{QUANTIZATION_OVERSAMPLING[s.quantization]:g} it is searched at now, at "
-                f"{at} chunks: its latency there was lower than today's (re-measure with "
+                f"{s.quantization}: searched today at {search_asked(s.quantization)}, measured "
+                f"otherwise at {at} chunks: its latency there is below today's (re-measure with "
                 f"bench_engine)"
             )
         linear_n, linear_mb = s.memory_linear_from
