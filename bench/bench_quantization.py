@@ -59,6 +59,7 @@ from rag_retriever.eval.questions import load_questions
 from rag_retriever.ingest.loaders import LoadedCorpus
 from rag_retriever.ingest.writer import ingest_documents
 from rag_retriever.models.encoder import load_encoder
+from rag_retriever.ops.plan import search_asked
 from rag_retriever.query.retriever import Retriever
 from rag_retriever.records import Document, Mode, Quantization
 from rag_retriever.store import HNSW_EF_PER_RESULT, EdgeStore
@@ -368,6 +369,8 @@ def recall_constants(result: dict[str, Any], argv: Sequence[str] | None) -> dict
         "chunks": result["chunks"],
         "dense_at10_of_exact": {s: round(result[s]["dense@10"], 4) for s in SETTINGS},
         "dense_at100_of_exact": {s: round(result[s]["dense@100"], 4) for s in SETTINGS},
+        # how the product's pass searched each setting (the plan says when today's differs)
+        "searched": {s: search_asked(s) for s in SETTINGS},
         "date": datetime.date.today().isoformat(),
         "command": " ".join(["python -m bench.bench_quantization", *args]),
     }

@@ -448,6 +448,7 @@ def test_the_recall_measured_on_real_embeddings_is_said_beside_the_figures() -> 
     recall = recall_constants(result, argv)
     assert recall["command"] == "python -m bench.bench_quantization --distractors 300000"
     assert recall["dense_at10_of_exact"] == {"none": 0.9516, "int8": 0.9525, "binary": 0.8933}
+    assert recall["searched"]["binary"] == "ef 8x, oversampling 4"
     constants = {**CASE, "recall": recall}
     text = "\n".join(describe(make_plan(Brief(chunks=20_000_000, dim=8), constants)))
     assert (
@@ -455,15 +456,23 @@ def test_the_recall_measured_on_real_embeddings_is_said_beside_the_figures() -> 
         in text
         and "this brief is 63x past it" in text
     )
+    assert "searched otherwise" not in text
     assert "real embeddings" not in "\n".join(
         describe(make_plan(Brief(chunks=20_000_000, dim=8), CASE))
+    )
+    # a recall that does not say how it searched was measured at ef 4x and oversampling 2
+    older = {k: v for k, v in recall.items() if k != "searched"}
+    text = "\n".join(describe(make_plan(Brief(chunks=20_000_000), {**CASE, "recall": older})))
+    assert (
+        "searched otherwise than today: none at ef 4x, int8 at ef 4x, oversampling 2, binary at "
+        "ef 4x, oversampling 2" in text
     )
 
 
 def test_points_searched_otherwise_than_today_are_named() -> None:
     """The benchmark records how each point's searches were asked (HNSW breadth; oversampling
     where quantized); a point without them was measured at ef 4x and oversampling 2 (before
-    2026-12-06). The plan names the points a setting is no longer searched as."""
+    the night of 2026-12-06). The plan names the points a setting is no longer searched as."""
     row = {k: 1.0 for k in CONSTANT_FIGURES}
     made = constants({"100000": {"edge": row, "edge-binary": row, "edge-int8": row}}, "c")
     none, binary, int8 = (made["settings"][s][0] for s in ("none", "binary", "int8"))
@@ -479,11 +488,16 @@ def test_points_searched_otherwise_than_today_are_named() -> None:
     }
     plan = make_plan(Brief(chunks=1_000_000), dict(CASE, settings=settings))
     assert [s.other_search for s in plan.settings] == [
-        [(100_000, "ef 4x")],
-        [(100_000, "ef 4x, oversampling 2")],
+        [(100_000, "ef 4x", True)],
+        [(100_000, "ef 4x, oversampling 2", True)],
     ]
     text = "\n".join(describe(plan))
     assert (
         "binary: searched today at ef 8x, oversampling 4, measured otherwise at 100,000 (ef 4x, "
-        "oversampling 2) chunks" in text
+        "oversampling 2) chunks: its latency there is below today's" in text
     )
+    # a wider search than today's is not called "below"; float32 has no oversampling to read
+    wider = [figures(100_000, 25.0, 2.0, 4.0) | {"ef_per_result": 16, "oversampling": None}, today]
+    plan = make_plan(Brief(chunks=1_000_000), dict(CASE, settings=dict(settings, binary=wider)))
+    assert plan.settings[1].other_search == [(100_000, "ef 16x, oversampling 2", False)]
+    assert "its latency there is not today's" in "\n".join(describe(plan))

@@ -159,9 +159,9 @@ class SettingPlan:
     # past this size (chunks, MB measured there) memory grows at least in proportion
     memory_linear_from: tuple[int, float] = (0, 0.0)
     meets: dict[str, bool] = field(default_factory=dict)
-    # (chunks, how its searches were asked) of the points measured with other search
-    # parameters than the product asks today (their latency there is below today's)
-    other_search: list[tuple[int, str]] = field(default_factory=list)
+    # (chunks, how its searches were asked, whether no wider than today's) of the points
+    # measured with other search parameters than the product asks today
+    other_search: list[tuple[int, str, bool]] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -403,24 +403,35 @@ EARLIER_EF_PER_RESULT: Final = 4
 EARLIER_OVERSAMPLING: Final = 2.0
 
 
+def _search_of(name: str, point: Mapping[str, Any] | None = None) -> tuple[float, float | None]:
+    """(ef per result, oversampling; None: float32) a point of setting `name` was searched with;
+    without a point, what the product asks today."""
+    if point is None:
+        return float(HNSW_EF_PER_RESULT), QUANTIZATION_OVERSAMPLING.get(name)
+    ef = float(point.get("ef_per_result") or EARLIER_EF_PER_RESULT)
+    if name not in QUANTIZATION_OVERSAMPLING:
+        return ef, None
+    return ef, float(point.get("oversampling") or EARLIER_OVERSAMPLING)
+
+
 def search_asked(name: str, point: Mapping[str, Any] | None = None) -> str:
     """How a point of setting `name` was searched ("ef 8x, oversampling 4"); without a point,
     how the product searches that setting today."""
-    if point is None:
-        ef, over = float(HNSW_EF_PER_RESULT), QUANTIZATION_OVERSAMPLING.get(name)
-    else:
-        ef = float(point.get("ef_per_result", EARLIER_EF_PER_RESULT))
-        over = float(point.get("oversampling", EARLIER_OVERSAMPLING))
-    return f"ef {ef:g}x" + (
-        "" if name not in QUANTIZATION_OVERSAMPLING else f", oversampling {over:g}"
-    )
+    ef, over = _search_of(name, point)
+    return f"ef {ef:g}x" + ("" if over is None else f", oversampling {over:g}")
 
 
-def _other_search(name: str, points: list[dict[str, Any]]) -> list[tuple[int, str]]:
-    """(chunks, how it was searched) of the points searched otherwise than `name` is today."""
-    today = search_asked(name)
-    found = [(int(p["chunks"]), search_asked(name, p)) for p in points]
-    return [(n, asked) for n, asked in found if asked != today]
+def _other_search(name: str, points: list[dict[str, Any]]) -> list[tuple[int, str, bool]]:
+    """(chunks, how it was searched, whether no wider than today) of the points searched
+    otherwise than `name` is today."""
+    ef, over = _search_of(name)
+    out = []
+    for p in points:
+        was_ef, was_over = _search_of(name, p)
+        if (was_ef, was_over) != (ef, over):
+            narrower = was_ef <= ef and (was_over or 0.0) <= (over or 0.0)
+            out.append((int(p["chunks"]), search_asked(name, p), narrower))
+    return out
 
 
 @dataclass(frozen=True)
@@ -609,11 +620,12 @@ def describe(plan: Plan) -> list[str]:
                 f"model's, unchecked"
             )
         if s.other_search:
-            at = ", ".join(f"{n:,} ({asked})" for n, asked in s.other_search)
+            at = ", ".join(f"{n:,} ({asked})" for n, asked, _ in s.other_search)
+            below = all(narrower for *_, narrower in s.other_search)
             lines.append(
                 f"{s.quantization}: searched today at {search_asked(s.quantization)}, measured "
-                f"otherwise at {at} chunks: its latency there is below today's (re-measure with "
-                f"bench_engine)"
+                f"otherwise at {at} chunks: its latency there is "
+                f"{'below' if below else 'not'} today's (re-measure with bench_engine)"
             )
         linear_n, linear_mb = s.memory_linear_from
         if b.chunks > linear_n > 0:
@@ -691,9 +703,16 @@ def describe(plan: Plan) -> list[str]:
         r = plan.recall
         found = ", ".join(f"{name} {value:.2f}" for name, value in r["dense_at10_of_exact"].items())
         past = b.chunks / float(r["chunks"])
+        searched = r.get("searched") or {}
+        stale = [
+            f"{name} at {searched.get(name, search_asked(name, {}))}"
+            for name in r["dense_at10_of_exact"]
+            if searched.get(name, search_asked(name, {})) != search_asked(name)
+        ]
         lines.append(
             f"dense recall@10 of an exact search on real embeddings at {r['chunks']:,} chunks, "
             f"the largest measured: {found} (`{r['command']}`); it falls as the index grows"
             + (f", and this brief is {past:.0f}x past it" if past > 1 else "")
+            + (f"; searched otherwise than today: {', '.join(stale)}" if stale else "")
         )
     return lines

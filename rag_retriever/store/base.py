@@ -59,7 +59,7 @@ _PLAIN_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_-]*$")
 # default ef, 100 neighbours lost 0.0074 of SciFact's dense recall@100 (12,382 chunks) against
 # an exact search; with 4x it equals the exact search's 0.9153. On real MiniLM vectors at 315k
 # chunks 4x found only 0.943-0.958 of an exact search's top 10 (float32, int8) and 8x 0.960-0.972,
-# which also raised the gold chunk's dense recall@10 by 0.012-0.017, for 1.08x (int8) to 1.64x
+# which also raised the gold chunk's dense recall@10 by 0.014-0.017, for 1.08x (int8) to 1.64x
 # (float32) the engine's time of a dense query (docs/benchmarks.md, "ef 8x and oversampling at
 # 315k chunks").
 HNSW_EF_PER_RESULT = 8
