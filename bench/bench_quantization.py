@@ -59,7 +59,7 @@ from rag_retriever.eval.questions import load_questions
 from rag_retriever.ingest.loaders import LoadedCorpus
 from rag_retriever.ingest.writer import ingest_documents
 from rag_retriever.models.encoder import load_encoder
-from rag_retriever.ops.plan import search_asked
+from rag_retriever.ops.plan import search_asked, search_text
 from rag_retriever.query.retriever import Retriever
 from rag_retriever.records import Document, Mode, Quantization
 from rag_retriever.store import HNSW_EF_PER_RESULT, EdgeStore
@@ -270,20 +270,14 @@ def report(result: dict[str, Any]) -> list[str]:
     for r in result.get("sweep", ()):
         base = result[r["setting"]]
         lines.append(
-            f"{r['setting']} at ef {r['ef_per_result']}x{_oversampled(r['oversampling'])}: "
+            f"{r['setting']} at {search_text(r['ef_per_result'], r['oversampling'])}: "
             f"dense recall@10 / @100 of exact search {r['dense@10']:.4f} / {r['dense@100']:.4f}; "
             f"recall@10 dense {r['dense_recall@10']:.4f}, hybrid {r['hybrid_recall@10']:.4f}; "
             f"dense engine time p50 {r['dense_search_p50_ms']:.2f} ms "
             f"({r['dense_search_p50_ms'] / max(base['dense_search_p50_ms'], 1e-9):.2f}x the "
-            f"product's ef {HNSW_EF_PER_RESULT}x"
-            f"{_oversampled(QUANTIZATION_OVERSAMPLING.get(r['setting']))})"
+            f"product's {search_asked(r['setting'])})"
         )
     return lines
-
-
-def _oversampled(over: float | None) -> str:
-    """ ", oversampling X" of a quantized setting's line (float32 has none)."""
-    return "" if over is None else f", oversampling {over:g}"
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -57,6 +57,19 @@ def ingest(store: Store, encoder: Encoder, tmp_path: Path, quantization: str, **
     return store.resolve("kb")
 
 
+def add_one(store: Store, encoder: Encoder, tmp_path: Path, **kw: object) -> None:
+    """One new document as an update of "kb": a delta of the live version."""
+    update_documents(
+        [Document("new", "new", "alpha mike november")],
+        alias="kb",
+        encoder=encoder,
+        store=store,
+        lock_dir=tmp_path,
+        rebase_drift=1.0,
+        **kw,  # type: ignore[arg-type]
+    )
+
+
 def quantized_files(root: Path) -> list[Path]:
     return [p for p in root.rglob("quantized*") if p.is_file()]
 
@@ -104,15 +117,7 @@ def test_a_change_of_quantization_is_a_full_build_and_an_update_keeps_the_live_o
     second = ingest(store, tiny_encoder, tmp_path, "binary", rebase_drift=1.0)
     assert store.record(second).lineage.base is None  # a full build, not a delta of `first`
     assert store.record(second).quantization == "binary" and first != second
-    update_documents(
-        [Document("new", "new", "alpha mike november")],
-        alias="kb",
-        encoder=tiny_encoder,
-        store=store,
-        lock_dir=tmp_path,
-        quantization="none",  # the setting: an update keeps the live version's
-        rebase_drift=1.0,
-    )
+    add_one(store, tiny_encoder, tmp_path, quantization="none")  # an update keeps the live one's
     third = store.resolve("kb")
     assert store.record(third).lineage.base == second
     assert store.record(third).quantization == "binary"
@@ -194,14 +199,7 @@ def test_each_setting_is_searched_at_its_own_oversampling_in_every_shard(
     monkeypatch.setattr(EdgeStore, "_request", spy)
     retriever = Retriever(encoder=tiny_encoder, store=store, collection="kb")
     assert retriever.search("alpha bravo", k=5, mode="dense")
-    update_documents(
-        [Document("new", "new", "alpha mike november")],
-        alias="kb",
-        encoder=tiny_encoder,
-        store=store,
-        lock_dir=tmp_path,
-        rebase_drift=1.0,
-    )
+    add_one(store, tiny_encoder, tmp_path)
     assert len(store.manifest(store.resolve("kb")).segments) == 2  # base and delta
     assert retriever.search("alpha mike", k=5, mode="dense")
     assert len(asked) >= 3 and set(asked) == {expected}

@@ -417,7 +417,11 @@ def _search_of(name: str, point: Mapping[str, Any] | None = None) -> tuple[float
 def search_asked(name: str, point: Mapping[str, Any] | None = None) -> str:
     """How a point of setting `name` was searched ("ef 8x, oversampling 4"); without a point,
     how the product searches that setting today."""
-    ef, over = _search_of(name, point)
+    return search_text(*_search_of(name, point))
+
+
+def search_text(ef: float, over: float | None) -> str:
+    """ "ef 8x, oversampling 4" (float32, `over` None: "ef 8x")."""
     return f"ef {ef:g}x" + ("" if over is None else f", oversampling {over:g}")
 
 
@@ -703,12 +707,12 @@ def describe(plan: Plan) -> list[str]:
         r = plan.recall
         found = ", ".join(f"{name} {value:.2f}" for name, value in r["dense_at10_of_exact"].items())
         past = b.chunks / float(r["chunks"])
-        searched = r.get("searched") or {}
-        stale = [
-            f"{name} at {searched.get(name, search_asked(name, {}))}"
+        # a recall that does not say how it searched was measured as every point before
+        searched = {
+            name: (r.get("searched") or {}).get(name) or search_asked(name, {})
             for name in r["dense_at10_of_exact"]
-            if searched.get(name, search_asked(name, {})) != search_asked(name)
-        ]
+        }
+        stale = [f"{n} at {was}" for n, was in searched.items() if was != search_asked(n)]
         lines.append(
             f"dense recall@10 of an exact search on real embeddings at {r['chunks']:,} chunks, "
             f"the largest measured: {found} (`{r['command']}`); it falls as the index grows"
