@@ -61,13 +61,13 @@ from rag_retriever.ingest.writer import ingest_documents
 from rag_retriever.models.encoder import load_encoder
 from rag_retriever.ops.plan import search_asked, search_text
 from rag_retriever.query.retriever import Retriever
-from rag_retriever.records import Document, Mode, Quantization
+from rag_retriever.records import QUANTIZATIONS, Document, Mode, Quantization
 from rag_retriever.store import HNSW_EF_PER_RESULT, EdgeStore
 from rag_retriever.store import edge as edge_module
 from rag_retriever.store.base import QUANTIZATION_OVERSAMPLING
 from rag_retriever.store.shards import BASE_SHARD_POINTS
 
-SETTINGS: tuple[Quantization, ...] = ("none", "int8", "binary")
+SETTINGS: tuple[Quantization, ...] = QUANTIZATIONS
 
 
 @dataclasses.dataclass(frozen=True)

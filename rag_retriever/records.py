@@ -50,10 +50,11 @@ Mode = Literal["dense", "bm25", "hybrid", "rerank"]
 FusionMethod = Literal["rrf", "dbsf", "minmax", "zscore", "adaptive"]
 MODES: tuple[Mode, ...] = ("dense", "bm25", "hybrid", "rerank")
 # How a version holds its dense vectors in memory (docs/versions.md "Quantized vectors"): float32
-# (none), int8 (4x smaller) or 1 bit a dimension (binary, 32x), the float32 originals on disk
-# rescoring the top candidates. Part of a version, like the model: never mixed inside one.
-Quantization = Literal["none", "int8", "binary"]
-QUANTIZATIONS: tuple[Quantization, ...] = ("none", "int8", "binary")
+# (none), int8 (4x smaller), 1 bit a dimension (binary, 32x) or 2 bits searched with 8-bit
+# queries (binary2, 16x), the float32 originals on disk rescoring the top candidates. Part of a
+# version, like the model: never mixed inside one.
+Quantization = Literal["none", "int8", "binary", "binary2"]
+QUANTIZATIONS: tuple[Quantization, ...] = ("none", "int8", "binary", "binary2")
 # Vectors as the model gives them (what every version written before 0.3 holds).
 UNQUANTIZED: Quantization = "none"
 

@@ -187,8 +187,9 @@ class Settings(BaseSettings):
     quantization: Quantization = _setting(
         "none",
         "how a new version holds its dense vectors in memory: none (float32), int8 (4x "
-        "smaller) or binary (32x), the float32 originals on disk rescoring the top candidates; "
-        "a change re-ingests in full, like a model change",
+        "smaller), binary (1 bit a dimension, 32x) or binary2 (2 bits, 16x, searched with 8-bit "
+        "queries), the float32 originals on disk rescoring the top candidates; a change "
+        "re-ingests in full, like a model change",
     )
     # When a delta's shards outgrow the base (embedded store), they are merged into a new base:
     # in a background thread (the CLI: a detached `rag-retriever compact`), left to the caller

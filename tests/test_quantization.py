@@ -8,6 +8,7 @@ Qdrant Edge and qdrant-client's in-process server API, the tiny encoder.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -74,7 +75,7 @@ def quantized_files(root: Path) -> list[Path]:
     return [p for p in root.rglob("quantized*") if p.is_file()]
 
 
-@pytest.mark.parametrize("quantization", ["binary", "int8"])
+@pytest.mark.parametrize("quantization", ["binary", "binary2", "int8"])
 def test_a_quantized_version_is_quantized_by_the_engine_and_searched_with_rescoring(
     tmp_path: Path, tiny_encoder: Encoder, quantization: str
 ) -> None:
@@ -125,7 +126,9 @@ def test_a_change_of_quantization_is_a_full_build_and_an_update_keeps_the_live_o
 
 
 def test_unknown_quantization_names_are_refused(tmp_path: Path, tiny_encoder: Encoder) -> None:
-    with pytest.raises(ConfigError, match="RAG_QUANTIZATION must be one of none, int8, binary"):
+    with pytest.raises(
+        ConfigError, match="RAG_QUANTIZATION must be one of none, int8, binary, binary2"
+    ):
         Settings(quantization="fp8")
     store = EdgeStore(tmp_path / "edge")
     # a record naming a quantization this version of rag-retriever cannot read
@@ -161,6 +164,32 @@ def test_the_server_path_asks_the_server_for_the_quantized_collection(
         "alpha", k=3, mode="dense"
     )
     assert len(hits) == 3
+    asked.clear()
+    name = ingest(server_store, tiny_encoder, tmp_path, "binary2")
+    assert server_store.record(name).quantization == "binary2"
+    [points] = [call for call in asked if "quantization_config" in call]
+    binary = points["quantization_config"].binary
+    assert binary.encoding == "two_bits" and binary.query_encoding == "scalar8bits"
+    assert binary.always_ram is True
+
+
+def test_binary2_holds_two_bits_a_dimension_asked_at_eight_where_binary_holds_one(
+    tmp_path: Path, tiny_encoder: Encoder
+) -> None:
+    """The oracle is the engine's own account of what it built (the quantized storage's config
+    file beside its codes), and the record says which setting each version holds."""
+    built = {}
+    for setting in ("binary", "binary2"):
+        store = EdgeStore(tmp_path / setting)
+        name = ingest(store, tiny_encoder, tmp_path, setting)
+        assert store.record(name).quantization == setting
+        store.close()
+        [config] = (tmp_path / setting).rglob("quantized.config.json")
+        built[setting] = json.loads(config.read_text())["quantization_config"]["binary"]
+    assert built["binary"].get("encoding", "one_bit") == "one_bit"
+    assert built["binary"].get("query_encoding", "default") == "default"
+    assert built["binary2"]["encoding"] == "two_bits"
+    assert built["binary2"]["query_encoding"] == "scalar8bits"
 
 
 def oversampling_asked(request: Any) -> float | None:
@@ -172,7 +201,8 @@ def oversampling_asked(request: Any) -> float | None:
 
 
 @pytest.mark.parametrize(
-    ("quantization", "expected"), [("none", None), ("int8", 2.0), ("binary", 4.0)]
+    ("quantization", "expected"),
+    [("none", None), ("int8", 2.0), ("binary", 4.0), ("binary2", 4.0)],
 )
 def test_each_setting_is_searched_at_its_own_oversampling_in_every_shard(
     tmp_path: Path,

@@ -53,7 +53,7 @@ MEMORY_SHARE: Final = 0.8
 SECONDS_A_DAY: Final = 86_400
 # What must stay in memory a point, besides its payload: the vectors HNSW reads (bytes a
 # dimension as held) and its level-0 links (Qdrant's default m=16: 2m links of 4 bytes).
-BYTES_PER_DIMENSION: Final = {"none": 4.0, "int8": 1.0, "binary": 1 / 8}
+BYTES_PER_DIMENSION: Final = {"none": 4.0, "int8": 1.0, "binary": 1 / 8, "binary2": 2 / 8}
 HNSW_LINK_BYTES: Final = 128
 
 

@@ -68,8 +68,12 @@ HNSW_EF_PER_RESULT = 8
 # one bit a dimension ranks its candidates coarser than int8's eight: on real MiniLM vectors at
 # 105k chunks oversampling 4 raised its dense recall@10 of an exact search from 0.975 to 0.986
 # for at most 1.12x the engine's time (at 1M binary chunks: hybrid p95 1.13x), where int8 gained
-# nothing from it (docs/benchmarks.md, "Real embeddings at 315k chunks").
-QUANTIZATION_OVERSAMPLING: Mapping[str, float] = MappingProxyType({"int8": 2.0, "binary": 4.0})
+# nothing from it (docs/benchmarks.md, "Real embeddings at 315k chunks"). binary2 (two bits a
+# dimension, asked with 8-bit queries) at 4 found 0.98 of the exact top 10 at 315k chunks, where
+# binary found 0.94 (docs/benchmarks.md, "Two-bit binary at 315k chunks").
+QUANTIZATION_OVERSAMPLING: Mapping[str, float] = MappingProxyType(
+    {"int8": 2.0, "binary": 4.0, "binary2": 4.0}
+)
 
 # The payload index type of each kind of filterable value (Qdrant's exact match takes these).
 IndexKind = Literal["keyword", "integer", "bool"]

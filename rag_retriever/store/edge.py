@@ -1360,6 +1360,14 @@ def _edge_quantization(edge: Any, quantization: Quantization) -> Any:
         return edge.TurboQuantQuantizationConfig(bits=edge.TurboQuantBitSize.Bits8, always_ram=True)
     if quantization == "binary":
         return edge.BinaryQuantizationConfig(always_ram=True)
+    if quantization == "binary2":
+        # 2 bits a dimension, each query asked at 8 bits (asymmetric): Qdrant's remedy for 1 bit
+        # on small embeddings (384 dimensions), measured in docs/benchmarks.md
+        return edge.BinaryQuantizationConfig(
+            always_ram=True,
+            encoding=edge.BinaryQuantizationEncoding.TwoBits,
+            query_encoding=edge.BinaryQuantizationQueryEncoding.Scalar8Bits,
+        )
     return None
 
 

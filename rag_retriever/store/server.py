@@ -978,4 +978,12 @@ def _server_quantization(quantization: Quantization) -> Any:
         )
     if quantization == "binary":
         return qm.BinaryQuantization(binary=qm.BinaryQuantizationConfig(always_ram=True))
+    if quantization == "binary2":
+        return qm.BinaryQuantization(
+            binary=qm.BinaryQuantizationConfig(
+                always_ram=True,
+                encoding=qm.BinaryQuantizationEncoding.TWO_BITS,
+                query_encoding=qm.BinaryQuantizationQueryEncoding.SCALAR8BITS,
+            )
+        )
     return None
