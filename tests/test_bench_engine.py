@@ -166,14 +166,16 @@ def test_a_build_is_written_in_the_shard_size_asked_for(
 def test_the_quantization_sweep_scores_each_setting_once_at_each_point_beyond_the_products() -> (
     None
 ):
-    """Hand-computed against the product's constants (ef 8x; int8 oversampled 2, binary 4):
-    float32 once a breadth, each quantized setting at each asked oversampling, and no pass the
-    product's own run already scored."""
+    """Hand-computed against the product's constants (ef 8x; int8 oversampled 2, binary and
+    binary2 4): float32 once a breadth, each quantized setting at each asked oversampling, and
+    no pass the product's own run already scored."""
     from bench.bench_quantization import sweep
 
     assert sweep([], []) == []
-    assert sweep([4, 8], []) == [(4, None, [("none", None), ("int8", 2.0), ("binary", 4.0)])]
-    assert sweep([], [2, 4]) == [(8, 2, [("binary", 2)]), (8, 4, [("int8", 4)])]
-    assert sweep([4], [4]) == [(4, 4, [("none", None), ("int8", 4), ("binary", 4)])]
+    assert sweep([4, 8], []) == [
+        (4, None, [("none", None), ("int8", 2.0), ("binary", 4.0), ("binary2", 4.0)])
+    ]
+    assert sweep([], [2, 4]) == [(8, 2, [("binary", 2), ("binary2", 2)]), (8, 4, [("int8", 4)])]
+    assert sweep([4], [4]) == [(4, 4, [("none", None), ("int8", 4), ("binary", 4), ("binary2", 4)])]
     # an oversampling asked twice scores float32 still once
     assert [p for *_, passes in sweep([4], [2, 2]) for p in passes].count(("none", None)) == 1

@@ -398,6 +398,9 @@ def test_the_cli_plans_the_brief_from_the_shipped_constants(
         (["--memory-gb", "0"], "--memory-gb must be > 0"),  # not this machine's memory instead
         (["--cores", "0"], "--cores must be > 0"),
         (["--documents", "-5"], "--documents must be > 0; got -5"),  # the flag given, named
+        (["--recall-at10", "1.5"], "--recall-at10 must be in (0, 1]; got 1.5"),
+        (["--recall-at10", "0"], "--recall-at10 must be in (0, 1]; got 0"),
+        (["--recall-at10", "nan"], "--recall-at10 must be in (0, 1]; got nan"),
     ],
 )
 def test_a_brief_of_nothing_is_refused_naming_the_flag_given(
@@ -460,6 +463,13 @@ def test_the_recall_measured_on_real_embeddings_is_said_beside_the_figures() -> 
     assert "real embeddings" not in "\n".join(
         describe(make_plan(Brief(chunks=20_000_000, dim=8), CASE))
     )
+    # binary fits and meets the p95 (the first case's pick) but holds 0.89 of the top 10 where
+    # 0.95 is asked: nothing is recommended; asked for 0.85, binary is
+    plan = make_plan(Brief(chunks=20_000_000, dim=8), constants)
+    assert plan.recommended is None and plan.settings[1].meets["recall"] is False
+    assert "so not recommended: binary" in "\n".join(describe(plan))
+    lenient = make_plan(Brief(chunks=20_000_000, dim=8, recall_at10=0.85), constants)
+    assert lenient.recommended == "binary" and "not recommended" not in "\n".join(describe(lenient))
     # a recall that does not say how it searched was measured at ef 4x and oversampling 2
     older = {k: v for k, v in recall.items() if k != "searched"}
     text = "\n".join(describe(make_plan(Brief(chunks=20_000_000), {**CASE, "recall": older})))

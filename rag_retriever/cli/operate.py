@@ -270,6 +270,13 @@ def add_plan(sub: Any) -> None:
         "--dim", type=int, default=default.dim, help=f"the model's dimensions ({default.dim})"
     )
     p.add_argument(
+        "--recall-at10",
+        type=float,
+        default=default.recall_at10,
+        help=f"the share of an exact search's top 10 a dense search must find, where the "
+        f"constants measured it ({default.recall_at10:g}); a setting below it is not recommended",
+    )
+    p.add_argument(
         "--constants",
         type=Path,
         help=f"measured constants (default: {CONSTANTS.name}, measured on the development machine; "
@@ -305,6 +312,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         memory_gb=memory_gb,
         cores=args.cores if args.cores is not None else os.cpu_count() or 1,
         dim=args.dim,
+        recall_at10=args.recall_at10,
     )
     # the shard size the deployment builds with (RAG_BASE_SHARD_POINTS or its flag)
     shard_points = command_settings(args).base_shard_points

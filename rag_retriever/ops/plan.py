@@ -70,6 +70,9 @@ class Brief:
     memory_gb: float = 24.0
     cores: int = 2
     dim: int = 384  # the model's (all-MiniLM-L6-v2's)
+    # the share of an exact search's top 10 a dense search must find, where the constants
+    # measured it on real embeddings (their `recall`); a setting below it is not recommended
+    recall_at10: float = 0.95
 
     def check(self) -> None:
         for name in (
@@ -86,6 +89,8 @@ class Brief:
                 raise ConfigError(f"--{name.replace('_', '-')} must be > 0")
         if self.edits_per_day < 0:
             raise ConfigError("--edits-per-day must be >= 0")
+        if not 0 < self.recall_at10 <= 1:
+            raise ConfigError(f"--recall-at10 must be in (0, 1]; got {self.recall_at10:g}")
 
 
 @dataclass(frozen=True)
@@ -239,11 +244,21 @@ def make_plan(brief: Brief, constants: dict[str, Any], shard_points: int | None 
         overhead_ms = max(0.0, float(served["single_p50_ms"]) - encode_ms - at)
     largest = max(int(p["chunks"]) for pts in constants["settings"].values() for p in pts)
     cap = shard_points or int(measured.get("base_shard_points") or BASE_SHARD_POINTS)
+    recall = dict(constants.get("recall") or {})
+    found = recall.get("dense_at10_of_exact") or {}
     plans = []
     for name, points in constants["settings"].items():
-        plans.append(_setting(brief, name, points, encode_ms + overhead_ms, measured_cores, cap))
-    # the least memory that fits a machine and, replicated for the load, meets the p95
-    fitting = [p for p in plans if p.fits_one_machine and p.meets.get("p95", False)]
+        setting = _setting(brief, name, points, encode_ms + overhead_ms, measured_cores, cap)
+        if name in found:
+            setting.meets["recall"] = float(found[name]) >= brief.recall_at10
+        plans.append(setting)
+    # the least memory that fits a machine and, replicated for the load, meets the p95 and
+    # (where measured) the recall
+    fitting = [
+        p
+        for p in plans
+        if p.fits_one_machine and p.meets.get("p95", False) and p.meets.get("recall", True)
+    ]
     recommended = min(fitting, key=lambda p: p.memory_gb).quantization if fitting else None
     return Plan(
         brief,
@@ -256,7 +271,7 @@ def make_plan(brief: Brief, constants: dict[str, Any], shard_points: int | None 
         dict(served),
         overhead_ms,
         cap,
-        dict(constants.get("recall") or {}),
+        recall,
     )
 
 
@@ -682,14 +697,14 @@ def describe(plan: Plan) -> list[str]:
     if plan.recommended:
         best = next(s for s in plan.settings if s.quantization == plan.recommended)
         lines.append(
-            f"recommended: {plan.recommended} (the least memory that fits a machine), on "
-            f"{best.machines_for_qps} machine(s) each holding the whole index for "
+            f"recommended: {plan.recommended} (the least memory that fits a machine and, where "
+            f"measured, holds the recall), on {best.machines_for_qps} machine(s) each holding the whole index for "
             f"{b.qps:g} q/s: p95 ~{best.p95_replicated_ms:.0f} ms estimated"
         )
     else:
         lines.append(
-            f"no setting fits one machine's memory and meets p95 <= {b.p95_ms:g} ms: use the "
-            f"cluster figures (per node of {b.nodes})"
+            f"no setting fits one machine's memory, meets p95 <= {b.p95_ms:g} ms and holds the "
+            f"recall: use the cluster figures (per node of {b.nodes})"
         )
     if plan.served:
         v = plan.served
@@ -713,10 +728,16 @@ def describe(plan: Plan) -> list[str]:
             for name in r["dense_at10_of_exact"]
         }
         stale = [f"{n} at {was}" for n, was in searched.items() if was != search_asked(n)]
+        short = [s.quantization for s in plan.settings if not s.meets.get("recall", True)]
         lines.append(
             f"dense recall@10 of an exact search on real embeddings at {r['chunks']:,} chunks, "
             f"the largest measured: {found} (`{r['command']}`); it falls as the index grows"
             + (f", and this brief is {past:.0f}x past it" if past > 1 else "")
             + (f"; searched otherwise than today: {', '.join(stale)}" if stale else "")
         )
+        if short:
+            lines.append(
+                f"below the {b.recall_at10:g} of the exact top 10 asked (--recall-at10), so not "
+                f"recommended: {', '.join(short)}"
+            )
     return lines
