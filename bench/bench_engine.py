@@ -21,8 +21,9 @@ resident memory split by what each page holds (`rss_parts_mb`) and what it needs
 (`resident_mb`); and the size on disk. Engine only: no query encoding. The build runs in a
 fresh process too: its peak RSS is the build's (write and seal).
 
-With `--quantization none int8 binary`, each size is also built with int8 (on Edge:
-TurboQuant's 8 bits) and binary vectors (float32 originals on disk, rescored), beside float32;
+With `--quantization none int8 binary binary2`, each size is also built with int8 (on Edge:
+TurboQuant's 8 bits), binary and binary2 vectors (float32 originals on disk, rescored), beside
+float32;
 `--constants-out FILE` writes every Edge run's figures per size as the constants
 `rag-retriever plan` reads (rag_retriever/ops/capacity.json holds this machine's).
 `--shard-points N` writes builds in base shards of up to N chunks (RAG_BASE_SHARD_POINTS), so a
@@ -33,7 +34,7 @@ cgroup, as a container's limit) at F times float32's serving RSS at that size: t
 replica given that much memory would see, with the kernel dropping and re-reading shard pages.
 
 Usage: python -m bench.bench_engine [--sizes 100000 1000000] [--peer-max 100000]
-    [--quantization none int8 binary] [--cap-fraction 0.4] [--shard-points 2000000]
+    [--quantization none int8 binary binary2] [--cap-fraction 0.4] [--shard-points 2000000]
     [--constants-out FILE]
 """
 

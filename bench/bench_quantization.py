@@ -356,9 +356,10 @@ def recall_constants(result: dict[str, Any], argv: Sequence[str] | None) -> dict
     import sys
 
     args = [a for a in (sys.argv[1:] if argv is None else argv)]
-    if "--constants-out" in args:  # the command, not where it wrote
-        at = args.index("--constants-out")
-        del args[at : at + 2]
+    for flag in ("--constants-out", "--json"):  # the command, not where it wrote
+        if flag in args:
+            at = args.index(flag)
+            del args[at : at + 2]
     scored = [s for s in SETTINGS if s in result]
     return {
         "chunks": result["chunks"],

@@ -447,7 +447,7 @@ def test_the_recall_measured_on_real_embeddings_is_said_beside_the_figures() -> 
             for s, v in (("none", 0.9516), ("int8", 0.95249), ("binary", 0.89331))
         },
     }
-    argv = ["--distractors", "300000", "--constants-out", "capacity.json"]
+    argv = ["--distractors", "300000", "--json", "r.json", "--constants-out", "capacity.json"]
     recall = recall_constants(result, argv)
     assert recall["command"] == "python -m bench.bench_quantization --distractors 300000"
     assert recall["dense_at10_of_exact"] == {"none": 0.9516, "int8": 0.9525, "binary": 0.8933}

@@ -6,7 +6,7 @@ Example:
     ...                  load_constants())                             # doctest: +SKIP
 
 The constants (capacity.json beside this module, or `--constants FILE`) are what
-`python -m bench.bench_engine --sizes ... --quantization none int8 binary --constants-out FILE`
+`python -m bench.bench_engine --sizes ... --quantization none int8 binary binary2 --constants-out FILE`
 measured on one machine: per setting and size, build (write + seal) time, disk, the serving
 process's memory (what it needs resident: its RSS less a quantized version's float32 originals
 read to rescore, which the kernel drops and reads again; its peak RSS in constants without
@@ -213,7 +213,7 @@ def load_constants(path: Path | None = None) -> dict[str, Any]:
     if not isinstance(data, dict) or not isinstance(data.get("settings"), dict):
         raise ConfigError(
             f"{path} holds no measured settings: write it with `python -m bench.bench_engine "
-            f"--quantization none int8 binary --constants-out {path}`"
+            f"--quantization none int8 binary binary2 --constants-out {path}`"
         )
     for name, points in data["settings"].items():
         if not points or not all(isinstance(p, dict) and p.get("chunks") for p in points):
