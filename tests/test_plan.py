@@ -470,6 +470,11 @@ def test_the_recall_measured_on_real_embeddings_is_said_beside_the_figures() -> 
     assert "so not recommended: binary" in "\n".join(describe(plan))
     lenient = make_plan(Brief(chunks=20_000_000, dim=8, recall_at10=0.85), constants)
     assert lenient.recommended == "binary" and "not recommended" not in "\n".join(describe(lenient))
+    # a setting the recall run did not score is not held to it, and the plan says so
+    partial = {**recall, "dense_at10_of_exact": {"none": 0.9516}}
+    plan = make_plan(Brief(chunks=20_000_000, dim=8), {**CASE, "recall": partial})
+    assert plan.recommended == "binary" and "recall" not in plan.settings[1].meets
+    assert "recall not measured, so not held to --recall-at10: binary" in "\n".join(describe(plan))
     # a recall that does not say how it searched was measured at ef 4x and oversampling 2
     older = {k: v for k, v in recall.items() if k != "searched"}
     text = "\n".join(describe(make_plan(Brief(chunks=20_000_000), {**CASE, "recall": older})))

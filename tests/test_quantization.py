@@ -192,6 +192,25 @@ def test_binary2_holds_two_bits_a_dimension_asked_at_eight_where_binary_holds_on
     assert built["binary2"]["query_encoding"] == "scalar8bits"
 
 
+def test_every_quantized_setting_has_its_engine_configs_oversampling_and_size() -> None:
+    """The per-setting tables are kept beside each other by hand: each names every setting (an
+    unknown name would fall back to float32's figures or config silently)."""
+    import qdrant_edge
+
+    from rag_retriever.ops.plan import BYTES_PER_DIMENSION
+    from rag_retriever.records import QUANTIZATIONS, UNQUANTIZED
+    from rag_retriever.store.base import QUANTIZATION_OVERSAMPLING
+    from rag_retriever.store.edge import _edge_quantization
+    from rag_retriever.store.server import _server_quantization
+
+    quantized = set(QUANTIZATIONS) - {UNQUANTIZED}
+    assert set(BYTES_PER_DIMENSION) == set(QUANTIZATIONS)
+    assert set(QUANTIZATION_OVERSAMPLING) == quantized
+    for name in QUANTIZATIONS:
+        held = (_edge_quantization(qdrant_edge, name), _server_quantization(name))
+        assert held == (None, None) if name == UNQUANTIZED else None not in held, name
+
+
 def oversampling_asked(request: Any) -> float | None:
     """The oversampling an engine request asks of a quantized search (None: none asked)."""
     params = request.params

@@ -729,6 +729,7 @@ def describe(plan: Plan) -> list[str]:
         }
         stale = [f"{n} at {was}" for n, was in searched.items() if was != search_asked(n)]
         short = [s.quantization for s in plan.settings if not s.meets.get("recall", True)]
+        unmeasured = [s.quantization for s in plan.settings if "recall" not in s.meets]
         lines.append(
             f"dense recall@10 of an exact search on real embeddings at {r['chunks']:,} chunks, "
             f"the largest measured: {found} (`{r['command']}`); it falls as the index grows"
@@ -739,5 +740,9 @@ def describe(plan: Plan) -> list[str]:
             lines.append(
                 f"below the {b.recall_at10:g} of the exact top 10 asked (--recall-at10), so not "
                 f"recommended: {', '.join(short)}"
+            )
+        if unmeasured:
+            lines.append(
+                f"recall not measured, so not held to --recall-at10: {', '.join(unmeasured)}"
             )
     return lines
