@@ -17,7 +17,7 @@ import re
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from rag_retriever import conditions
 
@@ -54,7 +54,7 @@ MODES: tuple[Mode, ...] = ("dense", "bm25", "hybrid", "rerank")
 # queries (binary2, 16x), the float32 originals on disk rescoring the top candidates. Part of a
 # version, like the model: never mixed inside one.
 Quantization = Literal["none", "int8", "binary", "binary2"]
-QUANTIZATIONS: tuple[Quantization, ...] = ("none", "int8", "binary", "binary2")
+QUANTIZATIONS: tuple[Quantization, ...] = get_args(Quantization)
 # Vectors as the model gives them (what every version written before 0.3 holds).
 UNQUANTIZED: Quantization = "none"
 

@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from rag_retriever.errors import ConfigError
+from rag_retriever.records import QUANTIZATIONS
 from rag_retriever.store.base import HNSW_EF_PER_RESULT, QUANTIZATION_OVERSAMPLING
 from rag_retriever.store.shards import BASE_SHARD_POINTS, base_shards
 
@@ -213,7 +214,7 @@ def load_constants(path: Path | None = None) -> dict[str, Any]:
     if not isinstance(data, dict) or not isinstance(data.get("settings"), dict):
         raise ConfigError(
             f"{path} holds no measured settings: write it with `python -m bench.bench_engine "
-            f"--quantization none int8 binary binary2 --constants-out {path}`"
+            f"--quantization {' '.join(QUANTIZATIONS)} --constants-out {path}`"
         )
     for name, points in data["settings"].items():
         if not points or not all(isinstance(p, dict) and p.get("chunks") for p in points):
