@@ -56,6 +56,36 @@ def test_grouped_attention_equals_pytorch_sdpa(batch: int, length: int) -> None:
     torch.testing.assert_close(unmasked, expected_unmasked.transpose(1, 2), atol=1e-5, rtol=1e-5)
 
 
+def test_in_bf16_it_is_fp32_attention_to_within_bf16_rounding() -> None:
+    """Under bf16 the fused kernel keeps its scores in fp32: the output is fp32 attention of the
+    bf16 inputs rounded to bf16 (2^-8 relative), plus a little for the kernel's own roundings."""
+    q, k, v, keep, mask = padded(12, 12, 40, 32, seed=11)
+    q, k, v = (t.bfloat16() for t in (q, k, v))
+    with torch.inference_mode():
+        out, _ = grouped_attention(Bidirectional(), q, k, v, mask)
+        exact = torch.nn.functional.scaled_dot_product_attention(
+            q.float(), k.float(), v.float(), attn_mask=keep[:, None, None, :]
+        ).transpose(1, 2)
+    assert out.dtype == torch.bfloat16
+    error = (out.float() - exact)[keep].abs()
+    assert (error <= 2.0**-7 * exact[keep].abs() + 2.0**-9).all()
+
+
+def test_an_empty_sequence_beside_others_gives_no_nan() -> None:
+    """A sequence whose every key is padding (no tokenizer makes one, a caller might) shares a
+    group with real ones: its rows are finite, and the others' are still right."""
+    q, k, v, keep, mask = padded(4, 2, 6, 8, seed=3)
+    mask[2] = torch.finfo(torch.float32).min  # sequence 2 has no real key
+    keep[2] = False
+    with torch.inference_mode():
+        out, _ = grouped_attention(Bidirectional(), q, k, v, mask)
+        expected = torch.nn.functional.scaled_dot_product_attention(
+            q, k, v, attn_mask=keep[:, None, None, :]
+        ).transpose(1, 2)
+    assert torch.isfinite(out).all()
+    torch.testing.assert_close(out[keep], expected[keep], atol=1e-5, rtol=1e-5)
+
+
 def test_padding_past_a_sequence_alone_is_zeros_and_never_computed() -> None:
     """A sequence that goes alone is cut to its length: its padded rows are zeros, whatever the
     padded positions hold (NaN here, which would poison any product that read them)."""

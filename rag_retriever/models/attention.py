@@ -1,19 +1,22 @@
 """Self-attention for CPU inference, a sequence (or a few short ones) at a time.
 
-PyTorch's CPU `scaled_dot_product_attention` (the kernel transformers' `sdpa` calls) runs at a
-tenth of the speed of the linear layers around it for MiniLM's 32-wide heads: on 2 cores, a
-batch of 32 chunks of ~170 tokens spent 37% of its encoding time in attention against 47% in
-all the matrix products of the linear layers, which do 13x the arithmetic. Computed instead as
-two batched matrix products per group of sequences, the group sized to stay in the cache, the
-same attention takes about half the time (docs/benchmarks.md, "GPU and CPU speed").
+A tokenizer's batch pads on the right to its longest sequence, and PyTorch's CPU
+`scaled_dot_product_attention` (the kernel transformers' `sdpa` calls) over that batch computes
+every padded position. Here the batch is cut into groups, each group to its own longest
+sequence (a long chunk goes alone, at its own length, with no mask; short queries in groups),
+and the padding rows past it are zeros, which nothing reads.
 
-A tokenizer's batch pads on the right, so each group is cut to its longest sequence: a long
-chunk goes alone, at its own length, with no mask to add and no padding computed. The scale is
-applied inside the first product (`baddbmm`), and the softmax takes and gives the scores' dtype
-(it accumulates in fp32), so a bf16 pass makes no fp32 copy of its scores. Under bf16 autocast
-the result is the same attention to within bf16 rounding: each score is rounded to bf16 once.
+Each group then runs PyTorch's fused kernel (flash attention on the CPU: its scores stay in fp32
+and are never written out), with a mask of each sequence's keys only where the group's lengths
+differ. The output is written in the layout the output projection reads, (batch, length, heads,
+head dim), so nothing copies it again. On 2 cores, 32 chunks of 150-250 tokens, one layer: 17
+ms against 29 ms for the two batched products and softmax this module ran before (2026-12-07;
+the products themselves had halved `sdpa` over the padded batch, docs/benchmarks.md "GPU and CPU
+speed"), and the encoder 1.23x faster; its bf16 error against fp32 attention is a third of
+theirs, which rounded each score to bf16.
 
-`use_cpu_attention(model)` switches a transformers model to it; models that do not take a custom
+Any other mask (left padding, a causal part, a bias), or none (no padding), goes to `sdpa` over
+the whole batch as it is. `use_cpu_attention(model)` switches a transformers model to it; models that do not take a custom
 attention function keep theirs. Training (gradients on), dropout, causal and grouped-query
 attention go to `sdpa` as before, so only inference changes.
 """
@@ -37,7 +40,9 @@ NAME = "rag_cpu_grouped"
 # Score bytes (fp32) per group of sequences: 1 MiB measured best among 1-8 MiB for 16-230 tokens
 # on 2 cores (a 170-token sequence's 12 heads already take 1.4 MiB, so it goes alone). With groups
 # cut to their length (2026-12-05), 64 KiB to 1 MiB encoded passages alike and 1 MiB batched
-# queries fastest: 1,300-1,400 a second against ~1,100 at 64 KiB and ~800 one per group.
+# queries fastest: 1,300-1,400 a second against ~1,100 at 64 KiB and ~800 one per group. With the
+# fused kernel (2026-12-07), which never writes the scores, 1 and 4 MiB ran alike on 32 sequences
+# of 12-250 tokens (within 10% either way), so the grouping stayed.
 GROUP_SCORE_BYTES = 1 << 20
 # A padded key's additive mask is at most this: exp(score + mask) is 0 in fp32 for any real score.
 PADDING_MASK_AT_MOST = -1e4
@@ -60,46 +65,52 @@ def grouped_attention(
     Where the mask only pads keys on the right (a tokenizer's batch), each group is cut to its
     longest sequence, so no padding is computed and a group of equal lengths needs no mask; the
     rows of padding past that length are zeros (nothing reads them: a padded key is masked in
-    the next layer and pooling skips padding)."""
+    the next layer and pooling skips padding). Anything else goes to transformers' `sdpa`."""
     causal = attention_mask is None and getattr(module, "is_causal", False)
-    if torch.is_grad_enabled() or dropout > 0 or causal or key.shape[1] != query.shape[1]:
+    _, heads, q_len, dim = query.shape
+    k_len = key.shape[2]
+    lengths = right_padding_lengths(attention_mask, q_len, k_len)
+    if torch.is_grad_enabled() or dropout > 0 or causal or key.shape[1] != heads or lengths is None:
         return sdpa_attention_forward(
             module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
         )
-    batch, heads, q_len, dim = query.shape
-    k_len = key.shape[2]
     scale = dim**-0.5 if scaling is None else scaling
-    lengths = right_padding_lengths(attention_mask, q_len, k_len)
     group = max(1, GROUP_SCORE_BYTES // (heads * q_len * k_len * 4))
-    zero = query.new_zeros(1, 1, 1)
-    out = value.new_zeros((batch, heads, q_len, value.shape[-1]))
-    for start in range(0, batch, group):
-        stop = min(batch, start + group)
-        size = stop - start
-        if lengths is None:
-            n_q, n_k, masked = q_len, k_len, attention_mask is not None
-        else:
-            n_q = n_k = max(lengths[start:stop])
-            masked = min(lengths[start:stop]) < n_q
-        if n_q == 0:
+    return _attend_by_length(query, key, value, lengths, scale, group), None
+
+
+def _attend_by_length(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    lengths: list[int],
+    scale: float,
+    group: int,
+) -> torch.Tensor:
+    """Attention of right-padded sequences, `group` at a time, each group cut to its longest
+    sequence: PyTorch's fused CPU kernel (`scaled_dot_product_attention`, which keeps its scores
+    in fp32 and never writes them out) over the real tokens only, with a mask of each
+    sequence's keys only where a group's lengths differ. Returns (batch, length, heads, head
+    dim), contiguous: the layout the output projection reads, so nothing copies it again."""
+    batch, heads, q_len, _ = query.shape
+    out = value.new_zeros((batch, q_len, heads, value.shape[-1]))
+    for start in range(0, len(lengths), group):
+        stop = min(len(lengths), start + group)
+        n = max(lengths[start:stop])
+        if n == 0:
             continue
-        # (size * heads, n, dim): a view for one sequence, a copy for a group.
-        q = query[start:stop, :, :n_q].flatten(0, 1)
-        k = key[start:stop, :, :n_k].flatten(0, 1)
-        v = value[start:stop, :, :n_k].flatten(0, 1)
-        # scale * q.k in the matrix product itself, rounded once to the input's dtype
-        scores = torch.baddbmm(zero, q, k.transpose(1, 2), beta=0, alpha=scale)
-        if masked:  # the mask's dtype (fp32): mask + scores, one call
-            assert attention_mask is not None
-            rows = attention_mask if attention_mask.shape[0] == 1 else attention_mask[start:stop]
-            scores = torch.add(rows[..., :n_q, :n_k], scores.view(size, heads, n_q, n_k))
-        # The softmax accumulates in fp32 whatever its input (bf16 in, bf16 out, as autocast).
-        probs = torch.softmax(scores, dim=-1).to(v.dtype).view(size * heads, n_q, n_k)
-        if size == 1:
-            torch.bmm(probs, v, out=out[start, :, :n_q])
-        else:
-            out[start:stop, :, :n_q] = torch.bmm(probs, v).view(size, heads, n_q, -1)
-    return out.transpose(1, 2), None
+        mask = None
+        if min(lengths[start:stop]) < n:
+            real = torch.tensor(lengths[start:stop], device=query.device)
+            mask = (torch.arange(n, device=query.device) < real[:, None])[:, None, None, :]
+        out[start:stop, :n] = torch.nn.functional.scaled_dot_product_attention(
+            query[start:stop, :, :n],
+            key[start:stop, :, :n],
+            value[start:stop, :, :n],
+            attn_mask=mask,
+            scale=scale,
+        ).transpose(1, 2)
+    return out
 
 
 def right_padding_lengths(mask: torch.Tensor | None, q_len: int, k_len: int) -> list[int] | None:
