@@ -9,16 +9,17 @@ and the padding rows past it are zeros, which nothing reads.
 Each group then runs PyTorch's fused kernel (flash attention on the CPU: its scores stay in fp32
 and are never written out), with a mask of each sequence's keys only where the group's lengths
 differ. The output is written in the layout the output projection reads, (batch, length, heads,
-head dim), so nothing copies it again. On 2 cores, 32 chunks of 150-250 tokens, one layer: 17
-ms against 29 ms for the two batched products and softmax this module ran before (2026-12-07;
+head dim), so nothing copies it again. On 2 cores, 32 chunks of 150-250 tokens, one layer: 17.3
+ms against 30.2 ms for the two batched products and softmax this module ran before (2026-12-07;
 the products themselves had halved `sdpa` over the padded batch, docs/benchmarks.md "GPU and CPU
-speed"), and the encoder 1.23x faster; its bf16 error against fp32 attention is a third of
-theirs, which rounded each score to bf16.
+speed"), and the encoder 1.16-1.23x faster; its bf16 error against fp32 attention is 2-3.7
+times smaller than theirs, which rounded each score to bf16.
 
-Any other mask (left padding, a causal part, a bias), or none (no padding), goes to `sdpa` over
-the whole batch as it is. `use_cpu_attention(model)` switches a transformers model to it; models that do not take a custom
-attention function keep theirs. Training (gradients on), dropout, causal and grouped-query
-attention go to `sdpa` as before, so only inference changes.
+Any other mask (left padding, a causal part, a bias, one batch row for all), or none (no
+padding), goes to `sdpa` over the whole batch as it is. `use_cpu_attention(model)` switches a
+transformers model to it; models that do not take a custom attention function keep theirs.
+Training (gradients on), dropout, causal and grouped-query attention go to `sdpa` as before, so
+only inference changes.
 """
 
 from __future__ import annotations
@@ -37,14 +38,16 @@ from transformers.masking_utils import AttentionMaskInterface, eager_mask
 log = logging.getLogger(__name__)
 
 NAME = "rag_cpu_grouped"
-# Score bytes (fp32) per group of sequences: 1 MiB measured best among 1-8 MiB for 16-230 tokens
+# Groups are sized by their scores' fp32 bytes, as when this module wrote the scores out (the
+# fused kernel does not). Then: 1 MiB measured best among 1-8 MiB for 16-230 tokens
 # on 2 cores (a 170-token sequence's 12 heads already take 1.4 MiB, so it goes alone). With groups
 # cut to their length (2026-12-05), 64 KiB to 1 MiB encoded passages alike and 1 MiB batched
 # queries fastest: 1,300-1,400 a second against ~1,100 at 64 KiB and ~800 one per group. With the
 # fused kernel (2026-12-07), which never writes the scores, 1 and 4 MiB ran alike on 32 sequences
 # of 12-250 tokens (within 10% either way), so the grouping stayed.
 GROUP_SCORE_BYTES = 1 << 20
-# A padded key's additive mask is at most this: exp(score + mask) is 0 in fp32 for any real score.
+# A padded key's additive mask is at most this (exp(score + mask) is 0 in fp32 for any real
+# score), or the mask is not taken for right padding.
 PADDING_MASK_AT_MOST = -1e4
 
 
@@ -66,17 +69,18 @@ def grouped_attention(
     longest sequence, so no padding is computed and a group of equal lengths needs no mask; the
     rows of padding past that length are zeros (nothing reads them: a padded key is masked in
     the next layer and pooling skips padding). Anything else goes to transformers' `sdpa`."""
-    causal = attention_mask is None and getattr(module, "is_causal", False)
-    _, heads, q_len, dim = query.shape
+    batch, heads, q_len, dim = query.shape
     k_len = key.shape[2]
-    lengths = right_padding_lengths(attention_mask, q_len, k_len)
-    if torch.is_grad_enabled() or dropout > 0 or causal or key.shape[1] != heads or lengths is None:
+    causal = attention_mask is None and getattr(module, "is_causal", False)
+    plain = not (torch.is_grad_enabled() or dropout > 0 or causal or key.shape[1] != heads)
+    lengths = right_padding_lengths(attention_mask, q_len, k_len) if plain else None
+    if lengths is None or len(lengths) != batch:
         return sdpa_attention_forward(
             module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
         )
     scale = dim**-0.5 if scaling is None else scaling
     group = max(1, GROUP_SCORE_BYTES // (heads * q_len * k_len * 4))
-    return _attend_by_length(query, key, value, lengths, scale, group), None
+    return _attend_by_length(query, key, value, lengths, scale=scale, group=group), None
 
 
 def _attend_by_length(
@@ -84,6 +88,7 @@ def _attend_by_length(
     key: torch.Tensor,
     value: torch.Tensor,
     lengths: list[int],
+    *,
     scale: float,
     group: int,
 ) -> torch.Tensor:
@@ -91,7 +96,9 @@ def _attend_by_length(
     sequence: PyTorch's fused CPU kernel (`scaled_dot_product_attention`, which keeps its scores
     in fp32 and never writes them out) over the real tokens only, with a mask of each
     sequence's keys only where a group's lengths differ. Returns (batch, length, heads, head
-    dim), contiguous: the layout the output projection reads, so nothing copies it again."""
+    dim), contiguous: the layout the output projection reads, so nothing copies it again. A
+    sequence with no real token (no tokenizer makes one) gets zeros, the kernel's answer for a
+    row whose keys are all masked (a test holds it to that)."""
     batch, heads, q_len, _ = query.shape
     out = value.new_zeros((batch, q_len, heads, value.shape[-1]))
     for start in range(0, len(lengths), group):
