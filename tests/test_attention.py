@@ -156,10 +156,21 @@ def test_a_pass_checks_each_mask_once(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_groups_are_sized_by_the_score_budget(monkeypatch: pytest.MonkeyPatch) -> None:
     """A budget of one sequence's scores gives groups of one; the result does not change."""
     q, k, v, keep, mask = padded(6, 2, 12, 8, seed=3)
+    kernel = torch.nn.functional.scaled_dot_product_attention
+    calls: list[int] = []
+
+    def counted(*args: Any, **kwargs: Any) -> torch.Tensor:
+        calls.append(1)
+        return kernel(*args, **kwargs)
+
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", counted)
+    monkeypatch.setattr(attention, "sdpa_attention_forward", None)  # the groups, never sdpa
     with torch.inference_mode():
         together, _ = grouped_attention(Bidirectional(), q, k, v, mask)
+        assert len(calls) == 1
         monkeypatch.setattr(attention, "GROUP_SCORE_BYTES", 2 * 12 * 12 * 4)
         alone, _ = grouped_attention(Bidirectional(), q, k, v, mask)
+        assert len(calls) == 1 + 6
     torch.testing.assert_close(together[keep], alone[keep], atol=1e-6, rtol=1e-6)
 
 
@@ -184,9 +195,10 @@ def test_gradients_dropout_causal_and_other_masks_go_to_sdpa(
         grouped_attention(Bidirectional(), q, k, v, None)  # no padding at all
         grouped_attention(Bidirectional(), q, k, v, mask.flip(-1))  # left padding
         grouped_attention(Bidirectional(), q, k, v, mask[:1])  # one mask row for the batch
-        assert len(calls) == 7
-        grouped_attention(Bidirectional(), q, k, v, mask)  # right padding: the groups
-    assert len(calls) == 7
+        grouped_attention(Bidirectional(), q, k, v, mask, position_bias=torch.zeros(1))  # T5's
+        assert len(calls) == 8
+        grouped_attention(Bidirectional(), q, k, v, mask, position_bias=None)  # the groups
+    assert len(calls) == 8
 
 
 def test_a_model_on_the_cpu_gives_the_hidden_states_of_sdpa(tmp_path: Path) -> None:

@@ -12,7 +12,7 @@ differ. The output is written in the layout the output projection reads, (batch,
 head dim), so nothing copies it again. On 2 cores, 32 chunks of 150-250 tokens, one layer: 17.3
 ms against 30.2 ms for the two batched products and softmax this module ran before (2026-12-07;
 the products themselves had halved `sdpa` over the padded batch, docs/benchmarks.md "GPU and CPU
-speed"), and the encoder 1.16-1.23x faster; its bf16 error against fp32 attention is 2-3.7
+speed"), and the encoder 1.16-1.23x faster; its bf16 error against fp32 attention is 1.9-3.7
 times smaller than theirs, which rounded each score to bf16.
 
 Any other mask (left padding, a causal part, a bias, one batch row for all), or none (no
@@ -72,7 +72,11 @@ def grouped_attention(
     batch, heads, q_len, dim = query.shape
     k_len = key.shape[2]
     causal = attention_mask is None and getattr(module, "is_causal", False)
-    plain = not (torch.is_grad_enabled() or dropout > 0 or causal or key.shape[1] != heads)
+    # a bias, attention sinks or soft-capping (T5's position bias, ...) are `sdpa`'s to apply
+    extras = any(kwargs.get(name) is not None for name in ("position_bias", "s_aux", "softcap"))
+    plain = not (
+        torch.is_grad_enabled() or dropout > 0 or causal or key.shape[1] != heads or extras
+    )
     lengths = right_padding_lengths(attention_mask, q_len, k_len) if plain else None
     if lengths is None or len(lengths) != batch:
         return sdpa_attention_forward(
