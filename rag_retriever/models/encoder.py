@@ -38,6 +38,7 @@ from rag_retriever.models.device import (
     for_inference,
     forward,
 )
+from rag_retriever.models.hub import ModelNotFound, model_directory
 from rag_retriever.models.profiles import (
     Fingerprint,
     ModelProfile,
@@ -92,16 +93,6 @@ def hash_weights(directory: Path) -> str:
             for block in iter(lambda: fh.read(1 << 20), b""):
                 digest.update(block)
     return digest.hexdigest()
-
-
-def local_model_dir(source: str) -> Path:
-    """The directory holding a model's files: the source itself, or its hub cache snapshot."""
-    path = Path(source)
-    if path.is_dir():
-        return path
-    from huggingface_hub import snapshot_download
-
-    return Path(snapshot_download(repo_id=source, local_files_only=True))
 
 
 def read_max_seq_length(directory: Path, config: Any, tokenizer: Any) -> int:
@@ -171,14 +162,15 @@ class Encoder:
         resolved = resolve_model(spec) if isinstance(spec, str) else spec
         log.info("loading the embedding model %s", resolved.source)
         try:
+            directory = model_directory(resolved.source)
             with quiet_transformers():
-                tokenizer = transformers.AutoTokenizer.from_pretrained(resolved.source)
-                model = transformers.AutoModel.from_pretrained(resolved.source)
-            directory = local_model_dir(resolved.source)
-        except (OSError, ValueError) as exc:
+                tokenizer = transformers.AutoTokenizer.from_pretrained(directory)
+                model = transformers.AutoModel.from_pretrained(directory)
+        except (ModelNotFound, OSError, ValueError) as exc:
             raise ModelLoadError(
                 f"cannot load embedding model {resolved.source!r}: {exc}. Set RAG_EMBED_MODEL to "
-                f"a local model directory or an id that is in the Hugging Face cache."
+                f"a local model directory or a hub id in the Hugging Face cache (or, with a "
+                f"network, one the hub has)."
             ) from None
         max_len = resolved.profile.max_seq_length or read_max_seq_length(
             directory, model.config, tokenizer

@@ -39,6 +39,7 @@ from rag_retriever.models.device import (
     forward,
 )
 from rag_retriever.models.encoder import Tokens, tokenize_once
+from rag_retriever.models.hub import ModelNotFound, model_directory
 from rag_retriever.models.profiles import looks_like_path
 from rag_retriever.models.quiet import quiet_transformers
 from rag_retriever.settings import Settings
@@ -61,15 +62,27 @@ class Scorer(Protocol):
     def score(self, query: str, passages: Sequence[str]) -> PairScores: ...
 
 
-def _check_is_classifier(source: str) -> int:
-    """The number of labels, or a ModelLoadError if `source` is not a sequence classifier."""
+def _reranker_directory(source: str) -> Path:
+    """The folder of the reranker `source` names (a folder, or a hub id: models/hub.py)."""
     try:
-        config = transformers.AutoConfig.from_pretrained(source)
+        return model_directory(source)
+    except ModelNotFound as exc:
+        raise ModelLoadError(f"cannot load reranker {source!r}: {exc}. {_SET_RERANKER}") from None
+
+
+_SET_RERANKER = (
+    "Set RAG_RERANK_MODEL to a local directory or a hub id in the Hugging Face cache (or, with a "
+    "network, one the hub has), or unset it to turn reranking off."
+)
+
+
+def _check_is_classifier(source: str, directory: Path) -> int:
+    """The number of labels, or a ModelLoadError if `source` (read from `directory`) is not a
+    sequence classifier."""
+    try:
+        config = transformers.AutoConfig.from_pretrained(directory)
     except (OSError, ValueError) as exc:
-        raise ModelLoadError(
-            f"cannot load reranker {source!r}: {exc}. Set RAG_RERANK_MODEL to a local "
-            f"directory or a hub id in the Hugging Face cache, or unset it to turn reranking off."
-        ) from None
+        raise ModelLoadError(f"cannot load reranker {source!r}: {exc}. {_SET_RERANKER}") from None
     architectures = getattr(config, "architectures", None) or []
     if not any(a.endswith("ForSequenceClassification") for a in architectures):
         raise ModelLoadError(
@@ -145,15 +158,16 @@ class CrossEncoderReranker:
                 f"reranker {source!r}: no such directory; set RAG_RERANK_MODEL (--rerank-model) "
                 f"to a cross-encoder directory, e.g. one written by `rag-retriever train-reranker`"
             )
-        _check_is_classifier(source)
+        directory = _reranker_directory(source)
+        _check_is_classifier(source, directory)
         try:
             with quiet_transformers():
-                tokenizer = transformers.AutoTokenizer.from_pretrained(source)
-                model = transformers.AutoModelForSequenceClassification.from_pretrained(source)
+                tokenizer = transformers.AutoTokenizer.from_pretrained(directory)
+                model = transformers.AutoModelForSequenceClassification.from_pretrained(directory)
         except (OSError, ValueError) as exc:
             raise ModelLoadError(f"cannot load reranker {source!r}: {exc}") from None
         name = source
-        meta = Path(source) / "rag_reranker.json"
+        meta = directory / "rag_reranker.json"
         if meta.is_file():
             name = json.loads(meta.read_text(encoding="utf-8")).get("name", source)
         precision = choose_precision(device, dtype)
