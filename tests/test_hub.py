@@ -25,6 +25,7 @@ from rag_retriever.models import hub
 from rag_retriever.models.encoder import Encoder
 from rag_retriever.models.profiles import ModelProfile, ResolvedModel
 from rag_retriever.models.reranker import CrossEncoderReranker
+from rag_retriever.training.reranker import load_base
 
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
 PROFILE = ModelProfile("tiny-bert", "", "", "mean", 64)
@@ -154,3 +155,14 @@ def test_a_download_takes_one_copy_of_the_weights(
     assert patterns == asked
     got = sorted(p.relative_to(directory).as_posix() for p in directory.rglob("*") if p.is_file())
     assert got == sorted(["config.json", "vocab.txt", weights[0]])
+
+
+def test_a_training_base_by_hub_id_reads_the_cache(
+    cache: Path, lookups: list[str], tiny_reranker_dir: Path
+) -> None:
+    cache_model(cache, "someorg/tiny-reranker", tiny_reranker_dir)
+    _, _, fresh_head = load_base("someorg/tiny-reranker")
+    assert not fresh_head  # the cached cross-encoder's own head
+    with pytest.raises(ModelLoadError, match="base model 'someorg/not-cached'"):
+        load_base("someorg/not-cached")
+    assert len(lookups) <= 2  # only the uncached id asked the hub

@@ -43,10 +43,11 @@ import numpy as np
 import torch
 import transformers
 
-from rag_retriever.errors import ConfigError
+from rag_retriever.errors import ConfigError, ModelLoadError
 from rag_retriever.eval.metrics import mrr_at_k, recall_at_k
 from rag_retriever.models.device import Precision, training_thread
 from rag_retriever.models.encoder import quiet_transformers
+from rag_retriever.models.hub import ModelNotFound, model_directory
 from rag_retriever.models.profiles import resolve_model
 from rag_retriever.models.reranker import CrossEncoderReranker
 from rag_retriever.query.fusion import rrf
@@ -120,10 +121,14 @@ def load_base(source: str) -> tuple[Any, Any, bool]:
     Returns (model, tokenizer, fresh_head): whether the classification head was newly initialised
     (the source was not a sequence classifier).
     """
+    try:
+        directory = model_directory(source)
+    except ModelNotFound as exc:
+        raise ModelLoadError(f"cannot load the base model {source!r}: {exc}") from None
     with quiet_transformers(new_head_expected=True):
-        tokenizer = transformers.AutoTokenizer.from_pretrained(source)
+        tokenizer = transformers.AutoTokenizer.from_pretrained(directory)
         model, info = transformers.AutoModelForSequenceClassification.from_pretrained(
-            source, num_labels=1, ignore_mismatched_sizes=True, output_loading_info=True
+            directory, num_labels=1, ignore_mismatched_sizes=True, output_loading_info=True
         )
     new = set(info.get("missing_keys") or ()) | {k for k, *_ in info.get("mismatched_keys") or ()}
     head = {k for k in new if k.startswith(HEAD_PREFIXES)}
