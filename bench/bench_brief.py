@@ -85,6 +85,8 @@ async def _queries(url: str, rate: float, seconds: float, seed: int) -> dict[str
     rng = random.Random(seed)
     rng.shuffle(questions)
     latencies: list[float] = []
+    # what the answer says its encoding and engine search took (its timings_ms)
+    inside: list[tuple[float, float]] = []
     errors: list[str] = []
 
     async def one(client: httpx.AsyncClient, question: str, scheduled: float) -> None:
@@ -99,6 +101,8 @@ async def _queries(url: str, rate: float, seconds: float, seed: int) -> dict[str
             errors.append(type(exc).__name__)
             return
         latencies.append((time.perf_counter() - scheduled) * 1000)
+        timings = response.json().get("timings_ms") or {}
+        inside.append((float(timings.get("encode", 0.0)), float(timings.get("search", 0.0))))
 
     async with httpx.AsyncClient(
         base_url=url,
@@ -108,7 +112,7 @@ async def _queries(url: str, rate: float, seconds: float, seed: int) -> dict[str
         i = await _on_schedule(
             rate, seconds, rng, lambda n, at: one(client, questions[n % len(questions)], at)
         )
-    return {"sent": i, "latencies_ms": latencies, "errors": errors}
+    return {"sent": i, "latencies_ms": latencies, "inside_ms": inside, "errors": errors}
 
 
 async def _edits(url: str, rate: float, seconds: float, seed: int) -> dict[str, Any]:
@@ -272,6 +276,7 @@ def phase(
     results = [json.loads(p.communicate()[0]) for p in procs]
     cpu = meter.cores() if meter else {}
     latencies = [x for r in results for x in r["latencies_ms"]]
+    inside = [x for r in results for x in r["inside_ms"]]
     errors = [e for r in results for e in r["errors"]]
     out: dict[str, Any] = {
         "edits_per_day": edits_per_day,
@@ -281,6 +286,13 @@ def phase(
         "p50_ms": percentile(latencies, 50),
         "p95_ms": percentile(latencies, 95),
         "p99_ms": percentile(latencies, 99),
+        # each answer's own split: its encoding, the engine, and the rest of its time through
+        # the service (HTTP, JSON, fusion, queueing), the last per query, then the median
+        "encode_p50_ms": percentile([e for e, _ in inside], 50),
+        "search_p50_ms": percentile([s for _, s in inside], 50),
+        "service_p50_ms": percentile(
+            [t - e - s for t, (e, s) in zip(latencies, inside, strict=True)], 50
+        ),
     }
     if editor is not None:
         edits = json.loads(editor.communicate()[0])
@@ -364,6 +376,11 @@ def served_constants(results: dict[str, Any], command: str) -> dict[str, Any]:
         "command": command,
         "chunks": results["chunks"],
         "single_p50_ms": results["single"]["p50_ms"],
+        # the single query's own split (its answers' timings_ms): the plan adds `service_p50_ms`
+        # to each setting's engine latency and encoding
+        "single_encode_p50_ms": results["single"]["encode_p50_ms"],
+        "single_search_p50_ms": results["single"]["search_p50_ms"],
+        "service_p50_ms": results["single"]["service_p50_ms"],
         "qps": results["qps"],
         "load_p50_ms": load["p50_ms"],
         "load_p95_ms": load["p95_ms"],
@@ -380,7 +397,9 @@ def report(results: dict[str, Any]) -> list[str]:
         f"{results['clients']} processes, hybrid k=10, SQuAD dev on Edge, {results['chunks']:,} "
         f"chunks, all-MiniLM-L6-v2), {results['seconds']:g} s a phase",
         f"  alone (2 queries/s): p50 {single['p50_ms']:.1f} ms, p95 {single['p95_ms']:.1f} ms, "
-        f"{single['queries_failed']} failed",
+        f"{single['queries_failed']} failed; of a query, p50: encoding {single['encode_p50_ms']:.1f}"
+        f" ms, the engine {single['search_p50_ms']:.1f} ms, the rest of the service "
+        f"{single['service_p50_ms']:.1f} ms",
     ]
     for p in results["phases"]:
         what = (

@@ -434,6 +434,27 @@ def test_the_served_figures_add_the_http_services_own_cost_to_each_query() -> No
     assert none.machine_qps == pytest.approx(2000 / 42.0)
 
 
+def test_the_services_own_cost_is_read_from_the_answers_where_measured() -> None:
+    """bench_brief now records each answer's own split (timings_ms): the service's cost is its
+    median remainder, not the single query less an engine fitted far below its smallest point."""
+    served = {
+        "command": "python -m bench.bench_brief",
+        "chunks": 2_469,
+        "single_p50_ms": 40.0,
+        "single_encode_p50_ms": 9.0,
+        "single_search_p50_ms": 1.5,
+        "service_p50_ms": 11.0,  # the median of the remainders: not 40 - 9 - 1.5
+        "qps": 50,
+        "load_p50_ms": 200.0,
+        "load_p95_ms": 500.0,
+        "load_failed": 0,
+        "load_sent": 900,
+    }
+    plan = make_plan(Brief(chunks=1_000_000), dict(CASE, served=served))
+    assert plan.overhead_ms == pytest.approx(11.0)
+    assert plan.settings[0].p50_ms == pytest.approx(4.0 + 10.0 + 11.0)
+
+
 def test_the_recall_measured_on_real_embeddings_is_said_beside_the_figures() -> None:
     """The plan's figures hold no recall; where the constants have it (bench_quantization
     --constants-out), the plan says what it was at the largest size measured and how far past

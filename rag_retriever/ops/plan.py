@@ -234,9 +234,12 @@ def make_plan(brief: Brief, constants: dict[str, Any], shard_points: int | None 
     encode_ms = float(constants.get("query_encode_ms") or 0.0)
     served = constants.get("served") or {}
     # what a query costs through the HTTP service beyond its encoding and the engine: measured
-    # alone at the served size, less the float32 engine's fitted p50 there
+    # alone at the served size, each answer less its own encoding and search (its timings_ms);
+    # constants measured before those were recorded: less the float32 engine's fitted p50 there
     overhead_ms = 0.0
-    if served and (none := constants["settings"].get("none")):
+    if served.get("service_p50_ms") is not None:
+        overhead_ms = max(0.0, float(served["service_p50_ms"]))
+    elif served and (none := constants["settings"].get("none")):
         engine = Fit.through(
             [(int(p["chunks"]), float(p["hybrid_p50_ms"])) for p in _one_shard(none)],
             single_exponent=0.0,
