@@ -410,17 +410,22 @@ def test_a_brief_of_nothing_is_refused_naming_the_flag_given(
     assert message in capsys.readouterr().err
 
 
-def test_the_served_figures_add_the_http_services_own_cost_to_each_query() -> None:
-    served = {
+def served_figures(**figures: float) -> dict[str, Any]:
+    """bench_brief's `served` constants: a load at 50 q/s and `figures`."""
+    return {
         "command": "python -m bench.bench_brief",
-        "chunks": 100_000,
-        "single_p50_ms": 40.0,  # engine 2 ms + encoding 10 ms at 100k: the service adds 28 ms
         "qps": 50,
         "load_p50_ms": 200.0,
         "load_p95_ms": 500.0,
         "load_failed": 0,
         "load_sent": 900,
+        **figures,
     }
+
+
+def test_the_served_figures_add_the_http_services_own_cost_to_each_query() -> None:
+    # engine 2 ms + encoding 10 ms at 100k: the service adds 28 ms
+    served = served_figures(chunks=100_000, single_p50_ms=40.0)
     plan = make_plan(Brief(chunks=1_000_000), dict(CASE, served=served))
     assert plan.overhead_ms == pytest.approx(28.0)
     # a float32 version measured as several shards checks the shard model; the engine's cost at
@@ -437,19 +442,13 @@ def test_the_served_figures_add_the_http_services_own_cost_to_each_query() -> No
 def test_the_services_own_cost_is_read_from_the_answers_where_measured() -> None:
     """bench_brief now records each answer's own split (timings_ms): the service's cost is its
     median remainder, not the single query less an engine fitted far below its smallest point."""
-    served = {
-        "command": "python -m bench.bench_brief",
-        "chunks": 2_469,
-        "single_p50_ms": 40.0,
-        "single_encode_p50_ms": 9.0,
-        "single_search_p50_ms": 1.5,
-        "service_p50_ms": 11.0,  # the median of the remainders: not 40 - 9 - 1.5
-        "qps": 50,
-        "load_p50_ms": 200.0,
-        "load_p95_ms": 500.0,
-        "load_failed": 0,
-        "load_sent": 900,
-    }
+    served = served_figures(
+        chunks=2_469,
+        single_p50_ms=40.0,
+        single_encode_p50_ms=9.0,
+        single_search_p50_ms=1.5,
+        service_p50_ms=11.0,  # the median of the remainders: not 40 - 9 - 1.5
+    )
     plan = make_plan(Brief(chunks=1_000_000), dict(CASE, served=served))
     assert plan.overhead_ms == pytest.approx(11.0)
     assert plan.settings[0].p50_ms == pytest.approx(4.0 + 10.0 + 11.0)
