@@ -410,7 +410,7 @@ def test_a_brief_of_nothing_is_refused_naming_the_flag_given(
     assert message in capsys.readouterr().err
 
 
-def served_figures(**figures: float) -> dict[str, Any]:
+def served_figures(**figures: float | None) -> dict[str, Any]:
     """bench_brief's `served` constants: a load at 50 q/s and `figures`."""
     return {
         "command": "python -m bench.bench_brief",
@@ -452,6 +452,11 @@ def test_the_services_own_cost_is_read_from_the_answers_where_measured() -> None
     plan = make_plan(Brief(chunks=1_000_000), dict(CASE, served=served))
     assert plan.overhead_ms == pytest.approx(11.0)
     assert plan.settings[0].p50_ms == pytest.approx(4.0 + 10.0 + 11.0)
+    # not measured (None: a phase with failures) or not a number: the fit, as before
+    for missing in (None, math.nan):
+        served = served_figures(chunks=100_000, single_p50_ms=40.0, service_p50_ms=missing)
+        fallback = make_plan(Brief(chunks=1_000_000), dict(CASE, served=served))
+        assert fallback.overhead_ms == pytest.approx(28.0)
 
 
 def test_the_recall_measured_on_real_embeddings_is_said_beside_the_figures() -> None:

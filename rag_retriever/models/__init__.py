@@ -5,8 +5,8 @@
 - `bm25`: the lexical model (analysis, the document side's saturated term weights, the query
   side's IDF).
 - `profiles`: each model's prefixes and pooling; `hub`: a model's folder (a hub id from the
-  cache first); `token_counter`: token counts without the model; `attention`: grouped CPU attention; `device`: device and precision; `quiet`: loading a
-  model without its noise.
+  cache first); `token_counter`: token counts without the model; `attention`: grouped CPU
+  attention; `device`: device and precision; `quiet`: loading a model without its noise.
 
 Nothing here reads a collection or knows about versions (the store records what a model wrote).
 """

@@ -38,7 +38,7 @@ from rag_retriever.models.device import (
     for_inference,
     forward,
 )
-from rag_retriever.models.hub import ModelNotFound, model_directory
+from rag_retriever.models.hub import model_directory
 from rag_retriever.models.profiles import (
     Fingerprint,
     ModelProfile,
@@ -161,16 +161,17 @@ class Encoder:
     ) -> Encoder:
         resolved = resolve_model(spec) if isinstance(spec, str) else spec
         log.info("loading the embedding model %s", resolved.source)
+        directory = model_directory(
+            resolved.source, what="embedding model", setting="RAG_EMBED_MODEL"
+        )
         try:
-            directory = model_directory(resolved.source)
             with quiet_transformers():
                 tokenizer = transformers.AutoTokenizer.from_pretrained(directory)
                 model = transformers.AutoModel.from_pretrained(directory)
-        except (ModelNotFound, OSError, ValueError) as exc:
+        except (OSError, ValueError) as exc:
             raise ModelLoadError(
                 f"cannot load embedding model {resolved.source!r}: {exc}. Set RAG_EMBED_MODEL to "
-                f"a local model directory or a hub id in the Hugging Face cache (or, with a "
-                f"network, one the hub has)."
+                f"a local model directory or a hub id."
             ) from None
         max_len = resolved.profile.max_seq_length or read_max_seq_length(
             directory, model.config, tokenizer

@@ -1,13 +1,24 @@
 """Where a model's files are: a local folder, or a Hugging Face hub id read from the local cache.
 
-transformers' `from_pretrained("org/name")` asks the hub for every file even when the cache
+    >>> model_directory("BAAI/bge-small-en-v1.5", what="embedding model",
+    ...                 setting="RAG_EMBED_MODEL")  # doctest: +SKIP
+    PosixPath('~/.cache/huggingface/hub/models--BAAI--bge-small-en-v1.5/snapshots/<commit>')
+
+transformers' `from_pretrained("org/name")` asks the hub about every file even when the cache
 holds it, and with no network it retries each request with back-off before it falls back to the
-cache or gives up: on a machine with no route to the hub an id that is not cached took 85 s to
-fail in the tokenizer alone, and the model's load would have retried again. Here an id is looked
-up in the cache first, with no network; only an id the cache does not hold is asked of the hub,
-once (a machine with no network fails in well under a second), and downloaded: the config,
-tokenizer and weight files (safetensors where the repository has them, else PyTorch's .bin), not
-the other frameworks' copies. `HF_HUB_OFFLINE=1` keeps it from asking at all.
+cache or gives up: on a machine with no route to the hub, an id that is not cached took 85 s to
+fail in the tokenizer alone (2026-12-07), and the model's load would have retried again.
+
+Here an id whose config and weights are in the cache (at its `main` revision, however they got
+there: transformers, `hf download`, this module) is read from there with no network, and never
+refreshed from the hub. Only an id the cache lacks is asked of the hub: its file list, with a
+time limit (no network: an error in seconds), then its config and tokenizer files and one copy
+of its top-level weights (safetensors where the repository has them, else PyTorch's .bin), not
+the other frameworks' copies nor the weights in sub-folders. `HF_HUB_OFFLINE=1` keeps it from
+asking at all.
+
+Does not handle: revisions other than `main`, private repositories' tokens beyond what
+huggingface_hub reads itself (HF_TOKEN), or models whose code lives in the repository.
 """
 
 from __future__ import annotations
@@ -15,61 +26,90 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
+from rag_retriever.errors import ModelLoadError
+
 log = logging.getLogger(__name__)
 
-# What a transformers model and its tokenizer are read from (fnmatch: "*" also matches "/").
+# The top-level weight files transformers reads, one format or the other (with their shards'
+# index); the config and tokenizer files are the top level's .json, .txt and .model files.
+SAFETENSORS = ("model.safetensors", "model-*-of-*.safetensors", "model.safetensors.index.json")
+PYTORCH_BIN = ("pytorch_model.bin", "pytorch_model-*-of-*.bin", "pytorch_model.bin.index.json")
 SMALL_FILES = ("*.json", "*.txt", "*.model")
-WEIGHTS = "*.safetensors"
-FALLBACK_WEIGHTS = "*.bin"
+# Seconds the hub has to list a repository's files (huggingface_hub waits without limit: a
+# network that drops packets held a connect for about two minutes).
+HUB_TIMEOUT_S = 10.0
 
 
-class ModelNotFound(LookupError):
-    """Neither a folder nor an id in the cache or on the hub; the message says which was tried."""
-
-
-def model_directory(source: str) -> Path:
+def model_directory(source: str, *, what: str, setting: str) -> Path:
     """The folder holding `source`'s files: `source` itself when it is a folder, else the hub
-    id's snapshot in the Hugging Face cache (no network), else that snapshot downloaded."""
+    id's snapshot in the Hugging Face cache (no network), else that snapshot downloaded.
+    ModelLoadError names `what` ("embedding model") and the `setting` that chooses it."""
     path = Path(source).expanduser()
     if path.is_dir():
         return path
     import huggingface_hub
     from huggingface_hub import constants
-    from huggingface_hub.errors import LocalEntryNotFoundError
 
-    try:
-        return Path(huggingface_hub.snapshot_download(repo_id=source, local_files_only=True))
-    except LocalEntryNotFoundError:
-        pass
-    except ValueError as exc:  # not a valid repo id (HFValidationError)
-        raise ModelNotFound(f"{source!r} is neither a folder nor a hub id: {exc}") from None
-    where = f"not a folder, and not in the Hugging Face cache ({constants.HF_HUB_CACHE})"
-    if constants.HF_HUB_OFFLINE:
-        raise ModelNotFound(f"{source!r} is {where}, and HF_HUB_OFFLINE is set")
-    return _download(source, where)
-
-
-def _download(source: str, where: str) -> Path:
-    import huggingface_hub
-    from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
-
-    log.info("%s is not in the Hugging Face cache: downloading it from the hub", source)
-    try:
-        directory = Path(
-            huggingface_hub.snapshot_download(
-                repo_id=source, allow_patterns=[*SMALL_FILES, WEIGHTS]
-            )
+    def refuse(reason: str) -> ModelLoadError:
+        return ModelLoadError(
+            f"cannot load {what} {source!r}: {reason}. Set {setting} to a local folder, or to a "
+            f"hub id in the Hugging Face cache ({constants.HF_HUB_CACHE}) or, with a network, "
+            f"on the hub"
         )
-        if not any(directory.glob(f"**/{WEIGHTS}")):
-            directory = Path(
-                huggingface_hub.snapshot_download(
-                    repo_id=source, allow_patterns=[*SMALL_FILES, FALLBACK_WEIGHTS]
-                )
-            )
-    except (LocalEntryNotFoundError, HfHubHTTPError, OSError) as exc:
-        # no network: LocalEntryNotFoundError ("Got: ConnectError ..."); unknown id: a 401/404
+
+    try:
+        huggingface_hub.utils.validate_repo_id(source)
+    except ValueError as exc:  # HFValidationError
+        raise refuse(f"neither a folder nor a hub id ({exc})") from None
+    cached = cached_snapshot(source)
+    if cached is not None:
+        return cached
+    if huggingface_hub.is_offline_mode():
+        raise refuse("not a folder, not in the Hugging Face cache, and HF_HUB_OFFLINE is set")
+    try:
+        return _download(source)
+    except Exception as exc:
+        # any: the hub client's errors are its HTTP library's own types (httpx2's in
+        # huggingface_hub 2.x, httpx's before), its own, and OSError
         reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise ModelNotFound(
-            f"{source!r} is {where}, and the hub did not give it: {reason}"
+        raise refuse(
+            f"not in the Hugging Face cache, and the hub did not give it: {reason}"
         ) from None
-    return directory
+
+
+def cached_snapshot(source: str) -> Path | None:
+    """The cached snapshot of hub id `source` at `main` when it holds a config and top-level
+    weights (a snapshot left without weights by an interrupted download is not one), else None."""
+    from huggingface_hub import try_to_load_from_cache
+
+    config = try_to_load_from_cache(source, "config.json")
+    if not isinstance(config, str):
+        return None
+    directory = Path(config).parent
+    # a cached file is a link into the cache's blobs: exists() follows it
+    if any(p.exists() for pattern in (*SAFETENSORS, *PYTORCH_BIN) for p in directory.glob(pattern)):
+        return directory
+    return None
+
+
+def _download(source: str) -> Path:
+    import fnmatch
+
+    import huggingface_hub
+
+    info = huggingface_hub.HfApi().model_info(source, timeout=HUB_TIMEOUT_S)
+    names = [s.rfilename for s in info.siblings or []]
+    weights = (
+        SAFETENSORS
+        if fnmatch.filter(names, SAFETENSORS[0]) or fnmatch.filter(names, SAFETENSORS[1])
+        else PYTORCH_BIN
+    )
+    # top level only: fnmatch's "*" also matches "/", so each pattern is matched against names
+    # without one
+    wanted = [
+        n
+        for n in names
+        if "/" not in n and any(fnmatch.fnmatch(n, p) for p in (*SMALL_FILES, *weights))
+    ]
+    log.info("%s is not in the Hugging Face cache: downloading %d files", source, len(wanted))
+    return Path(huggingface_hub.snapshot_download(repo_id=source, allow_patterns=wanted))

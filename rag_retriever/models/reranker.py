@@ -39,7 +39,7 @@ from rag_retriever.models.device import (
     forward,
 )
 from rag_retriever.models.encoder import Tokens, tokenize_once
-from rag_retriever.models.hub import ModelNotFound, model_directory
+from rag_retriever.models.hub import model_directory
 from rag_retriever.models.profiles import looks_like_path
 from rag_retriever.models.quiet import quiet_transformers
 from rag_retriever.settings import Settings
@@ -56,24 +56,16 @@ class PairScores:
     truncated: int  # pairs whose passage was cut to fit max_length
 
 
+# What a reranker that cannot load is told to do.
+_SET_RERANKER = (
+    "Set RAG_RERANK_MODEL to a local directory or a hub id, or unset it to turn reranking off."
+)
+
+
 class Scorer(Protocol):
     """Scores passages against one query; higher is more relevant."""
 
     def score(self, query: str, passages: Sequence[str]) -> PairScores: ...
-
-
-def _reranker_directory(source: str) -> Path:
-    """The folder of the reranker `source` names (a folder, or a hub id: models/hub.py)."""
-    try:
-        return model_directory(source)
-    except ModelNotFound as exc:
-        raise ModelLoadError(f"cannot load reranker {source!r}: {exc}. {_SET_RERANKER}") from None
-
-
-_SET_RERANKER = (
-    "Set RAG_RERANK_MODEL to a local directory or a hub id in the Hugging Face cache (or, with a "
-    "network, one the hub has), or unset it to turn reranking off."
-)
 
 
 def _check_is_classifier(source: str, directory: Path) -> int:
@@ -158,7 +150,9 @@ class CrossEncoderReranker:
                 f"reranker {source!r}: no such directory; set RAG_RERANK_MODEL (--rerank-model) "
                 f"to a cross-encoder directory, e.g. one written by `rag-retriever train-reranker`"
             )
-        directory = _reranker_directory(source)
+        directory = model_directory(
+            source, what="reranker", setting="RAG_RERANK_MODEL (or unset it: no reranking)"
+        )
         _check_is_classifier(source, directory)
         try:
             with quiet_transformers():

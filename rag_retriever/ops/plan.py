@@ -237,7 +237,7 @@ def make_plan(brief: Brief, constants: dict[str, Any], shard_points: int | None 
     # alone at the served size, each answer less its own encoding and search (its timings_ms);
     # constants measured before those were recorded: less the float32 engine's fitted p50 there
     overhead_ms = 0.0
-    if served.get("service_p50_ms") is not None:
+    if served.get("service_p50_ms") is not None and math.isfinite(served["service_p50_ms"]):
         overhead_ms = max(0.0, float(served["service_p50_ms"]))
     elif served and (none := constants["settings"].get("none")):
         engine = Fit.through(

@@ -43,11 +43,11 @@ import numpy as np
 import torch
 import transformers
 
-from rag_retriever.errors import ConfigError, ModelLoadError
+from rag_retriever.errors import ConfigError
 from rag_retriever.eval.metrics import mrr_at_k, recall_at_k
 from rag_retriever.models.device import Precision, training_thread
 from rag_retriever.models.encoder import quiet_transformers
-from rag_retriever.models.hub import ModelNotFound, model_directory
+from rag_retriever.models.hub import model_directory
 from rag_retriever.models.profiles import resolve_model
 from rag_retriever.models.reranker import CrossEncoderReranker
 from rag_retriever.query.fusion import rrf
@@ -121,10 +121,7 @@ def load_base(source: str) -> tuple[Any, Any, bool]:
     Returns (model, tokenizer, fresh_head): whether the classification head was newly initialised
     (the source was not a sequence classifier).
     """
-    try:
-        directory = model_directory(source)
-    except ModelNotFound as exc:
-        raise ModelLoadError(f"cannot load the base model {source!r}: {exc}") from None
+    directory = model_directory(source, what="base model", setting="--base")
     with quiet_transformers(new_head_expected=True):
         tokenizer = transformers.AutoTokenizer.from_pretrained(directory)
         model, info = transformers.AutoModelForSequenceClassification.from_pretrained(
@@ -384,6 +381,9 @@ def train_reranker(
     questions, problems = start_training(
         questions_path, out, overwrite=overwrite, max_questions=config.max_questions
     )
+    source = resolve_model(base).source if not Path(base).is_dir() else base
+    # found (or refused) before the minutes of mining, not after
+    directory = model_directory(source, what="base model", setting="--base")
     mined = mine_examples(
         retriever,
         questions,
@@ -393,9 +393,8 @@ def train_reranker(
         progress=progress,
     )
     train, val, skipped = _split(mined, config, problems)
-    source = resolve_model(base).source if not Path(base).is_dir() else base
     torch.manual_seed(config.seed)  # the head initialisation and dropout
-    model, tokenizer, fresh_head = load_base(source)
+    model, tokenizer, fresh_head = load_base(str(directory))
     pooler_reset = init_pooler(model, config.pooler_init, fresh_head=fresh_head)
     precision = training_precision(device, dtype)
     reranker = CrossEncoderReranker(
