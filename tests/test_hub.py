@@ -128,19 +128,51 @@ def test_a_snapshot_the_cache_lists_as_incomplete_still_loads_offline(
     assert lookups == []
 
 
-def test_a_snapshot_without_its_weights_is_not_taken_for_the_model(
-    cache: Path, lookups: list[str], tiny_encoder_dir: Path, tmp_path: Path
+def no_weights(folder: Path) -> None:
+    for weights in folder.glob("*.safetensors"):
+        weights.unlink()
+
+
+def half_the_shards(folder: Path) -> None:
+    """The weights as two shards and their index, the second shard not downloaded yet."""
+    (folder / "model.safetensors").rename(folder / "model-00001-of-00002.safetensors")
+    shards = ["model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"]
+    weight_map = {"a": shards[0], "b": shards[1]}
+    (folder / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
+
+
+def no_tokenizer(folder: Path) -> None:
+    for pattern in hub.TOKENIZER_FILES:
+        for path in folder.glob(pattern):
+            path.unlink()
+
+
+@pytest.mark.parametrize("cut", [no_weights, half_the_shards, no_tokenizer])
+def test_a_snapshot_short_of_what_loads_is_not_taken_for_the_model(
+    cache: Path, lookups: list[str], tiny_encoder_dir: Path, tmp_path: Path, cut: Any
 ) -> None:
-    """An interrupted download can leave the config and tokenizer without the weights: that
-    id is not cached, so the hub is asked again (refused here, as with no network)."""
+    """An interrupted download (or a cache warmed by the model alone) can leave a snapshot
+    without its weights, some of its shards or its tokenizer: that id is not cached, so the hub
+    is asked again (refused here, as with no network)."""
     partial = tmp_path / "partial"
     shutil.copytree(tiny_encoder_dir, partial)
-    for weights in partial.glob("*.safetensors"):
-        weights.unlink()
+    cut(partial)
     cache_model(cache, "someorg/tiny-bert", partial)
+    assert hub.cached_snapshot("someorg/tiny-bert") is None
     with pytest.raises(ModelLoadError, match="the hub did not give it"):
         Encoder.load(ResolvedModel("someorg/tiny-bert", PROFILE), device="cpu")
     assert asked_once(lookups)
+
+
+def test_a_sharded_snapshot_with_every_shard_is_the_model(
+    cache: Path, tiny_encoder_dir: Path, tmp_path: Path
+) -> None:
+    whole = tmp_path / "whole"
+    shutil.copytree(tiny_encoder_dir, whole)
+    half_the_shards(whole)
+    (whole / "model-00002-of-00002.safetensors").write_text("the second shard")
+    snapshot = cache_model(cache, "someorg/tiny-bert", whole)
+    assert hub.cached_snapshot("someorg/tiny-bert") == snapshot
 
 
 def test_offline_mode_never_asks(

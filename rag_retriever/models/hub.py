@@ -9,9 +9,9 @@ holds it, and with no network it retries each request with back-off before it fa
 cache or gives up: on a machine with no route to the hub, an id that is not cached took 85 s to
 fail in the tokenizer alone (2026-12-07), and the model's load would have retried again.
 
-Here an id whose config and weights are in the cache (at its `main` revision, however they got
-there: transformers, `hf download`, this module) is read from there with no network, and never
-refreshed from the hub. Only an id the cache lacks is asked of the hub: its file list, with a
+Here an id whose config, tokenizer and whole weights are in the cache (at its `main` revision,
+however they got there: transformers, `hf download`, this module) is read from there with no
+network, and never refreshed from the hub. Only an id the cache lacks is asked of the hub: its file list, with a
 time limit (no network: an error in seconds), then its config and tokenizer files and one copy
 of its top-level weights (safetensors where the repository has them, else PyTorch's .bin), not
 the other frameworks' copies nor the weights in sub-folders. `HF_HUB_OFFLINE=1` keeps it from
@@ -23,6 +23,7 @@ huggingface_hub reads itself (HF_TOKEN), or models whose code lives in the repos
 
 from __future__ import annotations
 
+import json
 import logging
 from pathlib import Path
 
@@ -35,8 +36,11 @@ log = logging.getLogger(__name__)
 SAFETENSORS = ("model.safetensors", "model-*-of-*.safetensors", "model.safetensors.index.json")
 PYTORCH_BIN = ("pytorch_model.bin", "pytorch_model-*-of-*.bin", "pytorch_model.bin.index.json")
 SMALL_FILES = ("*.json", "*.txt", "*.model")
+# One of these says a tokenizer is there (fast, or a slow one's vocabulary).
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "*.model")
 # Seconds the hub has to list a repository's files (huggingface_hub waits without limit: a
-# network that drops packets held a connect for about two minutes).
+# network that drops packets held a connect for about two minutes). The download's own requests
+# that follow have no limit of ours.
 HUB_TIMEOUT_S = 10.0
 
 
@@ -49,6 +53,7 @@ def model_directory(source: str, *, what: str, setting: str) -> Path:
         return path
     import huggingface_hub
     from huggingface_hub import constants
+    from huggingface_hub.utils import validate_repo_id
 
     def refuse(reason: str) -> ModelLoadError:
         return ModelLoadError(
@@ -58,10 +63,13 @@ def model_directory(source: str, *, what: str, setting: str) -> Path:
         )
 
     try:
-        huggingface_hub.utils.validate_repo_id(source)
+        validate_repo_id(source)
     except ValueError as exc:  # HFValidationError
         raise refuse(f"neither a folder nor a hub id ({exc})") from None
-    cached = cached_snapshot(source)
+    try:
+        cached = cached_snapshot(source)
+    except OSError as exc:  # an unreadable cache
+        raise refuse(f"its Hugging Face cache cannot be read: {exc}") from None
     if cached is not None:
         return cached
     if huggingface_hub.is_offline_mode():
@@ -78,8 +86,9 @@ def model_directory(source: str, *, what: str, setting: str) -> Path:
 
 
 def cached_snapshot(source: str) -> Path | None:
-    """The cached snapshot of hub id `source` at `main` when it holds a config and top-level
-    weights (a snapshot left without weights by an interrupted download is not one), else None."""
+    """The cached snapshot of hub id `source` at `main` when it holds what a model loads from: a
+    config, a tokenizer and whole top-level weights (every shard its index names). A snapshot an
+    interrupted download left short of them is not one (None), so the hub is asked again."""
     from huggingface_hub import try_to_load_from_cache
 
     config = try_to_load_from_cache(source, "config.json")
@@ -87,9 +96,25 @@ def cached_snapshot(source: str) -> Path | None:
         return None
     directory = Path(config).parent
     # a cached file is a link into the cache's blobs: exists() follows it
-    if any(p.exists() for pattern in (*SAFETENSORS, *PYTORCH_BIN) for p in directory.glob(pattern)):
-        return directory
-    return None
+    tokenizer = any(p.exists() for pattern in TOKENIZER_FILES for p in directory.glob(pattern))
+    return directory if tokenizer and _whole_weights(directory) else None
+
+
+def _whole_weights(directory: Path) -> bool:
+    for single, index in (
+        ("model.safetensors", SAFETENSORS[2]),
+        ("pytorch_model.bin", PYTORCH_BIN[2]),
+    ):
+        if (directory / single).exists():
+            return True
+        if (directory / index).exists():
+            try:
+                shards = set(json.loads((directory / index).read_text())["weight_map"].values())
+            except (ValueError, KeyError, AttributeError):
+                continue  # not an index transformers could read either
+            if shards and all((directory / name).exists() for name in shards):
+                return True
+    return False
 
 
 def _download(source: str) -> Path:
