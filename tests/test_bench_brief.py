@@ -1,8 +1,9 @@
-"""bench/bench_brief.py's CPU accounting: a process and the helpers it and they start, from
-/proc."""
+"""bench/bench_brief.py's CPU accounting (a process and the helpers it and they start, from
+/proc) and the service's cost it writes for the plan."""
 
 from __future__ import annotations
 
+import math
 import os
 import signal
 import subprocess
@@ -12,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.bench_brief import CpuMeter, cpu_seconds, descendants
+from bench.bench_brief import CpuMeter, cpu_seconds, descendants, served_constants
 
 # The helper burns this much CPU time (not wall time: a loaded machine only makes it slower).
 BURN_S = 0.3
@@ -59,3 +60,23 @@ def test_the_meter_counts_helpers_of_helpers_started_during_the_phase(tmp_path: 
         server.kill()
         server.wait()
     assert cpu_seconds(server.pid) == 0.0  # gone: nothing to read
+
+
+def test_the_services_cost_is_written_only_from_a_whole_phase() -> None:
+    """The plan takes `service_p50_ms` as measured; a phase with failures or no split (NaN)
+    writes None, and the plan falls back to its inference."""
+    single = {
+        "p50_ms": 19.0,
+        "queries_failed": 0,
+        "encode_p50_ms": 9.6,
+        "search_p50_ms": 1.5,
+        "service_p50_ms": 7.7,
+    }
+    load = {"p50_ms": 36.8, "p95_ms": 75.4, "queries_failed": 0, "queries_sent": 3013}
+    results = {"chunks": 2468, "qps": 50.0, "single": single, "phases": [load]}
+    served = served_constants(results, "python -m bench.bench_brief")
+    assert served["service_p50_ms"] == 7.7 and served["single_search_p50_ms"] == 1.5
+    failed = served_constants(dict(results, single=single | {"queries_failed": 1}), "cmd")
+    assert failed["service_p50_ms"] is None and failed["single_encode_p50_ms"] is None
+    unsplit = served_constants(dict(results, single=single | {"service_p50_ms": math.nan}), "cmd")
+    assert unsplit["service_p50_ms"] is None and unsplit["single_search_p50_ms"] == 1.5
