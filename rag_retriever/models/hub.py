@@ -11,9 +11,9 @@ fail in the tokenizer alone (2026-12-07), and the model's load would have retrie
 
 Here an id whose config, tokenizer and whole weights are in the cache (at its `main` revision,
 however they got there: transformers, `hf download`, this module) is read from there with no
-network, and never refreshed from the hub. Only an id the cache lacks is asked of the hub: its file list, with a
-time limit (no network: an error in seconds), then its config and tokenizer files and one copy
-of its top-level weights (safetensors where the repository has them, else PyTorch's .bin), not
+network, and never refreshed from the hub. Only an id the cache lacks is asked of the hub: its
+file list, with a time limit (no network: an error in seconds), then its config and tokenizer
+files and one copy of its top-level weights (safetensors where the repository has them, else PyTorch's .bin), not
 the other frameworks' copies nor the weights in sub-folders. `HF_HUB_OFFLINE=1` keeps it from
 asking at all.
 
@@ -23,18 +23,38 @@ huggingface_hub reads itself (HF_TOKEN), or models whose code lives in the repos
 
 from __future__ import annotations
 
+import fnmatch
 import json
 import logging
+from dataclasses import dataclass
 from pathlib import Path
 
 from rag_retriever.errors import ModelLoadError
 
 log = logging.getLogger(__name__)
 
-# The top-level weight files transformers reads, one format or the other (with their shards'
-# index); the config and tokenizer files are the top level's .json, .txt and .model files.
-SAFETENSORS = ("model.safetensors", "model-*-of-*.safetensors", "model.safetensors.index.json")
-PYTORCH_BIN = ("pytorch_model.bin", "pytorch_model-*-of-*.bin", "pytorch_model.bin.index.json")
+
+@dataclass(frozen=True)
+class Weights:
+    """The top-level weight files transformers reads in one format: one file, or shards and the
+    index that names them."""
+
+    single: str
+    shards: str  # a pattern
+    index: str
+
+    @property
+    def patterns(self) -> tuple[str, str, str]:
+        return (self.single, self.shards, self.index)
+
+
+SAFETENSORS = Weights(
+    "model.safetensors", "model-*-of-*.safetensors", "model.safetensors.index.json"
+)
+PYTORCH_BIN = Weights(
+    "pytorch_model.bin", "pytorch_model-*-of-*.bin", "pytorch_model.bin.index.json"
+)
+# the config and tokenizer files are the top level's .json, .txt and .model files
 SMALL_FILES = ("*.json", "*.txt", "*.model")
 # One of these says a tokenizer is there (fast, or a slow one's vocabulary).
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "*.model")
@@ -101,15 +121,13 @@ def cached_snapshot(source: str) -> Path | None:
 
 
 def _whole_weights(directory: Path) -> bool:
-    for single, index in (
-        ("model.safetensors", SAFETENSORS[2]),
-        ("pytorch_model.bin", PYTORCH_BIN[2]),
-    ):
-        if (directory / single).exists():
+    for weights in (SAFETENSORS, PYTORCH_BIN):
+        if (directory / weights.single).exists():
             return True
-        if (directory / index).exists():
+        index = directory / weights.index
+        if index.exists():
             try:
-                shards = set(json.loads((directory / index).read_text())["weight_map"].values())
+                shards = set(json.loads(index.read_text())["weight_map"].values())
             except (ValueError, KeyError, AttributeError):
                 continue  # not an index transformers could read either
             if shards and all((directory / name).exists() for name in shards):
@@ -118,23 +136,18 @@ def _whole_weights(directory: Path) -> bool:
 
 
 def _download(source: str) -> Path:
-    import fnmatch
-
     import huggingface_hub
 
     info = huggingface_hub.HfApi().model_info(source, timeout=HUB_TIMEOUT_S)
     names = [s.rfilename for s in info.siblings or []]
-    weights = (
-        SAFETENSORS
-        if fnmatch.filter(names, SAFETENSORS[0]) or fnmatch.filter(names, SAFETENSORS[1])
-        else PYTORCH_BIN
-    )
+    has_safetensors = SAFETENSORS.single in names or fnmatch.filter(names, SAFETENSORS.shards)
+    weights = SAFETENSORS if has_safetensors else PYTORCH_BIN
     # top level only: fnmatch's "*" also matches "/", so each pattern is matched against names
     # without one
     wanted = [
         n
         for n in names
-        if "/" not in n and any(fnmatch.fnmatch(n, p) for p in (*SMALL_FILES, *weights))
+        if "/" not in n and any(fnmatch.fnmatch(n, p) for p in (*SMALL_FILES, *weights.patterns))
     ]
     log.info("%s is not in the Hugging Face cache: downloading %d files", source, len(wanted))
     return Path(huggingface_hub.snapshot_download(repo_id=source, allow_patterns=wanted))

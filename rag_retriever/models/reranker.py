@@ -56,12 +56,6 @@ class PairScores:
     truncated: int  # pairs whose passage was cut to fit max_length
 
 
-# What a reranker that cannot load is told to do.
-_SET_RERANKER = (
-    "Set RAG_RERANK_MODEL to a local directory or a hub id, or unset it to turn reranking off."
-)
-
-
 class Scorer(Protocol):
     """Scores passages against one query; higher is more relevant."""
 
@@ -74,7 +68,10 @@ def _check_is_classifier(source: str, directory: Path) -> int:
     try:
         config = transformers.AutoConfig.from_pretrained(directory)
     except (OSError, ValueError) as exc:
-        raise ModelLoadError(f"cannot load reranker {source!r}: {exc}. {_SET_RERANKER}") from None
+        raise ModelLoadError(
+            f"cannot load reranker {source!r}: {exc}. Set RAG_RERANK_MODEL to a local directory "
+            f"or a hub id, or unset it to turn reranking off."
+        ) from None
     architectures = getattr(config, "architectures", None) or []
     if not any(a.endswith("ForSequenceClassification") for a in architectures):
         raise ModelLoadError(
