@@ -3,7 +3,8 @@ against exact search and against float32, on the same vectors, in one run.
 
 Usage:
     python -m bench.bench_quantization [--dataset squad|scifact] [--questions 1000]
-        [--distractors 100000] [--shard-points 10000]
+        [--distractors 100000] [--shard-points 10000] [--settings int8 binary binary2]
+        [--builds 3] [--keep DIR | --reuse DIR]
 
 The set's documents are ingested once with the default model (float32, Qdrant Edge); the same
 points (vectors, BM25 weights, payloads) are then written into a version of each other setting
@@ -35,6 +36,16 @@ none to vary: scored once at each breadth), the product's
 constants patched between passes in this process; each line then also gives the median time of
 the engine's part of a dense query (`timings_ms["search"]`, no encoding): read it as a ratio
 to the product's setting of the same run, not as a latency (bench_engine measures those).
+
+An HNSW graph is built anew with each version, and its recall moves with the build (two builds
+of one corpus at 315k chunks: float32 0.9516 and 0.9575 of the exact top 10). `--builds N`
+builds each setting's version N times from the same points (float32's too: the ingested one,
+then copies) and prints each setting's mean and range over its builds and each quantized
+setting's difference from float32 build by build, so a difference between settings can be told
+from one between builds. `--settings` limits the quantized settings scored (float32 is always
+the peer). `--keep DIR` leaves the versions in DIR with what they were built from; `--reuse
+DIR` takes the float32 version such a run left instead of ingesting again (most of a run at
+300,000 distractors) and builds the other settings again.
 """
 
 from __future__ import annotations
@@ -43,6 +54,7 @@ import argparse
 import contextlib
 import dataclasses
 import json
+import shutil
 import statistics
 import tempfile
 from collections.abc import Iterator, Sequence
@@ -121,76 +133,66 @@ def run(
     shard_points: int | None = None,
     ef_per_result: Sequence[int] = (),
     oversampling: Sequence[float] = (),
+    *,
+    settings: Sequence[Quantization] = SETTINGS,
+    builds: int = 1,
+    keep: Path | None = None,
+    reuse: Path | None = None,
 ) -> dict[str, Any]:
     data = DATASETS[dataset]
-    articles = read_jsonl(shared_path(data.folder, "docs.jsonl"))
     questions, problems = load_questions(shared_path(data.folder, data.questions))
     if problems:
         raise ValueError(f"{data.questions}: {problems[:3]}")
     questions = questions[:n_questions]
-    docs = tuple(Document(a["id"], a["title"], a["text"]) for a in articles)
-    if distractors:
-        texts = iter_synthetic_chunks(distractors, real_sentences((data.distractors_from,)))
-        docs += tuple(Document(f"distractor-{i}", "", text) for i, text in enumerate(texts))
+    kept = {"dataset": dataset, "distractors": distractors, "shard_points": shard_points}
     out: dict[str, Any] = {"dataset": dataset, "questions": len(questions)}
     cap = shard_points or BASE_SHARD_POINTS
-    with tempfile.TemporaryDirectory(prefix="bench-quant-") as tmp:
-        root = Path(tmp)
+    with _workdir(keep, reuse, kept) as root:
         encoder = load_encoder(Settings(data_dir=root))
         base = EdgeStore(root / "none", shard_points=cap)
-        ingest_documents(
-            LoadedCorpus(docs, 0, dataset), alias="kb", encoder=encoder, store=base, lock_dir=root
-        )
-        name = base.resolve("kb")
-        stored = [r.id for r in base.scroll(name)]
-        stores: dict[Quantization, EdgeStore] = {"none": base}
-        for setting in SETTINGS[1:]:
-            stores[setting] = EdgeStore(root / setting, shard_points=cap)
-            record = dataclasses.replace(base.record(name), quantization=setting)
-            stores[setting].create(name, encoder.dim, record)
-            stores[setting].put_doc_freqs(name, base.doc_freqs(name))
-        blocks, point_ids = [], []  # the matrix's rows and their ids, in the same order
-        for at in range(0, len(stored), COPY_BATCH):
-            part = base.retrieve(
-                name, stored[at : at + COPY_BATCH], with_dense=True, with_sparse=True
+        if reuse is None:
+            ingest_documents(
+                LoadedCorpus(_documents(data, distractors), 0, dataset),
+                alias="kb",
+                encoder=encoder,
+                store=base,
+                lock_dir=root,
             )
-            block = np.stack([np.asarray(p.dense, dtype=np.float32) for p in part])
-            blocks.append(block)
-            for setting in SETTINGS[1:]:
-                stores[setting].upsert(
-                    name,
-                    [p.id for p in part],
-                    block,
-                    [p.sparse for p in part if p.sparse is not None],
-                    [dict(p.payload) for p in part],
-                )
-            point_ids += [p.id for p in part]
-        matrix = np.concatenate(blocks)
-        for setting in SETTINGS[1:]:
-            stores[setting].seal(name, {"doc_id": "keyword"})
-            stores[setting].point_alias("kb", name)
+        name = base.resolve("kb")
+        stores: dict[Quantization, EdgeStore] = {"none": base}
+        stores |= _copies(base, name, encoder.dim, settings[1:], root, "")
+        matrix, point_ids = _dense(base, name)
         vectors = encoder.encode_queries([q.question for q in questions]).vectors
         exact = np.stack(
             [np.argsort(-(matrix @ vector), kind="stable")[:100] for vector in vectors]
         )
         top = [[point_ids[j] for j in row] for row in exact]
+        del matrix
         retrievers = {
             label: Retriever(encoder=encoder, store=served, collection="kb")
             for label, served in stores.items()
         }
         for label, retriever in retrievers.items():
             out[label] = _score(retriever, questions, top, data.level)
-            out[label]["disk_mb"] = (
-                sum(p.stat().st_size for p in (root / label).rglob("*") if p.is_file()) / 2**20
-            )
+            out[label]["disk_mb"] = _disk_mb(root / label)
         out["sweep"] = []
-        for ef, over, passes in sweep(ef_per_result, oversampling):
+        for ef, over, passes in sweep(ef_per_result, oversampling, settings):
             with search_params(ef, over):
                 for label, used in passes:
                     figures = _score(retrievers[label], questions, top, data.level)
                     out["sweep"].append(
                         {"setting": label, "ef_per_result": ef, "oversampling": used} | figures
                     )
+        if builds > 1:  # each setting built again from the same points, its graph anew
+            out["builds"] = {label: [out[label]] for label in settings}
+            for build in range(2, builds + 1):
+                suffix = f".build{build}"
+                again = _copies(base, name, encoder.dim, settings, root, suffix)
+                for label, served in again.items():
+                    retriever = Retriever(encoder=encoder, store=served, collection="kb")
+                    out["builds"][label].append(_score(retriever, questions, top, data.level))
+                    served.close()
+                    shutil.rmtree(root / f"{label}{suffix}")
         for served in stores.values():
             served.close()
     out["chunks"] = len(point_ids)
@@ -199,8 +201,121 @@ def run(
     return out
 
 
+# What a `--keep` folder was built from, checked by `--reuse`.
+KEPT = "kept.json"
+
+
+class KeptFolderError(ValueError):
+    """A `--keep` folder that is not empty, or a `--reuse` folder no finished `--keep` run
+    with the same corpus left."""
+
+
+@contextlib.contextmanager
+def _workdir(keep: Path | None, reuse: Path | None, kept: dict[str, Any]) -> Iterator[Path]:
+    """Where the versions are built: a new temporary folder, removed after the run; `keep`, left
+    in place with what it was built from; or `reuse`, a kept folder whose float32 version is
+    taken as it is (the other settings' are built again in it)."""
+    if reuse is not None:
+        written = _kept(reuse)
+        if written != kept:
+            raise KeptFolderError(
+                f"--reuse {reuse}: built from {written}, this run asks for {kept}"
+            )
+        yield reuse
+        return
+    if keep is not None:
+        keep.mkdir(parents=True, exist_ok=True)
+        if any(keep.iterdir()):
+            raise KeptFolderError(f"--keep {keep}: not empty (a kept folder is taken with --reuse)")
+        yield keep
+        (keep / KEPT).write_text(json.dumps(kept) + "\n", encoding="utf-8")
+        return
+    with tempfile.TemporaryDirectory(prefix="bench-quant-") as tmp:
+        yield Path(tmp)
+
+
+def _kept(folder: Path) -> dict[str, Any]:
+    """What a `--keep` run built `folder` from; a ValueError naming the folder otherwise."""
+    try:
+        kept = json.loads((folder / KEPT).read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise KeptFolderError(
+            f"--reuse {folder}: not a folder a finished --keep run left ({exc})"
+        ) from None
+    if not isinstance(kept, dict):
+        raise KeptFolderError(f"--reuse {folder}: {KEPT} holds {kept!r}")
+    return kept
+
+
+def _documents(data: Dataset, distractors: int) -> tuple[Document, ...]:
+    articles = read_jsonl(shared_path(data.folder, "docs.jsonl"))
+    docs = tuple(Document(a["id"], a["title"], a["text"]) for a in articles)
+    if distractors:
+        texts = iter_synthetic_chunks(distractors, real_sentences((data.distractors_from,)))
+        docs += tuple(Document(f"distractor-{i}", "", text) for i, text in enumerate(texts))
+    return docs
+
+
+def _copies(
+    base: EdgeStore,
+    name: str,
+    dim: int,
+    settings: Sequence[Quantization],
+    root: Path,
+    suffix: str,
+) -> dict[Quantization, EdgeStore]:
+    """A new version of `name` for each setting, in `root / (setting + suffix)`, holding the
+    float32 version's points (vectors, BM25 weights, payloads) and its document frequencies,
+    sealed (its HNSW graph a build of its own) and served as "kb". A folder left from an earlier
+    run is removed first."""
+    stores: dict[Quantization, EdgeStore] = {}
+    for setting in settings:
+        folder = root / f"{setting}{suffix}"
+        shutil.rmtree(folder, ignore_errors=True)
+        stores[setting] = EdgeStore(folder, shard_points=base.shard_points)
+        record = dataclasses.replace(base.record(name), quantization=setting)
+        stores[setting].create(name, dim, record)
+        stores[setting].put_doc_freqs(name, base.doc_freqs(name))
+    for part in _parts(base, name):
+        block = np.stack([np.asarray(p.dense, dtype=np.float32) for p in part])
+        for store in stores.values():
+            store.upsert(
+                name,
+                [p.id for p in part],
+                block,
+                [p.sparse for p in part if p.sparse is not None],
+                [dict(p.payload) for p in part],
+            )
+    for store in stores.values():
+        store.seal(name, {"doc_id": "keyword"})
+        store.point_alias("kb", name)
+    return stores
+
+
+def _parts(base: EdgeStore, name: str) -> Iterator[list[Any]]:
+    """The version's points with their vectors, COPY_BATCH at a time, in its scroll order."""
+    stored = [r.id for r in base.scroll(name)]
+    for at in range(0, len(stored), COPY_BATCH):
+        yield base.retrieve(name, stored[at : at + COPY_BATCH], with_dense=True, with_sparse=True)
+
+
+def _dense(base: EdgeStore, name: str) -> tuple[np.ndarray, list[str]]:
+    """The version's float32 vectors as one matrix and the ids of its rows, in the same order."""
+    blocks, point_ids = [], []
+    for part in _parts(base, name):
+        blocks.append(np.stack([np.asarray(p.dense, dtype=np.float32) for p in part]))
+        point_ids += [p.id for p in part]
+    return np.concatenate(blocks), point_ids
+
+
+def _disk_mb(folder: Path) -> float:
+    return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file()) / 2**20
+
+
 def sweep(
-    ef_per_result: Sequence[int], oversampling: Sequence[float]
+    ef_per_result: Sequence[int],
+    oversampling: Sequence[float],
+    settings: Sequence[Quantization] = SETTINGS,
 ) -> list[tuple[int, float | None, list[tuple[Quantization, float | None]]]]:
     """The sweep's passes beyond the product's own: (ef, the oversampling patched in (None: each
     setting's own), and each setting scored under them with the oversampling it searches at).
@@ -210,7 +325,7 @@ def sweep(
     for ef in ef_per_result or (HNSW_EF_PER_RESULT,):
         for at, over in enumerate(overs):
             passes: list[tuple[Quantization, float | None]] = []
-            for label in SETTINGS:
+            for label in settings:
                 own = QUANTIZATION_OVERSAMPLING.get(label)
                 if own is None and at > 0:
                     continue
@@ -257,7 +372,7 @@ def report(result: dict[str, Any]) -> list[str]:
         f"{result['questions']:,} {data.label} (Qdrant Edge, all-MiniLM-L6-v2) =="
     ]
     peer = result["none"]
-    for setting in SETTINGS:
+    for setting in (s for s in SETTINGS if s in result):
         r = result[setting]
         moved = ", ".join(f"{r[f'{m}_recall@10'] - peer[f'{m}_recall@10']:+.4f}" for m in MODES)
         lines.append(
@@ -277,6 +392,38 @@ def report(result: dict[str, Any]) -> list[str]:
             f"({r['dense_search_p50_ms'] / max(base['dense_search_p50_ms'], 1e-9):.2f}x the "
             f"product's {search_asked(r['setting'])})"
         )
+    return lines + builds_report(result.get("builds"))
+
+
+BUILD_FIGURES = ("dense@10", "dense@100", "dense_recall@10", "hybrid_recall@10")
+
+
+def builds_report(builds: dict[str, list[dict[str, Any]]] | None) -> list[str]:
+    """Each setting's figures over its builds (mean, lowest, highest), and each quantized
+    setting's difference from float32 build by build: how far one build's figure is from the
+    setting's own."""
+    if not builds:
+        return []
+    count = len(builds["none"])
+    lines = [f"-- each setting built {count} times from the same points (the product's search) --"]
+    for setting, runs in builds.items():
+        parts = []
+        for key in BUILD_FIGURES:
+            values = [r[key] for r in runs]
+            parts.append(
+                f"{key} {statistics.fmean(values):.4f} ({min(values):.4f}-{max(values):.4f})"
+            )
+        line = f"{setting}: " + ", ".join(parts)
+        if setting != "none":
+            gaps = [
+                [r[key] - peer[key] for r, peer in zip(runs, builds["none"], strict=True)]
+                for key in BUILD_FIGURES
+            ]
+            line += "; vs none, build by build: " + ", ".join(
+                f"{key} {statistics.fmean(g):+.4f} ({min(g):+.4f} to {max(g):+.4f})"
+                for key, g in zip(BUILD_FIGURES, gaps, strict=True)
+            )
+        lines.append(line)
     return lines
 
 
@@ -313,6 +460,34 @@ def main(argv: list[str] | None = None) -> int:
         + ", ".join(f"{k} {v:g}" for k, v in QUANTIZATION_OVERSAMPLING.items())
         + ")",
     )
+    parser.add_argument(
+        "--settings",
+        nargs="+",
+        choices=SETTINGS[1:],
+        default=SETTINGS[1:],
+        help="the quantized settings scored beside float32 (default: all)",
+    )
+    parser.add_argument(
+        "--builds",
+        type=positive_count,
+        default=1,
+        help="build each setting's version this many times from the same points (float32's "
+        "too) and report each setting's spread over its builds: an HNSW graph is built anew "
+        "each time, and its recall moves with it",
+    )
+    where = parser.add_mutually_exclusive_group()
+    where.add_argument(
+        "--keep",
+        type=Path,
+        help="build the versions in this folder (absent or empty) and leave them there",
+    )
+    where.add_argument(
+        "--reuse",
+        type=Path,
+        help="take the float32 version a --keep run with the same --dataset, --distractors and "
+        "--shard-points left in this folder instead of ingesting again (at 300,000 "
+        "distractors: ~55 of the run's minutes); the other settings are built again",
+    )
     parser.add_argument("--json", type=Path, help="also write the results here")
     parser.add_argument(
         "--constants-out",
@@ -330,14 +505,21 @@ def main(argv: list[str] | None = None) -> int:
             f"--constants-out {args.constants_out}: no such file (a plan constants "
             f"file, written by bench_engine --constants-out)"
         )
-    result = run(
-        args.questions,
-        args.distractors,
-        args.dataset,
-        args.shard_points,
-        args.ef_per_result,
-        args.oversampling,
-    )
+    try:
+        result = run(
+            args.questions,
+            args.distractors,
+            args.dataset,
+            args.shard_points,
+            args.ef_per_result,
+            args.oversampling,
+            settings=("none", *dict.fromkeys(args.settings)),
+            builds=args.builds,
+            keep=args.keep,
+            reuse=args.reuse,
+        )
+    except KeptFolderError as exc:
+        parser.error(str(exc))
     for text in report(result):
         print(text, flush=True)
     if args.json:
