@@ -134,11 +134,14 @@ def run(
     ef_per_result: Sequence[int] = (),
     oversampling: Sequence[float] = (),
     *,
-    settings: Sequence[Quantization] = SETTINGS,
+    quantized: Sequence[Quantization] = SETTINGS[1:],
     builds: int = 1,
     keep: Path | None = None,
     reuse: Path | None = None,
 ) -> dict[str, Any]:
+    if "none" in quantized:
+        raise ValueError("float32 (none) is always scored, as the peer: not a quantized setting")
+    settings: tuple[Quantization, ...] = ("none", *dict.fromkeys(quantized))
     data = DATASETS[dataset]
     questions, problems = load_questions(shared_path(data.folder, data.questions))
     if problems:
@@ -158,43 +161,45 @@ def run(
                 store=base,
                 lock_dir=root,
             )
-        name = base.resolve("kb")
         stores: dict[Quantization, EdgeStore] = {"none": base}
-        stores |= _copies(base, name, encoder.dim, settings[1:], root, "")
-        matrix, point_ids = _dense(base, name)
-        vectors = encoder.encode_queries([q.question for q in questions]).vectors
-        exact = np.stack(
-            [np.argsort(-(matrix @ vector), kind="stable")[:100] for vector in vectors]
-        )
-        top = [[point_ids[j] for j in row] for row in exact]
-        del matrix
-        retrievers = {
-            label: Retriever(encoder=encoder, store=served, collection="kb")
-            for label, served in stores.items()
-        }
-        for label, retriever in retrievers.items():
-            out[label] = _score(retriever, questions, top, data.level)
-            out[label]["disk_mb"] = _disk_mb(root / label)
-        out["sweep"] = []
-        for ef, over, passes in sweep(ef_per_result, oversampling, settings):
-            with search_params(ef, over):
-                for label, used in passes:
-                    figures = _score(retrievers[label], questions, top, data.level)
-                    out["sweep"].append(
-                        {"setting": label, "ef_per_result": ef, "oversampling": used} | figures
-                    )
-        if builds > 1:  # each setting built again from the same points, its graph anew
-            out["builds"] = {label: [out[label]] for label in settings}
-            for build in range(2, builds + 1):
-                suffix = f".build{build}"
-                again = _copies(base, name, encoder.dim, settings, root, suffix)
-                for label, served in again.items():
-                    retriever = Retriever(encoder=encoder, store=served, collection="kb")
-                    out["builds"][label].append(_score(retriever, questions, top, data.level))
-                    served.close()
-                    shutil.rmtree(root / f"{label}{suffix}")
-        for served in stores.values():
-            served.close()
+        again: dict[Quantization, EdgeStore] = {}
+        try:
+            name = base.resolve("kb")
+            stores |= _copies(base, name, encoder.dim, settings[1:], root, "")
+            matrix, point_ids = _dense(base, name)
+            vectors = encoder.encode_queries([q.question for q in questions]).vectors
+            exact = np.stack(
+                [np.argsort(-(matrix @ vector), kind="stable")[:100] for vector in vectors]
+            )
+            top = [[point_ids[j] for j in row] for row in exact]
+            del matrix
+
+            def score(store: EdgeStore) -> dict[str, Any]:
+                retriever = Retriever(encoder=encoder, store=store, collection="kb")
+                return _score(retriever, questions, top, data.level)
+
+            for label, served in stores.items():
+                out[label] = score(served) | {"disk_mb": _disk_mb(root / label)}
+            out["sweep"] = []
+            for ef, over, passes in sweep(ef_per_result, oversampling, settings):
+                with search_params(ef, over):
+                    for label, used in passes:
+                        out["sweep"].append(
+                            {"setting": label, "ef_per_result": ef, "oversampling": used}
+                            | score(stores[label])
+                        )
+            if builds > 1:  # each setting built again from the same points, its graph anew
+                out["builds"] = {label: [out[label]] for label in settings}
+                for build in range(2, builds + 1):
+                    suffix = f".build{build}"
+                    again = _copies(base, name, encoder.dim, settings, root, suffix)
+                    for label in settings:
+                        out["builds"][label].append(score(again[label]))
+                        again.pop(label).close()
+                        shutil.rmtree(root / f"{label}{suffix}")
+        finally:
+            for served in (*again.values(), *stores.values()):
+                served.close()
     out["chunks"] = len(point_ids)
     out["distractors"] = distractors
     out["shard_points"] = shard_points
@@ -224,9 +229,15 @@ def _workdir(keep: Path | None, reuse: Path | None, kept: dict[str, Any]) -> Ite
         yield reuse
         return
     if keep is not None:
-        keep.mkdir(parents=True, exist_ok=True)
+        try:
+            keep.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise KeptFolderError(f"--keep {keep}: {exc.strerror or exc}") from None
         if any(keep.iterdir()):
-            raise KeptFolderError(f"--keep {keep}: not empty (a kept folder is taken with --reuse)")
+            raise KeptFolderError(
+                f"--keep {keep}: not empty (what a finished --keep run left is taken with "
+                f"--reuse; remove what an unfinished one left)"
+            )
         yield keep
         (keep / KEPT).write_text(json.dumps(kept) + "\n", encoding="utf-8")
         return
@@ -271,6 +282,8 @@ def _copies(
     stores: dict[Quantization, EdgeStore] = {}
     for setting in settings:
         folder = root / f"{setting}{suffix}"
+        if folder == root / "none":
+            raise ValueError(f"{folder} holds the float32 version the copies are made from")
         shutil.rmtree(folder, ignore_errors=True)
         stores[setting] = EdgeStore(folder, shard_points=base.shard_points)
         record = dataclasses.replace(base.record(name), quantization=setting)
@@ -400,8 +413,9 @@ BUILD_FIGURES = ("dense@10", "dense@100", "dense_recall@10", "hybrid_recall@10")
 
 def builds_report(builds: dict[str, list[dict[str, Any]]] | None) -> list[str]:
     """Each setting's figures over its builds (mean, lowest, highest), and each quantized
-    setting's difference from float32 build by build: how far one build's figure is from the
-    setting's own."""
+    setting's difference from float32: the mean (the difference of the two means), and the
+    lowest and highest of its build i less float32's build i, builds paired in the order they
+    were built (float32's first is the ingested version, every other build a copy)."""
     if not builds:
         return []
     count = len(builds["none"])
@@ -499,6 +513,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.questions < 1 or args.distractors < 0:
         parser.error("--questions must be at least 1 and --distractors at least 0")
+    if args.constants_out is not None and set(args.settings) != set(SETTINGS[1:]):
+        # the plan's recall entry is written whole: a setting left out would lose its figure
+        parser.error("--constants-out takes a run of every setting (leave --settings out)")
     if args.constants_out is not None and not args.constants_out.is_file():
         # checked before the run (an hour at 300,000 distractors), not after it
         parser.error(
@@ -513,7 +530,7 @@ def main(argv: list[str] | None = None) -> int:
             args.shard_points,
             args.ef_per_result,
             args.oversampling,
-            settings=("none", *dict.fromkeys(args.settings)),
+            quantized=args.settings,
             builds=args.builds,
             keep=args.keep,
             reuse=args.reuse,
@@ -533,20 +550,29 @@ def main(argv: list[str] | None = None) -> int:
 
 def recall_constants(result: dict[str, Any], argv: Sequence[str] | None) -> dict[str, Any]:
     """The plan's `recall` entry: each setting's dense recall of an exact search at the
-    product's breadth and oversampling, and the command that measured it."""
+    product's breadth and oversampling (the mean over its builds), and the command that
+    measured it."""
     import datetime
     import sys
 
     args = [a for a in (sys.argv[1:] if argv is None else argv)]
-    for flag in ("--constants-out", "--json"):  # the command, not where it wrote
+    # the command, not where it wrote or kept its versions
+    for flag in ("--constants-out", "--json", "--keep", "--reuse"):
         if flag in args:
             at = args.index(flag)
             del args[at : at + 2]
     scored = [s for s in SETTINGS if s in result]
+    # over several builds, each setting's mean (one build's graph is a sample)
+    runs = result.get("builds") or {s: [result[s]] for s in scored}
+
+    def mean(setting: str, key: str) -> float:
+        return round(statistics.fmean(r[key] for r in runs[setting]), 4)
+
     return {
         "chunks": result["chunks"],
-        "dense_at10_of_exact": {s: round(result[s]["dense@10"], 4) for s in scored},
-        "dense_at100_of_exact": {s: round(result[s]["dense@100"], 4) for s in scored},
+        "builds": len(runs["none"]),
+        "dense_at10_of_exact": {s: mean(s, "dense@10") for s in scored},
+        "dense_at100_of_exact": {s: mean(s, "dense@100") for s in scored},
         # how the product's pass searched each setting (the plan says when today's differs)
         "searched": {s: search_asked(s) for s in scored},
         "date": datetime.date.today().isoformat(),

@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from bench import bench_quantization
 from bench.bench_quantization import (
     KEPT,
     _copies,
@@ -105,6 +106,10 @@ def test_a_sweep_over_some_settings_scores_only_those() -> None:
         (["--builds", "0"], "argument --builds: takes a positive count (got 0)"),
         (["--settings", "none"], "argument --settings: invalid choice: 'none'"),
         (["--keep", "a", "--reuse", "b"], "argument --reuse: not allowed with argument --keep"),
+        (
+            ["--settings", "int8", "--constants-out", "capacity.json"],
+            "--constants-out takes a run of every setting (leave --settings out)",
+        ),
     ],
 )
 def test_bad_arguments_exit_2_with_the_message(
@@ -152,7 +157,7 @@ def test_a_kept_folder_must_start_empty(tmp_path: Path, capsys: pytest.CaptureFi
         main(["--keep", str(tmp_path)])
     assert exit_.value.code == 2
     assert f"--keep {tmp_path}: not empty" in capsys.readouterr().err
-    assert not (tmp_path / KEPT).exists()
+    assert (tmp_path / "something").exists()  # what was there is left alone
 
 
 def test_a_kept_folder_records_its_corpus_only_when_the_run_finished(tmp_path: Path) -> None:
@@ -166,3 +171,42 @@ def test_a_kept_folder_records_its_corpus_only_when_the_run_finished(tmp_path: P
     assert json.loads((root / KEPT).read_text()) == corpus
     with _workdir(None, root, corpus) as again:  # taken as it is
         assert again == root and (again / "none").is_dir()
+
+
+def test_a_run_keeps_its_float32_version_and_a_second_builds_every_setting_again_from_it(
+    tmp_path: Path, tiny_encoder: Encoder, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The whole run with the tiny model in place of MiniLM and two of SQuAD's articles (the only
+    things replaced), five questions."""
+    shared_data("squad_v11_dev")
+    monkeypatch.setattr(bench_quantization, "load_encoder", lambda settings: tiny_encoder)
+    articles = bench_quantization._documents
+    monkeypatch.setattr(bench_quantization, "_documents", lambda *a: articles(*a)[:2])
+    kept = tmp_path / "kept"
+    first = bench_quantization.run(5, quantized=("int8",), keep=kept)
+    assert {"none", "int8"} <= first.keys() and "binary" not in first and "builds" not in first
+    assert {p.name for p in kept.iterdir()} == {KEPT, "int8", "locks", "none"}
+    base = EdgeStore(kept / "none")
+    name, made = base.resolve("kb"), base.record(base.resolve("kb")).created_at
+    assert first["chunks"] == base.record(name).chunks > 10
+    base.close()
+
+    again = bench_quantization.run(5, quantized=("binary2",), builds=2, reuse=kept)
+    assert again["chunks"] == first["chunks"]
+    assert [len(again["builds"][s]) for s in ("none", "binary2")] == [2, 2]
+    assert again["builds"]["none"][0] is again["none"]  # the kept version is build 1
+    # the float32 version is the one kept, untouched; each further build was removed
+    base = EdgeStore(kept / "none")
+    assert base.resolve("kb") == name and base.record(name).created_at == made
+    base.close()
+    assert {p.name for p in kept.iterdir()} == {KEPT, "binary2", "int8", "locks", "none"}
+    recall = bench_quantization.recall_constants(again, ["--builds", "2", "--reuse", str(kept)])
+    assert recall["builds"] == 2
+    assert recall["command"] == "python -m bench.bench_quantization --builds 2"
+    assert recall["dense_at10_of_exact"]["binary2"] == pytest.approx(
+        sum(r["dense@10"] for r in again["builds"]["binary2"]) / 2, abs=1e-4
+    )
+    with pytest.raises(ValueError, match="always scored, as the peer"):
+        bench_quantization.run(5, quantized=("none",))
+    with pytest.raises(ValueError, match="holds the float32 version"):
+        _copies(base, name, tiny_encoder.dim, ("none",), kept, "")
