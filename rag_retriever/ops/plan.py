@@ -734,9 +734,12 @@ def describe(plan: Plan) -> list[str]:
         stale = [f"{n} at {was}" for n, was in searched.items() if was != search_asked(n)]
         short = [s.quantization for s in plan.settings if not s.meets.get("recall", True)]
         unmeasured = [s.quantization for s in plan.settings if "recall" not in s.meets]
+        builds = int(r.get("builds") or 1)  # HNSW graphs built from the same points
         lines.append(
             f"dense recall@10 of an exact search on real embeddings at {r['chunks']:,} chunks, "
-            f"the largest measured: {found} (`{r['command']}`); it falls as the index grows"
+            f"the largest measured: {found}"
+            + (f", each the mean of {builds} builds of its graph" if builds > 1 else "")
+            + f" (`{r['command']}`); it falls as the index grows"
             + (f", and this brief is {past:.0f}x past it" if past > 1 else "")
             + (f"; searched otherwise than today: {', '.join(stale)}" if stale else "")
         )
