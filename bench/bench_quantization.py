@@ -4,7 +4,7 @@ against exact search and against float32, on the same vectors, in one run.
 Usage:
     python -m bench.bench_quantization [--dataset squad|scifact] [--questions 1000]
         [--distractors 100000] [--shard-points 10000] [--settings int8 binary binary2]
-        [--builds 3] [--keep DIR | --reuse DIR]
+        [--builds 3] [--paired] [--keep DIR | --reuse DIR]
 
 The set's documents are ingested once with the default model (float32, Qdrant Edge); the same
 points (vectors, BM25 weights, payloads) are then written into a version of each other setting
@@ -37,15 +37,17 @@ constants patched between passes in this process; each line then also gives the 
 the engine's part of a dense query (`timings_ms["search"]`, no encoding): read it as a ratio
 to the product's setting of the same run, not as a latency (bench_engine measures those).
 
-An HNSW graph is built anew with each version, and its recall moves with the build (two builds
-of one corpus at 315k chunks: float32 0.9516 and 0.9575 of the exact top 10). `--builds N`
-builds each setting's version N times from the same points (float32's too: the ingested one,
-then copies) and prints each setting's mean and range over its builds and each quantized
-setting's difference from float32 build by build, so a difference between settings can be told
-from one between builds. `--settings` limits the quantized settings scored (float32 is always
-the peer). `--keep DIR` leaves the versions in DIR with what they were built from; `--reuse
-DIR` takes the float32 version such a run left instead of ingesting again (most of a run at
-300,000 distractors) and builds the other settings again.
+An HNSW graph is built anew with each version, and its recall moves with the build (two builds of
+one corpus at 315k chunks: float32 0.9516 and 0.9575 of the exact top 10). `--builds N` builds each
+setting's version N times from the same points (float32's too: the ingested one, then copies) and
+prints each setting's mean and range over its builds and each quantized setting's difference from
+float32 build by build, so a difference between settings can be told from one between builds.
+`--paired` also searches each quantized version with its float32 originals throughout (Qdrant's
+`ignore`), on the same graph, and counts the questions whose dense top 10 changed: what the
+quantization alone changes. `--settings` limits the quantized settings scored (float32 is always
+the peer). `--keep DIR` leaves the versions in DIR with what they were built from; `--reuse DIR`
+takes the float32 version such a run left instead of ingesting again (most of a run at 300,000
+distractors) and builds the other settings again.
 """
 
 from __future__ import annotations
@@ -57,6 +59,7 @@ import json
 import shutil
 import statistics
 import tempfile
+import types
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -111,6 +114,25 @@ COPY_BATCH = 1024
 
 
 @contextlib.contextmanager
+def walked_with_originals(store: EdgeStore) -> Iterator[None]:
+    """Within: `store`'s quantized versions searched with their float32 originals throughout
+    (Qdrant's `ignore`: the graph walked and the candidates scored with the originals), on the
+    graph the quantized search walks: what the quantization alone changes, with no other build's
+    graph in the comparison. Set by handing the store an engine module whose
+    QuantizationSearchParams always asks for that."""
+    engine = store._edge
+    shim = types.SimpleNamespace(
+        **{name: getattr(engine, name) for name in dir(engine) if not name.startswith("__")}
+    )
+    shim.QuantizationSearchParams = lambda **_: engine.QuantizationSearchParams(ignore=True)
+    store._edge = shim  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        store._edge = engine
+
+
+@contextlib.contextmanager
 def search_params(ef_per_result: int, oversampling: float | None) -> Iterator[None]:
     """Within: Qdrant Edge's dense searches at this breadth, and every quantized setting at this
     oversampling (None: each its own, the product's)."""
@@ -136,6 +158,7 @@ def run(
     *,
     quantized: Sequence[Quantization] = SETTINGS[1:],
     builds: int = 1,
+    paired: bool = False,
     keep: Path | None = None,
     reuse: Path | None = None,
 ) -> dict[str, Any]:
@@ -174,12 +197,22 @@ def run(
             top = [[point_ids[j] for j in row] for row in exact]
             del matrix
 
-            def score(store: EdgeStore) -> dict[str, Any]:
+            def score(store: EdgeStore, top10: list[set[str]] | None = None) -> dict[str, Any]:
                 retriever = Retriever(encoder=encoder, store=store, collection="kb")
-                return _score(retriever, questions, top, data.level)
+                return _score(retriever, questions, top, data.level, top10)
 
+            searched: dict[str, list[set[str]]] = {label: [] for label in settings}
             for label, served in stores.items():
-                out[label] = score(served) | {"disk_mb": _disk_mb(root / label)}
+                out[label] = score(served, searched[label]) | {"disk_mb": _disk_mb(root / label)}
+            if paired:
+                out["paired"] = {}
+                for label in settings[1:]:
+                    walked: list[set[str]] = []
+                    with walked_with_originals(stores[label]):
+                        out["paired"][label] = score(stores[label], walked)
+                    out["paired"][label]["top10_differing"] = sum(
+                        a != b for a, b in zip(searched[label], walked, strict=True)
+                    )
             out["sweep"] = []
             for ef, over, passes in sweep(ef_per_result, oversampling, settings):
                 with search_params(ef, over):
@@ -351,15 +384,22 @@ def sweep(
 
 
 def _score(
-    retriever: Retriever, questions: Sequence[Any], top: list[list[str]], level: Level
+    retriever: Retriever,
+    questions: Sequence[Any],
+    top: list[list[str]],
+    level: Level,
+    top10: list[set[str]] | None = None,
 ) -> dict[str, Any]:
     """Dense recall@10/@100 of the exact top lists, the median engine time of a dense query, and
-    the end-to-end recall@10 and nDCG@10 of each mode."""
+    the end-to-end recall@10 and nDCG@10 of each mode. `top10`, when given, receives each
+    question's dense top 10."""
     of_exact = {"dense@10": 0.0, "dense@100": 0.0}
     search_ms = []
     for q, exact in zip(questions, top, strict=True):
         result = retriever.retrieve(q.question, k=100, mode="dense")
         got = [h.chunk_id for h in result.hits]
+        if top10 is not None:
+            top10.append(set(got[:10]))
         search_ms.append(result.timings_ms.get("search", 0.0))
         of_exact["dense@10"] += len(set(got[:10]) & set(exact[:10])) / 10
         of_exact["dense@100"] += len(set(got) & set(exact)) / 100
@@ -404,6 +444,16 @@ def report(result: dict[str, Any]) -> list[str]:
             f"dense engine time p50 {r['dense_search_p50_ms']:.2f} ms "
             f"({r['dense_search_p50_ms'] / max(base['dense_search_p50_ms'], 1e-9):.2f}x the "
             f"product's {search_asked(r['setting'])})"
+        )
+    for setting, r in (result.get("paired") or {}).items():
+        own = result[setting]
+        lines.append(
+            f"{setting} on the same graph walked with its float32 originals (ignore): dense "
+            f"recall@10 / @100 of exact search {r['dense@10']:.4f} / {r['dense@100']:.4f}; "
+            f"recall@10 dense {r['dense_recall@10']:.4f}, hybrid {r['hybrid_recall@10']:.4f} "
+            f"(as searched: {own['dense_recall@10']:.4f}, {own['hybrid_recall@10']:.4f}); "
+            f"dense top-10 sets differing from as searched: {r['top10_differing']} of "
+            f"{result['questions']:,}"
         )
     return lines + builds_report(result.get("builds"))
 
@@ -489,6 +539,13 @@ def main(argv: list[str] | None = None) -> int:
         "too) and report each setting's spread over its builds: an HNSW graph is built anew "
         "each time, and its recall moves with it",
     )
+    parser.add_argument(
+        "--paired",
+        action="store_true",
+        help="also search each quantized version with its float32 originals throughout "
+        "(Qdrant's ignore), on the same graph: what the quantization alone changes, free of "
+        "the spread between builds",
+    )
     where = parser.add_mutually_exclusive_group()
     where.add_argument(
         "--keep",
@@ -532,6 +589,7 @@ def main(argv: list[str] | None = None) -> int:
             args.oversampling,
             quantized=args.settings,
             builds=args.builds,
+            paired=args.paired,
             keep=args.keep,
             reuse=args.reuse,
         )

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -173,6 +174,18 @@ def test_a_kept_folder_records_its_corpus_only_when_the_run_finished(tmp_path: P
         assert again == root and (again / "none").is_dir()
 
 
+def spy(request: Any, asked: list[Any]) -> Any:
+    """EdgeStore._request, recording each dense request's quantization parameters."""
+
+    def recorded(self: EdgeStore, *args: Any, **kwargs: Any) -> Any:
+        made = request(self, *args, **kwargs)
+        if made.params is not None:
+            asked.append(made.params.quantization)
+        return made
+
+    return recorded
+
+
 def test_a_run_keeps_its_float32_version_and_a_second_builds_every_setting_again_from_it(
     tmp_path: Path, tiny_encoder: Encoder, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -191,8 +204,19 @@ def test_a_run_keeps_its_float32_version_and_a_second_builds_every_setting_again
     assert first["chunks"] == base.record(name).chunks > 10
     base.close()
 
-    again = bench_quantization.run(5, quantized=("binary2",), builds=2, reuse=kept)
+    asked: list[Any] = []
+    monkeypatch.setattr(EdgeStore, "_request", spy(EdgeStore._request, asked))
+    again = bench_quantization.run(5, quantized=("binary2",), builds=2, paired=True, reuse=kept)
     assert again["chunks"] == first["chunks"]
+    # the paired pass: binary2's own version, its dense searches asked with the originals only
+    paired = again["paired"]["binary2"]
+    assert 0 <= paired["top10_differing"] <= 5 and "dense_recall@10" in paired
+    ignored = [q for q in asked if q is not None and q.ignore]
+    assert ignored and all(q.rescore is None and q.oversampling is None for q in ignored)
+    assert any(q is not None and q.oversampling == 4.0 and not q.ignore for q in asked)
+    assert "binary2 on the same graph walked with its float32 originals (ignore)" in "\n".join(
+        bench_quantization.report(again)
+    )
     assert [len(again["builds"][s]) for s in ("none", "binary2")] == [2, 2]
     assert again["builds"]["none"][0] is again["none"]  # the kept version is build 1
     # the float32 version is the one kept, untouched; each further build was removed
