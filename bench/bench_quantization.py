@@ -38,7 +38,7 @@ the engine's part of a dense query (`timings_ms["search"]`, no encoding): read i
 to the product's setting of the same run, not as a latency (bench_engine measures those).
 
 An HNSW graph is built anew with each version, and its recall moves with the build (two builds of
-one corpus at 315k chunks: float32 0.9516 and 0.9575 of the exact top 10). `--builds N` builds each
+one corpus at 315k chunks, at ef 4×: float32 0.9516 and 0.9575 of the exact top 10). `--builds N` builds each
 setting's version N times from the same points (float32's too: the ingested one, then copies) and
 prints each setting's mean and range over its builds and each quantized setting's difference from
 float32 build by build, so a difference between settings can be told from one between builds.
@@ -557,7 +557,7 @@ def main(argv: list[str] | None = None) -> int:
         type=Path,
         help="take the float32 version a --keep run with the same --dataset, --distractors and "
         "--shard-points left in this folder instead of ingesting again (at 300,000 "
-        "distractors: ~55 of the run's minutes); the other settings are built again",
+        "distractors: 22 minutes on 2 cores); the other settings are built again",
     )
     parser.add_argument("--json", type=Path, help="also write the results here")
     parser.add_argument(
@@ -619,6 +619,7 @@ def recall_constants(result: dict[str, Any], argv: Sequence[str] | None) -> dict
         if flag in args:
             at = args.index(flag)
             del args[at : at + 2]
+        args = [a for a in args if not a.startswith(f"{flag}=")]
     scored = [s for s in SETTINGS if s in result]
     # over several builds, each setting's mean (one build's graph is a sample)
     runs = result.get("builds") or {s: [result[s]] for s in scored}
