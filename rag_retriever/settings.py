@@ -208,6 +208,12 @@ class Settings(BaseSettings):
         "most chunks in one shard of an embedded version's base: a bigger full build is "
         "written and sealed as several shards, so its memory is one shard's",
     )
+    # Qdrant's default 100 unless set; a version's graph keeps the width it was built with.
+    hnsw_ef_construct: Annotated[int, Field(ge=4, le=4096)] = _setting(
+        100,
+        "how wide a new shard's HNSW graph is built (Qdrant's ef_construct): wider holds more "
+        "of an exact search's neighbours and takes longer to build",
+    )
     # A write that finds another write of the same alias running waits this long for it (two
     # updates in a row each see the other's documents: no lost update).
     lock_wait_s: NonNegativeInt = _setting(

@@ -43,6 +43,7 @@ WRITE = (
     "bm25_rebase_drift",
     "compaction",
     "base_shard_points",
+    "hnsw_ef_construct",
     "max_document_chars",
     "qdrant_shards",
     "qdrant_replicas",

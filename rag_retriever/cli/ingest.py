@@ -112,6 +112,7 @@ def _start_compaction(settings: Settings, report: Any) -> Any:
         "RAG_KEEP_VERSIONS": str(settings.keep_versions),
         "RAG_RETENTION_GRACE_S": str(settings.retention_grace_s),
         "RAG_BASE_SHARD_POINTS": str(settings.base_shard_points),
+        "RAG_HNSW_EF_CONSTRUCT": str(settings.hnsw_ef_construct),
         "RAG_LOG_LEVEL": "INFO",
         "RAG_TRACING": settings.tracing,
     }

@@ -211,6 +211,7 @@ def add_versions(sub: Any) -> None:
         "keep_versions",
         "retention_grace_s",
         "base_shard_points",
+        "hnsw_ef_construct",
         *STORE,
     )
     p.set_defaults(func=cmd_compact)

@@ -89,7 +89,10 @@ from rag_retriever.models.bm25 import DocFreqs, SparseVector
 from rag_retriever.records import ALIAS_PATTERN, Quantization, SearchFilter, check_alias
 from rag_retriever.store.base import (
     DENSE,
+    HNSW_EF_CONSTRUCT,
     HNSW_EF_PER_RESULT,
+    HNSW_FULL_SCAN_KB,
+    HNSW_M,
     QUANTIZATION_OVERSAMPLING,
     SPARSE,
     IndexKind,
@@ -242,16 +245,19 @@ class EdgeStore(Store):
         *,
         where: str | None = None,
         shard_points: int = BASE_SHARD_POINTS,
+        ef_construct: int = HNSW_EF_CONSTRUCT,
     ) -> None:
         """Opening creates nothing: the folders under `root` are made by the first write, so a
         read (search, collections, eval) of a data dir that does not exist leaves none behind.
         `where` names the place in errors (open_store: the data dir and RAG_DATA_DIR);
-        `shard_points` caps a base shard (a bigger full build or base merge writes several)."""
+        `shard_points` caps a base shard (a bigger full build or base merge writes several);
+        `ef_construct` is how wide each shard it creates builds its HNSW graph."""
         import qdrant_edge
 
         if shard_points < 1:
             raise ConfigError(f"a base shard must hold at least 1 point (got {shard_points})")
         self.shard_points = shard_points
+        self.ef_construct = ef_construct
 
         self._edge = qdrant_edge
         self.root = root
@@ -458,6 +464,14 @@ class EdgeStore(Store):
                     # quantized: the float32 originals stay on disk, read to rescore
                     on_disk=True if quantized is not None else None,
                     quantization_config=quantized,
+                    # the engine's own default unless another width is asked for
+                    hnsw_config=None
+                    if self.ef_construct == HNSW_EF_CONSTRUCT
+                    else edge.HnswIndexConfig(
+                        m=HNSW_M,
+                        ef_construct=self.ef_construct,
+                        full_scan_threshold=HNSW_FULL_SCAN_KB,
+                    ),
                 )
             },
             sparse_vectors={SPARSE: edge.EdgeSparseVectorParams(memory=cold)},

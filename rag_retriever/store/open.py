@@ -30,13 +30,19 @@ def open_store(settings: Settings) -> Store:
             shard_number=settings.qdrant_shards,
             replication_factor=settings.qdrant_replicas,
             write_consistency_factor=settings.qdrant_write_consistency,
+            ef_construct=settings.hnsw_ef_construct,
             where=f"the Qdrant server at {settings.qdrant_url} (RAG_QDRANT_URL)",
         )
     from rag_retriever.store.edge import EdgeStore
 
     check_data_dir(settings.data_dir)
     where = f"the data dir {settings.data_dir.resolve()} (RAG_DATA_DIR)"
-    return EdgeStore(settings.edge_dir, where=where, shard_points=settings.base_shard_points)
+    return EdgeStore(
+        settings.edge_dir,
+        where=where,
+        shard_points=settings.base_shard_points,
+        ef_construct=settings.hnsw_ef_construct,
+    )
 
 
 def check_data_dir(data_dir: Path) -> None:

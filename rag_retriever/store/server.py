@@ -74,6 +74,7 @@ from rag_retriever.models.bm25 import DocFreqs, SparseVector
 from rag_retriever.records import TENANT_FIELD, UNQUANTIZED, Quantization, SearchFilter
 from rag_retriever.store.base import (
     DENSE,
+    HNSW_EF_CONSTRUCT,
     HNSW_EF_PER_RESULT,
     QUANTIZATION_OVERSAMPLING,
     SPARSE,
@@ -160,6 +161,7 @@ class ServerStore(Store):
         shard_number: int | None = None,
         replication_factor: int | None = None,
         write_consistency_factor: int | None = None,
+        ef_construct: int = HNSW_EF_CONSTRUCT,
         where: str | None = None,
         catalog: str = CATALOG,
     ) -> None:
@@ -174,6 +176,7 @@ class ServerStore(Store):
         self.shard_number = shard_number
         self.replication_factor = replication_factor
         self.write_consistency_factor = write_consistency_factor
+        self.ef_construct = ef_construct  # how wide a new version's HNSW graph is built
         self.catalog = catalog
         # qdrant-client's in-process implementation is not thread-safe; a server is.
         self._lock: contextlib.AbstractContextManager[Any] = (
@@ -467,6 +470,10 @@ class ServerStore(Store):
                 },
                 sparse_vectors_config={SPARSE: qm.SparseVectorParams()},
                 quantization_config=_server_quantization(record.quantization),
+                # the server's own default unless another width is asked for
+                hnsw_config=None
+                if self.ef_construct == HNSW_EF_CONSTRUCT
+                else qm.HnswConfigDiff(ef_construct=self.ef_construct),
                 shard_number=self.shard_number,
                 replication_factor=self.replication_factor,
                 write_consistency_factor=self.write_consistency_factor,

@@ -1,0 +1,107 @@
+"""RAG_HNSW_EF_CONSTRUCT: how wide each new shard's HNSW graph is built, on Qdrant Edge and as
+asked of a Qdrant server. What a wider graph buys was measured (docs/benchmarks.md, "How wide
+the graph is built"); these check that the width reaches the engine and the server."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from qdrant_client import QdrantClient
+
+from rag_retriever.errors import ConfigError
+from rag_retriever.ingest.loaders import LoadedCorpus
+from rag_retriever.ingest.writer import ingest_documents, update_documents
+from rag_retriever.models.encoder import Encoder
+from rag_retriever.query.retriever import Retriever
+from rag_retriever.records import Document
+from rag_retriever.settings import Settings
+from rag_retriever.store import EdgeStore, Store
+from rag_retriever.store.base import HNSW_EF_CONSTRUCT
+from rag_retriever.store.open import open_store
+from rag_retriever.store.server import ServerStore
+
+DOCS = tuple(
+    Document(f"d{i}", f"Doc {i}", f"alpha bravo charlie {i} delta echo foxtrot {i * 7}")
+    for i in range(12)
+)
+
+
+def write(store: Store, encoder: Encoder, tmp_path: Path) -> None:
+    """A full build of "kb", then an update (a delta shard of its own)."""
+    ingest_documents(
+        LoadedCorpus(DOCS, 0, "t"), alias="kb", encoder=encoder, store=store, lock_dir=tmp_path
+    )
+    update_documents(
+        [Document("new", "new", "alpha mike november")],
+        alias="kb",
+        encoder=encoder,
+        store=store,
+        lock_dir=tmp_path,
+    )
+
+
+def graph_configs(root: Path) -> list[Any]:
+    """Each shard's HNSW config as given to the engine (None: the engine's own default)."""
+    return [
+        json.loads(p.read_text())["vectors"]["dense"].get("hnsw_config")
+        for p in sorted(root.rglob("edge_config.json"))
+    ]
+
+
+def test_edge_builds_every_new_shard_at_the_width_asked_for(
+    tmp_path: Path, tiny_encoder: Encoder
+) -> None:
+    wide = EdgeStore(tmp_path / "wide", ef_construct=200)
+    write(wide, tiny_encoder, tmp_path)
+    configs = graph_configs(tmp_path / "wide")
+    assert len(configs) >= 2  # the base and the update's delta
+    assert all(c["ef_construct"] == 200 and c["m"] == 16 for c in configs)
+    hits = Retriever(encoder=tiny_encoder, store=wide, collection="kb").search("alpha", k=3)
+    assert len(hits) == 3
+    wide.close()
+    # the default asks nothing of the engine: its own width (Qdrant's 100)
+    plain = EdgeStore(tmp_path / "plain")
+    write(plain, tiny_encoder, tmp_path)
+    assert set(map(str, graph_configs(tmp_path / "plain"))) == {"None"}
+    plain.close()
+
+
+@pytest.mark.parametrize(("width", "asked"), [(200, 200), (HNSW_EF_CONSTRUCT, None)])
+def test_the_server_path_asks_the_server_for_the_width(
+    tmp_path: Path,
+    tiny_encoder: Encoder,
+    monkeypatch: pytest.MonkeyPatch,
+    width: int,
+    asked: int | None,
+) -> None:
+    """qdrant-client's in-process implementation keeps no HNSW config (it searches exactly), so
+    what the server is asked for is read from the call itself: a spy on create_collection,
+    which still runs. What a Qdrant server then builds is not run here."""
+    server = ServerStore(QdrantClient(":memory:"), ef_construct=width)
+    real = server.client.create_collection
+    calls: list[dict[str, Any]] = []
+
+    def spy(*args: Any, **kwargs: Any) -> Any:
+        calls.append(kwargs)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(server.client, "create_collection", spy)
+    write(server, tiny_encoder, tmp_path)
+    made = [c["hnsw_config"] for c in calls if "quantization_config" in c]  # points, not catalog
+    assert made and all((config and config.ef_construct) == asked for config in made)
+    server.close()
+
+
+def test_the_width_is_a_setting_checked_at_start_up(tmp_path: Path) -> None:
+    assert Settings.from_env({}).hnsw_ef_construct == HNSW_EF_CONSTRUCT
+    for bad in ("2", "5000", "wide"):
+        with pytest.raises(ConfigError, match="RAG_HNSW_EF_CONSTRUCT"):
+            Settings.from_env({"RAG_HNSW_EF_CONSTRUCT": bad})
+    store = open_store(
+        Settings.from_env({"RAG_DATA_DIR": str(tmp_path), "RAG_HNSW_EF_CONSTRUCT": "200"})
+    )
+    assert isinstance(store, EdgeStore) and store.ef_construct == 200
+    store.close()
