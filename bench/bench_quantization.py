@@ -79,7 +79,7 @@ from rag_retriever.query.retriever import Retriever
 from rag_retriever.records import QUANTIZATIONS, Document, Mode, Quantization
 from rag_retriever.store import HNSW_EF_PER_RESULT, EdgeStore
 from rag_retriever.store import edge as edge_module
-from rag_retriever.store.base import QUANTIZATION_OVERSAMPLING
+from rag_retriever.store.base import HNSW_EF_CONSTRUCT, QUANTIZATION_OVERSAMPLING
 from rag_retriever.store.shards import BASE_SHARD_POINTS
 
 SETTINGS: tuple[Quantization, ...] = QUANTIZATIONS
@@ -159,6 +159,7 @@ def run(
     quantized: Sequence[Quantization] = SETTINGS[1:],
     builds: int = 1,
     paired: bool = False,
+    ef_construct: int | None = None,
     keep: Path | None = None,
     reuse: Path | None = None,
 ) -> dict[str, Any]:
@@ -184,11 +185,19 @@ def run(
                 store=base,
                 lock_dir=root,
             )
-        stores: dict[Quantization, EdgeStore] = {"none": base}
+        stores: dict[Quantization, EdgeStore] = {}
         again: dict[Quantization, EdgeStore] = {}
+        width = ef_construct or HNSW_EF_CONSTRUCT
+        # at another width, float32 too is scored from a copy built at it (the ingested or kept
+        # version, built at the default, is only the points' source)
+        copied = ".copy" if ef_construct is not None else None
         try:
             name = base.resolve("kb")
-            stores |= _copies(base, name, encoder.dim, settings[1:], root, "")
+            if copied:
+                stores |= _copies(base, name, encoder.dim, ("none",), root, copied, width)
+            else:
+                stores["none"] = base
+            stores |= _copies(base, name, encoder.dim, settings[1:], root, "", width)
             matrix, point_ids = _dense(base, name)
             vectors = encoder.encode_queries([q.question for q in questions]).vectors
             exact = np.stack(
@@ -203,7 +212,8 @@ def run(
 
             searched: dict[str, list[set[str]]] = {label: [] for label in settings}
             for label, served in stores.items():
-                out[label] = score(served, searched[label]) | {"disk_mb": _disk_mb(root / label)}
+                folder = root / (f"{label}{copied}" if copied and label == "none" else label)
+                out[label] = score(served, searched[label]) | {"disk_mb": _disk_mb(folder)}
             if paired:
                 out["paired"] = {}
                 for label in settings[1:]:
@@ -225,7 +235,7 @@ def run(
                 out["builds"] = {label: [out[label]] for label in settings}
                 for build in range(2, builds + 1):
                     suffix = f".build{build}"
-                    again = _copies(base, name, encoder.dim, settings, root, suffix)
+                    again = _copies(base, name, encoder.dim, settings, root, suffix, width)
                     for label in settings:
                         out["builds"][label].append(score(again[label]))
                         again.pop(label).close()
@@ -233,7 +243,10 @@ def run(
         finally:
             for served in (*again.values(), *stores.values()):
                 served.close()
+            if stores.get("none") is not base:
+                base.close()
     out["chunks"] = len(point_ids)
+    out["ef_construct"] = ef_construct
     out["distractors"] = distractors
     out["shard_points"] = shard_points
     return out
@@ -307,6 +320,7 @@ def _copies(
     settings: Sequence[Quantization],
     root: Path,
     suffix: str,
+    ef_construct: int = HNSW_EF_CONSTRUCT,
 ) -> dict[Quantization, EdgeStore]:
     """A new version of `name` for each setting, in `root / (setting + suffix)`, holding the
     float32 version's points (vectors, BM25 weights, payloads) and its document frequencies,
@@ -318,7 +332,9 @@ def _copies(
         if folder == root / "none":
             raise ValueError(f"{folder} holds the float32 version the copies are made from")
         shutil.rmtree(folder, ignore_errors=True)
-        stores[setting] = EdgeStore(folder, shard_points=base.shard_points)
+        stores[setting] = EdgeStore(
+            folder, shard_points=base.shard_points, ef_construct=ef_construct
+        )
         record = dataclasses.replace(base.record(name), quantization=setting)
         stores[setting].create(name, dim, record)
         stores[setting].put_doc_freqs(name, base.doc_freqs(name))
@@ -420,6 +436,8 @@ def report(result: dict[str, Any]) -> list[str]:
     beside = f" among {extra:,} distractor documents" if extra else ""
     if result.get("shard_points"):
         beside += f", base shards of {result['shard_points']:,}"
+    if result.get("ef_construct"):
+        beside += f", every graph built at ef_construct {result['ef_construct']}"
     lines = [
         f"== quantized vectors: {data.folder}{beside}, {result['chunks']:,} chunks, "
         f"{result['questions']:,} {data.label} (Qdrant Edge, all-MiniLM-L6-v2) =="
@@ -540,6 +558,13 @@ def main(argv: list[str] | None = None) -> int:
         "each time, and its recall moves with it",
     )
     parser.add_argument(
+        "--ef-construct",
+        type=positive_count,
+        help="build every scored version's HNSW graph this wide (RAG_HNSW_EF_CONSTRUCT; "
+        f"default: the product's, {HNSW_EF_CONSTRUCT}); float32 is then scored from a copy "
+        "built at it too",
+    )
+    parser.add_argument(
         "--paired",
         action="store_true",
         help="also search each quantized version with its float32 originals throughout "
@@ -570,6 +595,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.questions < 1 or args.distractors < 0:
         parser.error("--questions must be at least 1 and --distractors at least 0")
+    if args.constants_out is not None and args.ef_construct not in (None, HNSW_EF_CONSTRUCT):
+        # the plan's other constants were measured at the product's width
+        parser.error(
+            f"--constants-out takes a run at the product's --ef-construct ({HNSW_EF_CONSTRUCT})"
+        )
     if args.constants_out is not None and set(args.settings) != set(SETTINGS[1:]):
         # the plan's recall entry is written whole: a setting left out would lose its figure
         parser.error("--constants-out takes a run of every setting (leave --settings out)")
@@ -590,6 +620,7 @@ def main(argv: list[str] | None = None) -> int:
             quantized=args.settings,
             builds=args.builds,
             paired=args.paired,
+            ef_construct=args.ef_construct,
             keep=args.keep,
             reuse=args.reuse,
         )

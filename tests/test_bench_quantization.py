@@ -109,6 +109,10 @@ def test_a_sweep_over_some_settings_scores_only_those() -> None:
         (["--settings", "none"], "argument --settings: invalid choice: 'none'"),
         (["--keep", "a", "--reuse", "b"], "argument --reuse: not allowed with argument --keep"),
         (
+            ["--ef-construct", "200", "--constants-out", "capacity.json"],
+            "--constants-out takes a run at the product's --ef-construct (100)",
+        ),
+        (
             ["--settings", "int8", "--constants-out", "capacity.json"],
             "--constants-out takes a run of every setting (leave --settings out)",
         ),
@@ -231,6 +235,17 @@ def test_a_run_keeps_its_float32_version_and_a_second_builds_every_setting_again
     assert recall["dense_at10_of_exact"]["binary2"] == pytest.approx(
         sum(r["dense@10"] for r in again["builds"]["binary2"]) / 2, abs=1e-4
     )
+    # another graph width: every scored version a copy built at it, float32's too
+    wide = bench_quantization.run(5, quantized=("int8",), ef_construct=200, reuse=kept)
+    assert wide["ef_construct"] == 200 and wide["chunks"] == first["chunks"]
+    assert "every graph built at ef_construct 200" in bench_quantization.report(wide)[0]
+    for folder in ("none.copy", "int8"):
+        [config] = (kept / folder).rglob("edge_config.json")
+        assert (
+            json.loads(config.read_text())["vectors"]["dense"]["hnsw_config"]["ef_construct"] == 200
+        )
+    [config] = (kept / "none").rglob("edge_config.json")  # the kept source, as it was built
+    assert json.loads(config.read_text())["vectors"]["dense"].get("hnsw_config") is None
     with pytest.raises(ValueError, match="always scored, as the peer"):
         bench_quantization.run(5, quantized=("none",))
     with pytest.raises(ValueError, match="holds the float32 version"):
