@@ -5,6 +5,7 @@ the graph is built"); these check that the width reaches the engine and the serv
 from __future__ import annotations
 
 import json
+import random
 from pathlib import Path
 from typing import Any
 
@@ -104,4 +105,30 @@ def test_the_width_is_a_setting_checked_at_start_up(tmp_path: Path) -> None:
         Settings.from_env({"RAG_DATA_DIR": str(tmp_path), "RAG_HNSW_EF_CONSTRUCT": "200"})
     )
     assert isinstance(store, EdgeStore) and store.ef_construct == 200
+    store.close()
+
+
+def test_a_background_compaction_builds_its_base_at_the_stores_width(
+    tmp_path: Path, tiny_encoder: Encoder
+) -> None:
+    """The compaction child (a process of its own, as the HTTP service starts it) builds the
+    merged base as the store that started it builds its shards, not at the engine's default."""
+    from rag_retriever.ingest import compaction as compaction_module
+    from rag_retriever.ingest.compaction import wait_for_compactions
+    from tests.test_compaction import _outgrow
+    from tests.test_update import doc
+    from tests.test_update import write as write_corpus
+
+    store = EdgeStore(tmp_path / "edge", ef_construct=200, shard_points=500)
+    rng = random.Random(6)
+    corpus = {f"d{i}": doc(i, rng) for i in range(30)}
+    write_corpus(store, tiny_encoder, tmp_path, list(corpus.values()))
+    due = _outgrow(store, tiny_encoder, tmp_path, corpus, rng)
+    child = compaction_module.compact_in_background(store, "kb", lock_dir=tmp_path)
+    assert wait_for_compactions(60) and child.returncode == 0
+    merged = store.aliases()["kb"]
+    assert merged != due.collection
+    (base,) = store.manifest(merged).segments
+    [config] = (tmp_path / "edge" / "segments" / base.id).rglob("edge_config.json")
+    assert json.loads(config.read_text())["vectors"]["dense"]["hnsw_config"]["ef_construct"] == 200
     store.close()

@@ -59,8 +59,10 @@ from rag_retriever.ingest.lock import COMPACTION, IngestLock, default_lock_dir
 from rag_retriever.settings import Compaction as Mode
 from rag_retriever.settings import default_of
 from rag_retriever.store import EdgeStore, Store, collection_name, shards
+from rag_retriever.store.base import HNSW_EF_CONSTRUCT
 from rag_retriever.store.catalog import apply_retention, point_alias
 from rag_retriever.store.record import STATUS_BUILDING, Lineage, stamp
+from rag_retriever.store.shards import BASE_SHARD_POINTS
 
 # named, not __name__: the child process runs this module as __main__
 log = logging.getLogger("rag_retriever.ingest.compaction")
@@ -334,6 +336,11 @@ def compact_in_background(
         str(keep_versions),
         "--retention-grace-s",
         str(retention_grace_s),
+        # the merged shards are built as this store builds its own
+        "--shard-points",
+        str(store.shard_points),
+        "--ef-construct",
+        str(store.ef_construct),
         "--log-level",
         str(level),
     ]
@@ -373,6 +380,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--lock-wait-s", type=float, default=default_of("lock_wait_s"))
     parser.add_argument("--keep-versions", type=int, default=default_of("keep_versions"))
     parser.add_argument("--retention-grace-s", type=float, default=default_of("retention_grace_s"))
+    parser.add_argument("--shard-points", type=int, default=BASE_SHARD_POINTS)
+    parser.add_argument("--ef-construct", type=int, default=HNSW_EF_CONSTRUCT)
     parser.add_argument("--log-level", default="WARNING")
     args = parser.parse_args(argv)
     logging.basicConfig(
@@ -386,7 +395,7 @@ def main(argv: list[str] | None = None) -> int:
         )
     except RagError as exc:
         log.warning("%s: background compaction runs without tracing: %s", args.alias, exc)
-    store = EdgeStore(args.root)
+    store = EdgeStore(args.root, shard_points=args.shard_points, ef_construct=args.ef_construct)
     try:
         reports = compact_while_due(
             store,
