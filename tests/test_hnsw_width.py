@@ -20,7 +20,7 @@ from rag_retriever.query.retriever import Retriever
 from rag_retriever.records import Document
 from rag_retriever.settings import Settings
 from rag_retriever.store import EdgeStore, Store
-from rag_retriever.store.base import HNSW_EF_CONSTRUCT
+from rag_retriever.store.base import QDRANT_EF_CONSTRUCT
 from rag_retriever.store.open import open_store
 from rag_retriever.store.server import ServerStore
 
@@ -70,7 +70,7 @@ def test_edge_builds_every_new_shard_at_the_width_asked_for(
     plain.close()
 
 
-@pytest.mark.parametrize(("width", "asked"), [(200, 200), (HNSW_EF_CONSTRUCT, None)])
+@pytest.mark.parametrize(("width", "asked"), [(200, 200), (QDRANT_EF_CONSTRUCT, None)])
 def test_the_server_path_asks_the_server_for_the_width(
     tmp_path: Path,
     tiny_encoder: Encoder,
@@ -97,7 +97,7 @@ def test_the_server_path_asks_the_server_for_the_width(
 
 
 def test_the_width_is_a_setting_checked_at_start_up(tmp_path: Path) -> None:
-    assert Settings.from_env({}).hnsw_ef_construct == HNSW_EF_CONSTRUCT
+    assert Settings.from_env({}).hnsw_ef_construct == QDRANT_EF_CONSTRUCT  # the default: Qdrant's
     for bad in ("2", "5000", "wide"):
         with pytest.raises(ConfigError, match="RAG_HNSW_EF_CONSTRUCT"):
             Settings.from_env({"RAG_HNSW_EF_CONSTRUCT": bad})

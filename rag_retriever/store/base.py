@@ -43,6 +43,7 @@ from rag_retriever.errors import (
 )
 from rag_retriever.models.bm25 import SparseVector
 from rag_retriever.records import SearchFilter
+from rag_retriever.settings import default_of
 from rag_retriever.store.record import STATUS_COMPLETE, VersionRecord
 
 log = logging.getLogger(__name__)
@@ -63,12 +64,14 @@ _PLAIN_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_-]*$")
 # (float32) the engine's time of a dense query (docs/benchmarks.md, "ef 8x and oversampling at
 # 315k chunks").
 HNSW_EF_PER_RESULT = 8
-# How wide a new shard's HNSW graph is built by default (Qdrant's own ef_construct, with its m 16
-# and full-scan threshold of 10,000 KB, which a graph config must name). RAG_HNSW_EF_CONSTRUCT
-# sets another: at 315k real MiniLM chunks 200 held 0.996 of an exact search's top 10 where 100
-# held 0.963-0.974, for 2.2x the graph's build time and 1.2x a dense search's
+# How wide a new shard's HNSW graph is built by default (RAG_HNSW_EF_CONSTRUCT): Qdrant's own
+# ef_construct. At 315k real MiniLM chunks 200 held 0.996 of an exact search's top 10 where 100
+# held 0.963-0.974, for 2.1-2.2x the graph's build time and 1.2x a dense search's
 # (docs/benchmarks.md, "How wide the graph is built").
-HNSW_EF_CONSTRUCT = 100
+HNSW_EF_CONSTRUCT: int = default_of("hnsw_ef_construct")
+# Qdrant's own graph defaults: a shard built at this width asks for no graph config; another
+# width names the m and full-scan threshold (KB) a graph config must name, Qdrant's.
+QDRANT_EF_CONSTRUCT = 100
 HNSW_M = 16
 HNSW_FULL_SCAN_KB = 10_000
 # A quantized version's dense search scores this many times the candidates asked for with the

@@ -93,6 +93,7 @@ from rag_retriever.store.base import (
     HNSW_EF_PER_RESULT,
     HNSW_FULL_SCAN_KB,
     HNSW_M,
+    QDRANT_EF_CONSTRUCT,
     QUANTIZATION_OVERSAMPLING,
     SPARSE,
     IndexKind,
@@ -466,7 +467,7 @@ class EdgeStore(Store):
                     quantization_config=quantized,
                     # the engine's own default unless another width is asked for
                     hnsw_config=None
-                    if self.ef_construct == HNSW_EF_CONSTRUCT
+                    if self.ef_construct == QDRANT_EF_CONSTRUCT
                     else edge.HnswIndexConfig(
                         m=HNSW_M,
                         ef_construct=self.ef_construct,

@@ -76,6 +76,7 @@ from rag_retriever.store.base import (
     DENSE,
     HNSW_EF_CONSTRUCT,
     HNSW_EF_PER_RESULT,
+    QDRANT_EF_CONSTRUCT,
     QUANTIZATION_OVERSAMPLING,
     SPARSE,
     IndexKind,
@@ -472,7 +473,7 @@ class ServerStore(Store):
                 quantization_config=_server_quantization(record.quantization),
                 # the server's own default unless another width is asked for
                 hnsw_config=None
-                if self.ef_construct == HNSW_EF_CONSTRUCT
+                if self.ef_construct == QDRANT_EF_CONSTRUCT
                 else qm.HnswConfigDiff(ef_construct=self.ef_construct),
                 shard_number=self.shard_number,
                 replication_factor=self.replication_factor,
