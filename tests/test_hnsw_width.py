@@ -14,7 +14,7 @@ from qdrant_client import QdrantClient
 
 from rag_retriever.errors import ConfigError
 from rag_retriever.ingest.loaders import LoadedCorpus
-from rag_retriever.ingest.writer import ingest_documents, update_documents
+from rag_retriever.ingest.writer import ingest_documents
 from rag_retriever.models.encoder import Encoder
 from rag_retriever.query.retriever import Retriever
 from rag_retriever.records import Document
@@ -23,6 +23,7 @@ from rag_retriever.store import EdgeStore, Store
 from rag_retriever.store.base import QDRANT_EF_CONSTRUCT
 from rag_retriever.store.open import open_store
 from rag_retriever.store.server import ServerStore
+from tests.test_quantization import add_one
 
 DOCS = tuple(
     Document(f"d{i}", f"Doc {i}", f"alpha bravo charlie {i} delta echo foxtrot {i * 7}")
@@ -35,13 +36,7 @@ def write(store: Store, encoder: Encoder, tmp_path: Path) -> None:
     ingest_documents(
         LoadedCorpus(DOCS, 0, "t"), alias="kb", encoder=encoder, store=store, lock_dir=tmp_path
     )
-    update_documents(
-        [Document("new", "new", "alpha mike november")],
-        alias="kb",
-        encoder=encoder,
-        store=store,
-        lock_dir=tmp_path,
-    )
+    add_one(store, encoder, tmp_path)
 
 
 def graph_configs(root: Path) -> list[Any]:
