@@ -338,8 +338,7 @@ def _copies(
         record = dataclasses.replace(base.record(name), quantization=setting)
         stores[setting].create(name, dim, record)
         stores[setting].put_doc_freqs(name, base.doc_freqs(name))
-    for part in _parts(base, name):
-        block = np.stack([np.asarray(p.dense, dtype=np.float32) for p in part])
+    for part, block in _parts(base, name):
         for store in stores.values():
             store.upsert(
                 name,
@@ -354,18 +353,20 @@ def _copies(
     return stores
 
 
-def _parts(base: EdgeStore, name: str) -> Iterator[list[Any]]:
-    """The version's points with their vectors, COPY_BATCH at a time, in its scroll order."""
+def _parts(base: EdgeStore, name: str) -> Iterator[tuple[list[Any], np.ndarray]]:
+    """The version's points with their vectors, COPY_BATCH at a time, in its scroll order, each
+    batch with its float32 vectors as one matrix."""
     stored = [r.id for r in base.scroll(name)]
     for at in range(0, len(stored), COPY_BATCH):
-        yield base.retrieve(name, stored[at : at + COPY_BATCH], with_dense=True, with_sparse=True)
+        part = base.retrieve(name, stored[at : at + COPY_BATCH], with_dense=True, with_sparse=True)
+        yield part, np.stack([np.asarray(p.dense, dtype=np.float32) for p in part])
 
 
 def _dense(base: EdgeStore, name: str) -> tuple[np.ndarray, list[str]]:
     """The version's float32 vectors as one matrix and the ids of its rows, in the same order."""
     blocks, point_ids = [], []
-    for part in _parts(base, name):
-        blocks.append(np.stack([np.asarray(p.dense, dtype=np.float32) for p in part]))
+    for part, block in _parts(base, name):
+        blocks.append(block)
         point_ids += [p.id for p in part]
     return np.concatenate(blocks), point_ids
 

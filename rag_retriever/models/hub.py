@@ -13,9 +13,9 @@ Here an id whose config, tokenizer and whole weights are in the cache (at its `m
 however they got there: transformers, `hf download`, this module) is read from there with no
 network, and never refreshed from the hub. Only an id the cache lacks is asked of the hub: its
 file list, with a time limit (no network: an error in seconds), then its config and tokenizer
-files and one copy of its top-level weights (safetensors where the repository has them, else PyTorch's .bin), not
-the other frameworks' copies nor the weights in sub-folders. `HF_HUB_OFFLINE=1` keeps it from
-asking at all.
+files and one copy of its top-level weights (safetensors where the repository has them, else
+PyTorch's .bin), not the other frameworks' copies nor the weights in sub-folders.
+`HF_HUB_OFFLINE=1` keeps it from asking at all.
 
 Does not handle: revisions other than `main`, private repositories' tokens beyond what
 huggingface_hub reads itself (HF_TOKEN), or models whose code lives in the repository.
