@@ -35,6 +35,20 @@ def positive_count(text: str) -> int:
     return value
 
 
+def graph_width(text: str) -> int:
+    """An argparse `type`: an HNSW ef_construct the product's setting (RAG_HNSW_EF_CONSTRUCT)
+    accepts; argparse exits 2 with the setting's own message otherwise."""
+    from rag_retriever.errors import ConfigError
+    from rag_retriever.settings import Settings
+
+    value = positive_count(text)
+    try:
+        Settings.from_env({}, hnsw_ef_construct=value)
+    except ConfigError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    return value
+
+
 def factor(text: str) -> float:
     """An argparse `type`: a number of at least 1 (an oversampling, a breadth multiplier)."""
     try:

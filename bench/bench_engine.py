@@ -61,6 +61,7 @@ import numpy as np
 from bench.bench_bm25 import iter_synthetic_chunks
 from bench.bench_common import (
     child_json,
+    graph_width,
     percentile,
     positive_count,
     read_jsonl,
@@ -81,7 +82,12 @@ from rag_retriever.store import (
     StageQuery,
     Store,
 )
-from rag_retriever.store.base import HNSW_EF_PER_RESULT, QUANTIZATION_OVERSAMPLING
+from rag_retriever.store.base import (
+    HNSW_EF_CONSTRUCT,
+    HNSW_EF_PER_RESULT,
+    QDRANT_EF_CONSTRUCT,
+    QUANTIZATION_OVERSAMPLING,
+)
 from rag_retriever.store.record import bare_record
 from rag_retriever.store.shards import BASE_SHARD_POINTS
 
@@ -94,6 +100,8 @@ NAME = "bench__random-384__v1"
 
 # The setting a build's base shard size is read from (`shard_points`), as the product's ingest.
 SHARD_POINTS_ENV = env_name("base_shard_points")
+# The setting a build's HNSW graph width is read from (`--ef-construct`), as the product's.
+EF_CONSTRUCT_ENV = env_name("hnsw_ef_construct")
 
 
 def _queries(n: int) -> list[list[str]]:
@@ -111,7 +119,10 @@ def shard_points() -> int:
 
 def _open(engine: str, root: Path) -> Store:
     if engine == "edge":
-        return EdgeStore(root, shard_points=shard_points())
+        settings = Settings.from_env()
+        return EdgeStore(
+            root, shard_points=settings.base_shard_points, ef_construct=settings.hnsw_ef_construct
+        )
     from qdrant_client import QdrantClient
 
     return ServerStore(QdrantClient(path=str(root)))
@@ -379,19 +390,25 @@ def build_probe(engine: str, root: Path, n: int, quantization: Quantization) -> 
 
 
 def _build_in_subprocess(
-    engine: str, root: Path, n: int, quantization: Quantization
+    engine: str, root: Path, n: int, quantization: Quantization, ef_construct: int
 ) -> dict[str, Any]:
-    return _in_subprocess("build_probe", engine, str(root), str(n), quantization)
+    """`build_probe` in a fresh process whose shards build their graphs `ef_construct` wide."""
+    env = {EF_CONSTRUCT_ENV: str(ef_construct)}
+    figures = _in_subprocess("build_probe", engine, str(root), str(n), quantization, env=env)
+    return figures | {"ef_construct": ef_construct}
 
 
 def _probe_in_subprocess(engine: str, root: Path) -> dict[str, Any]:
     return _in_subprocess("serve_probe", engine, str(root))
 
 
-def _in_subprocess(function: str, *args: str, cgroup: Path | None = None) -> dict[str, Any]:
+def _in_subprocess(
+    function: str, *args: str, cgroup: Path | None = None, env: Mapping[str, str] | None = None
+) -> dict[str, Any]:
     """`function(*args)` of this module in a fresh Python (its own peak RSS), in memory cgroup
-    `cgroup` when given (it joins before importing anything); its JSON result. Arguments that
-    are digits are passed as ints, a path's as a Path."""
+    `cgroup` when given (it joins before importing anything), with this process's environment
+    and `env`; its JSON result. Arguments that are digits are passed as ints, a path's as a
+    Path."""
     join = (
         f"open({str(cgroup / 'cgroup.procs')!r}, 'w').write(str(os.getpid())); " if cgroup else ""
     )
@@ -402,7 +419,8 @@ def _in_subprocess(function: str, *args: str, cgroup: Path | None = None) -> dic
         f"print(json.dumps(b.{function}(*args)))"
     )
     here = str(Path(__file__).resolve().parents[1])
-    return child_json(code, [function, *args], dict(os.environ), f"bench_engine's {function}", here)
+    environ = dict(os.environ) | dict(env or {})
+    return child_json(code, [function, *args], environ, f"bench_engine's {function}", here)
 
 
 def run(
@@ -410,24 +428,32 @@ def run(
     peer_max: int = 100_000,
     quantizations: tuple[Quantization, ...] = ("none",),
     cap_fraction: float | None = None,
+    widths: tuple[int, ...] = (HNSW_EF_CONSTRUCT,),
 ) -> dict[str, Any]:
     """{size: {engine: figures}}; a quantized Edge build is the engine "edge-<quantization>".
+    Each Edge setting is built at each of `widths` (HNSW ef_construct), one after the other; a
+    width after the first is the engine "<engine>@<width>" (local mode: the first only).
     With `cap_fraction` (and float32 among the settings), each Edge build is probed again in a
     process whose memory (private and page cache, as a container's limit counts it) is capped at
     that fraction of float32's serving RSS at the same size."""
     results: dict[str, Any] = {}
     for n in sizes:
         row: dict[str, Any] = {}
-        runs: list[tuple[str, Quantization, str]] = (
-            [("edge", "none", "edge")] if "none" in quantizations else []
+        settings: list[tuple[str, Quantization]] = (
+            [("edge", "none")] if "none" in quantizations else []
         )
-        runs += [(f"edge-{q}", q, "edge") for q in quantizations if q != "none"]
+        settings += [(f"edge-{q}", q) for q in quantizations if q != "none"]
+        runs: list[tuple[str, Quantization, str, int]] = [
+            (label if width == widths[0] else f"{label}@{width}", quantization, "edge", width)
+            for label, quantization in settings
+            for width in widths
+        ]
         if n <= peer_max:
-            runs.append(("local", "none", "local"))
-        for label, quantization, engine in runs:
+            runs.append(("local", "none", "local", widths[0]))
+        for label, quantization, engine, width in runs:
             with tempfile.TemporaryDirectory() as tmp:
                 root = Path(tmp) / engine
-                row[label] = _build_in_subprocess(engine, root, n, quantization)
+                row[label] = _build_in_subprocess(engine, root, n, quantization, width)
                 row[label].update(_probe_in_subprocess(engine, root))
                 if cap_fraction and engine == "edge" and "edge" in row:
                     row[label].update(capped_probe(root, cap_fraction * row["edge"]["rss_mb"]))
@@ -529,6 +555,7 @@ def constants(
             "memory_gb": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30),
             "engine": "Qdrant Edge (embedded), 384-d vectors, BM25 of real text, no encoder",
             "base_shard_points": shard_points(),
+            "ef_construct": HNSW_EF_CONSTRUCT,  # how wide every build's graph (main checks)
         },
         "settings": settings,
         "query_encode_ms": query_encode_ms,
@@ -551,23 +578,41 @@ def query_encode_ms(n: int = 200) -> float:
 
 
 def report(results: dict[str, Any]) -> list[str]:
+    """Each Edge build's figures beside its peer's: a graph built wider beside the same setting's
+    first width, a quantized setting beside float32, float32 beside qdrant-client local mode."""
     lines = []
     for n, row in results.items():
         for label, figures in row.items():
-            if label.startswith("edge-"):
-                lines += _lines(n, figures, row.get("edge"), label.partition("-")[2])
+            setting, _, width = label.partition("@")
+            held = setting.partition("-")[2] or "float32"
+            if width:
+                was = row[setting]["ef_construct"]
+                what = f", {held} vectors, graph built at ef_construct {width} vs {was}"
+                lines += _lines(n, figures, row[setting], what, f"ef_construct {was}")
+            elif label.startswith("edge-"):
+                what = f", {held} vectors{_width(figures)} vs float32"
+                lines += _lines(n, figures, row.get("edge"), what)
         if "edge" in row:
-            lines += _lines(n, row["edge"], row.get("local"))
+            what = _width(row["edge"])
+            lines += _lines(n, row["edge"], row.get("local"), what, "qdrant-client local mode")
     return lines
 
 
+def _width(figures: dict[str, Any]) -> str:
+    """How wide a build's graph was, where not the product's default."""
+    width = figures.get("ef_construct", HNSW_EF_CONSTRUCT)
+    return "" if width == HNSW_EF_CONSTRUCT else f", graph built at ef_construct {width}"
+
+
 def _lines(
-    n: str, edge: dict[str, Any], peer: dict[str, Any] | None, quantization: str | None = None
+    n: str,
+    edge: dict[str, Any],
+    peer: dict[str, Any] | None,
+    what: str,
+    peer_name: str = "float32",
 ) -> list[str]:
-    """One run's figures, beside its peer's (float32 for a quantized run, else local mode)."""
+    """One run's figures, beside its peer's (`peer_name`); `what` tells the run from others."""
     lines = []
-    what = f", {quantization} vectors vs float32" if quantization else ""
-    peer_name = "float32" if quantization else "qdrant-client local mode"
     lines.append(f"engine at {int(n):,} chunks (384-d random vectors + BM25 of real text{what}):")
     for key, label, fmt in [
         ("points_per_s", "write points/s", "{:,.0f}"),
@@ -615,9 +660,12 @@ def merged_constants(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]
     `served`) stays, and so do the sizes this run did not measure (a 1M run added to the 100k
     and 300k points of an earlier one), each size's figures from its latest run; when earlier
     points stay, the command names both runs. A file measured on another machine (other cores,
-    memory or engine) is replaced whole: a fit through both would describe neither."""
+    memory or engine) or with graphs of another width is replaced whole: a fit through both
+    would describe neither (a file that names no width was built at Qdrant's 100)."""
     was, now = old.get("measured") or {}, new["measured"]
-    if any(was.get(k) != now[k] for k in ("cores", "memory_gb", "engine")):
+    if any(was.get(k) != now[k] for k in ("cores", "memory_gb", "engine")) or was.get(
+        "ef_construct", QDRANT_EF_CONSTRUCT
+    ) != now.get("ef_construct", QDRANT_EF_CONSTRUCT):
         return new
     by_size: dict[str, dict[int, dict[str, float]]] = {
         name: {int(p["chunks"]): p for p in points}
@@ -667,14 +715,37 @@ def main(argv: list[str] | None = None) -> int:
         help=f"most chunks in one base shard of a build (RAG_BASE_SHARD_POINTS; default "
         f"{BASE_SHARD_POINTS:,}): a bigger build is written and sealed as several shards",
     )
+    parser.add_argument(
+        "--ef-construct",
+        type=graph_width,
+        nargs="+",
+        default=[HNSW_EF_CONSTRUCT],
+        help="build each Edge setting's HNSW graph at each of these widths "
+        f"(RAG_HNSW_EF_CONSTRUCT; default: the product's, {HNSW_EF_CONSTRUCT}), one after the "
+        "other, and report each width after the first beside the first",
+    )
     args = parser.parse_args(argv)
+    if args.constants_out is not None and args.ef_construct != [HNSW_EF_CONSTRUCT]:
+        # the plan's figures are all of the product's width: a fit through two describes neither
+        parser.error(
+            f"--constants-out takes a run at the product's --ef-construct ({HNSW_EF_CONSTRUCT}) "
+            "alone"
+        )
+    if len(set(args.ef_construct)) != len(args.ef_construct):
+        parser.error("--ef-construct: each width once")
     if args.shard_points is not None:
         os.environ[SHARD_POINTS_ENV] = str(args.shard_points)
     if args.cap_fraction is not None and not (
         0 < args.cap_fraction <= 1 and "none" in args.quantization
     ):
         parser.error("--cap-fraction takes a fraction in (0, 1] and needs none in --quantization")
-    results = run(tuple(args.sizes), args.peer_max, tuple(args.quantization), args.cap_fraction)
+    results = run(
+        tuple(args.sizes),
+        args.peer_max,
+        tuple(args.quantization),
+        args.cap_fraction,
+        tuple(args.ef_construct),
+    )
     for text in report(results):
         print(text, flush=True)
     if args.constants_out:

@@ -67,7 +67,14 @@ from typing import Any
 import numpy as np
 
 from bench.bench_bm25 import iter_synthetic_chunks
-from bench.bench_common import factor, positive_count, read_jsonl, real_sentences, shared_path
+from bench.bench_common import (
+    factor,
+    graph_width,
+    positive_count,
+    read_jsonl,
+    real_sentences,
+    shared_path,
+)
 from rag_retriever import Settings
 from rag_retriever.eval.evaluation import Level, evaluate
 from rag_retriever.eval.questions import load_questions
@@ -560,7 +567,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--ef-construct",
-        type=positive_count,
+        type=graph_width,
         help="build every scored version's HNSW graph this wide (RAG_HNSW_EF_CONSTRUCT; "
         f"default: the product's, {HNSW_EF_CONSTRUCT}); float32 is then scored from a copy "
         "built at it too",

@@ -6,6 +6,7 @@ cosine ranking of the vectors held, and an smaps text summed by hand."""
 from __future__ import annotations
 
 import importlib
+from collections import defaultdict
 from pathlib import Path
 
 import numpy as np
@@ -13,9 +14,18 @@ import pytest
 
 from bench import bench_engine
 from bench.bench_bm25 import iter_synthetic_chunks
-from bench.bench_engine import BATCH, _unit_vectors, exact_top, resident_mb, rss_parts_mb
+from bench.bench_engine import (
+    BATCH,
+    _unit_vectors,
+    exact_top,
+    resident_mb,
+    rss_parts_mb,
+)
 from rag_retriever.store import EdgeStore
+from rag_retriever.store.base import QDRANT_EF_CONSTRUCT
 from rag_retriever.store.shards import BASE_SHARD_POINTS
+from tests.conftest import shared_data
+from tests.test_hnsw_width import graph_configs
 
 SENTENCES = [f"s{i}" for i in range(10)]
 CAP = "--cap-fraction takes a fraction in (0, 1]"
@@ -161,6 +171,33 @@ def test_a_build_is_written_in_the_shard_size_asked_for(
     store = bench_engine._open("edge", tmp_path)
     assert isinstance(store, EdgeStore) and store.shard_points == 2_000_000
     store.close()
+
+
+def test_a_build_is_made_at_each_width_asked_for_and_reported_beside_the_first(
+    tmp_path: Path,
+) -> None:
+    """The width reaches the build's own process (and its writer's shards); the report sets a
+    wider build beside the same setting's first width, and names a width not the product's."""
+    shared_data("scifact")
+    for width in (QDRANT_EF_CONSTRUCT, 200):
+        root = tmp_path / str(width)
+        figures = bench_engine._build_in_subprocess("edge", root, 300, "int8", width)
+        assert figures["ef_construct"] == width and figures["points"] == 300
+        wanted = None if width == QDRANT_EF_CONSTRUCT else 200
+        assert [c and c["ef_construct"] for c in graph_configs(root)] == [wanted]
+    row: dict[str, float] = defaultdict(lambda: 1.0)  # every figure the report prints
+    results = {
+        "1000": {
+            "edge-int8": row | {"ef_construct": 100},
+            "edge-int8@200": row | {"ef_construct": 200, "seal_s": 2.0},
+            "edge": row | {"ef_construct": 100},
+        }
+    }
+    text = "\n".join(bench_engine.report(results))
+    assert "int8 vectors, graph built at ef_construct 200 vs 100):" in text
+    assert "Qdrant Edge        2.0   ef_construct 100        1.0   ratio 0.50" in text
+    results["1000"] = {"edge": row | {"ef_construct": 300}}
+    assert "text, graph built at ef_construct 300):" in bench_engine.report(results)[0]
 
 
 def test_the_quantization_sweep_scores_each_setting_once_at_each_point_beyond_the_products() -> (

@@ -370,6 +370,11 @@ def test_a_run_at_a_new_size_adds_its_points_to_the_constants_file() -> None:
     assert [p["seal_s"] for p in remeasured["settings"]["none"]] == [2.0, 2.0]
     elsewhere = dict(new, measured=new["measured"] | {"cores": 64})
     assert merged_constants(old, elsewhere) == elsewhere  # another machine's: nothing of this one
+    # graphs of another width: nothing of the old file's; a file naming none was built at 100
+    wider = dict(new, measured=new["measured"] | {"ef_construct": 200})
+    assert merged_constants(old, wider) == wider
+    unnamed = dict(old, measured={k: v for k, v in old["measured"].items() if k != "ef_construct"})
+    assert merged_constants(unnamed, new)["settings"]["none"] == old["settings"]["none"]
 
 
 def test_the_cli_plans_the_brief_from_the_shipped_constants(
