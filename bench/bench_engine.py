@@ -29,13 +29,19 @@ float32;
 `--shard-points N` writes builds in base shards of up to N chunks (RAG_BASE_SHARD_POINTS), so a
 size past the default shard can be measured as one shard.
 
+`--ef-construct W [W ...]` builds each Edge setting's HNSW graph at each width in turn
+(RAG_HNSW_EF_CONSTRUCT; default the product's), each width after the first reported beside the
+first: what a wider graph costs to build and to search, and the recall it buys, side by side.
+The constants are written from a run at one width, which they record (the plan says when a
+deployment builds at another); a file of another width is replaced, not merged.
+
 `--cap-fraction F` serves each Edge build once more in a process whose memory is capped (a
 cgroup, as a container's limit) at F times float32's serving RSS at that size: the latency a
 replica given that much memory would see, with the kernel dropping and re-reading shard pages.
 
 Usage: python -m bench.bench_engine [--sizes 100000 1000000] [--peer-max 100000]
     [--quantization none int8 binary binary2] [--cap-fraction 0.4] [--shard-points 2000000]
-    [--constants-out FILE]
+    [--ef-construct 100 200] [--constants-out FILE]
 """
 
 from __future__ import annotations
@@ -71,6 +77,7 @@ from bench.bench_common import (
 from bench.peak_memory import PeakSampler, status_mb
 from rag_retriever.ingest.writer import WRITE_PROCESS_MIN_CHUNKS
 from rag_retriever.models.bm25 import BM25Model, Tokenizer
+from rag_retriever.ops.plan import measured_width
 from rag_retriever.records import QUANTIZATIONS, UNQUANTIZED, Quantization, SearchFilter
 from rag_retriever.settings import Settings, env_name
 from rag_retriever.store import (
@@ -85,7 +92,6 @@ from rag_retriever.store import (
 from rag_retriever.store.base import (
     HNSW_EF_CONSTRUCT,
     HNSW_EF_PER_RESULT,
-    QDRANT_EF_CONSTRUCT,
     QUANTIZATION_OVERSAMPLING,
 )
 from rag_retriever.store.record import bare_record
@@ -390,9 +396,12 @@ def build_probe(engine: str, root: Path, n: int, quantization: Quantization) -> 
 
 
 def _build_in_subprocess(
-    engine: str, root: Path, n: int, quantization: Quantization, ef_construct: int
+    engine: str, root: Path, n: int, quantization: Quantization, ef_construct: int | None
 ) -> dict[str, Any]:
-    """`build_probe` in a fresh process whose shards build their graphs `ef_construct` wide."""
+    """`build_probe` in a fresh process whose shards build their graphs `ef_construct` wide
+    (None: local mode, which builds no graph)."""
+    if ef_construct is None:
+        return _in_subprocess("build_probe", engine, str(root), str(n), quantization)
     env = {EF_CONSTRUCT_ENV: str(ef_construct)}
     figures = _in_subprocess("build_probe", engine, str(root), str(n), quantization, env=env)
     return figures | {"ef_construct": ef_construct}
@@ -432,7 +441,7 @@ def run(
 ) -> dict[str, Any]:
     """{size: {engine: figures}}; a quantized Edge build is the engine "edge-<quantization>".
     Each Edge setting is built at each of `widths` (HNSW ef_construct), one after the other; a
-    width after the first is the engine "<engine>@<width>" (local mode: the first only).
+    width after the first is "<label>@<width>" ("edge-int8@200"; local mode builds no graph).
     With `cap_fraction` (and float32 among the settings), each Edge build is probed again in a
     process whose memory (private and page cache, as a container's limit counts it) is capped at
     that fraction of float32's serving RSS at the same size."""
@@ -443,13 +452,13 @@ def run(
             [("edge", "none")] if "none" in quantizations else []
         )
         settings += [(f"edge-{q}", q) for q in quantizations if q != "none"]
-        runs: list[tuple[str, Quantization, str, int]] = [
+        runs: list[tuple[str, Quantization, str, int | None]] = [
             (label if width == widths[0] else f"{label}@{width}", quantization, "edge", width)
             for label, quantization in settings
             for width in widths
         ]
         if n <= peer_max:
-            runs.append(("local", "none", "local", widths[0]))
+            runs.append(("local", "none", "local", None))
         for label, quantization, engine, width in runs:
             with tempfile.TemporaryDirectory() as tmp:
                 root = Path(tmp) / engine
@@ -535,10 +544,14 @@ def constants(
     """The plan's constants from a run: each quantization's figures at each size measured, with
     where and how they were measured; the query encoding's p50 and an edit's cost when given."""
     settings: dict[str, list[dict[str, float]]] = {}
+    widths = set()
     for n, row in sorted(results.items(), key=lambda item: int(item[0])):
         for label, figures in row.items():
             if not label.startswith("edge"):
                 continue
+            if "@" in label:  # a second width (main refuses it with --constants-out)
+                raise ValueError(f"{label}: the constants are of one graph width")
+            widths.add(int(figures.get("ef_construct", HNSW_EF_CONSTRUCT)))
             quantization = label.partition("-")[2] or "none"
             point = {"chunks": int(n)} | {
                 k: float(figures[k]) for k in (*CONSTANT_FIGURES, *OPTIONAL_FIGURES) if k in figures
@@ -547,6 +560,8 @@ def constants(
             if quantization in QUANTIZATION_OVERSAMPLING:
                 point["oversampling"] = QUANTIZATION_OVERSAMPLING[quantization]
             settings.setdefault(quantization, []).append(point)
+    if len(widths) > 1:
+        raise ValueError(f"builds of graph widths {sorted(widths)}: the constants are of one")
     return {
         "measured": {
             "date": datetime.date.today().isoformat(),
@@ -555,7 +570,7 @@ def constants(
             "memory_gb": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30),
             "engine": "Qdrant Edge (embedded), 384-d vectors, BM25 of real text, no encoder",
             "base_shard_points": shard_points(),
-            "ef_construct": HNSW_EF_CONSTRUCT,  # how wide every build's graph (main checks)
+            "ef_construct": widths.pop() if widths else HNSW_EF_CONSTRUCT,  # every graph's
         },
         "settings": settings,
         "query_encode_ms": query_encode_ms,
@@ -578,8 +593,9 @@ def query_encode_ms(n: int = 200) -> float:
 
 
 def report(results: dict[str, Any]) -> list[str]:
-    """Each Edge build's figures beside its peer's: a graph built wider beside the same setting's
-    first width, a quantized setting beside float32, float32 beside qdrant-client local mode."""
+    """Each Edge build's figures beside its peer's: a graph of a later width beside the same
+    setting's first, a quantized setting beside float32, float32 beside qdrant-client local
+    mode."""
     lines = []
     for n, row in results.items():
         for label, figures in row.items():
@@ -663,9 +679,9 @@ def merged_constants(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]
     memory or engine) or with graphs of another width is replaced whole: a fit through both
     would describe neither (a file that names no width was built at Qdrant's 100)."""
     was, now = old.get("measured") or {}, new["measured"]
-    if any(was.get(k) != now[k] for k in ("cores", "memory_gb", "engine")) or was.get(
-        "ef_construct", QDRANT_EF_CONSTRUCT
-    ) != now.get("ef_construct", QDRANT_EF_CONSTRUCT):
+    if any(was.get(k) != now[k] for k in ("cores", "memory_gb", "engine")) or measured_width(
+        was
+    ) != measured_width(now):
         return new
     by_size: dict[str, dict[int, dict[str, float]]] = {
         name: {int(p["chunks"]): p for p in points}
@@ -725,14 +741,11 @@ def main(argv: list[str] | None = None) -> int:
         "other, and report each width after the first beside the first",
     )
     args = parser.parse_args(argv)
-    if args.constants_out is not None and args.ef_construct != [HNSW_EF_CONSTRUCT]:
-        # the plan's figures are all of the product's width: a fit through two describes neither
-        parser.error(
-            f"--constants-out takes a run at the product's --ef-construct ({HNSW_EF_CONSTRUCT}) "
-            "alone"
-        )
-    if len(set(args.ef_construct)) != len(args.ef_construct):
-        parser.error("--ef-construct: each width once")
+    if args.constants_out is not None and len(args.ef_construct) > 1:
+        # the plan's figures are of one width: a fit through two describes neither
+        parser.error("--constants-out takes a run of one --ef-construct")
+    if repeated := sorted({w for w in args.ef_construct if args.ef_construct.count(w) > 1}):
+        parser.error(f"--ef-construct: each width once ({repeated[0]} is given twice)")
     if args.shard_points is not None:
         os.environ[SHARD_POINTS_ENV] = str(args.shard_points)
     if args.cap_fraction is not None and not (

@@ -673,6 +673,7 @@ def recall_constants(result: dict[str, Any], argv: Sequence[str] | None) -> dict
         "dense_at100_of_exact": {s: mean(s, "dense@100") for s in scored},
         # how the product's pass searched each setting (the plan says when today's differs)
         "searched": {s: search_asked(s) for s in scored},
+        "ef_construct": HNSW_EF_CONSTRUCT,  # how wide its graphs (main refuses another)
         "date": datetime.date.today().isoformat(),
         "command": " ".join(["python -m bench.bench_quantization", *args]),
     }

@@ -422,6 +422,16 @@ def default_of(name: str) -> Any:
     return Settings.model_fields[name].default
 
 
+def bounds_of(name: str) -> tuple[Any, Any]:
+    """The least and greatest value setting `name` declares (`ge`, `le`; None where it
+    declares none)."""
+    low = high = None
+    for rule in Settings.model_fields[name].metadata:
+        low = getattr(rule, "ge", low)
+        high = getattr(rule, "le", high)
+    return low, high
+
+
 def choices_of(name: str) -> tuple[str, ...] | None:
     """The values a Literal-typed setting accepts (or an optional one); None for any other,
     a number that may also be "auto" among them: a flag's choices would refuse the number."""

@@ -14,6 +14,7 @@ import string
 import tempfile
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -254,6 +255,15 @@ def shared_data(*parts: str) -> Path:
     if not path.exists():
         pytest.skip(f"{path} is not present on this machine")
     return path
+
+
+def graph_configs(root: Path) -> list[Any]:
+    """Each Qdrant Edge shard's HNSW config under `root`, as given to the engine (None: the
+    engine's own default)."""
+    return [
+        json.loads(p.read_text())["vectors"]["dense"].get("hnsw_config")
+        for p in sorted(root.rglob("edge_config.json"))
+    ]
 
 
 def write_jsonl(path: Path, rows: list[dict[str, object]]) -> Path:

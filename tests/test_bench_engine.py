@@ -24,8 +24,7 @@ from bench.bench_engine import (
 from rag_retriever.store import EdgeStore
 from rag_retriever.store.base import QDRANT_EF_CONSTRUCT
 from rag_retriever.store.shards import BASE_SHARD_POINTS
-from tests.conftest import shared_data
-from tests.test_hnsw_width import graph_configs
+from tests.conftest import graph_configs, shared_data
 
 SENTENCES = [f"s{i}" for i in range(10)]
 CAP = "--cap-fraction takes a fraction in (0, 1]"
@@ -121,6 +120,31 @@ def test_a_quantized_version_needs_resident_all_it_holds_but_the_originals_it_re
             ["--shard-points", "1e6"],
             "argument --shard-points: takes a positive count (got '1e6')",
         ),
+        (
+            "bench_engine",
+            ["--ef-construct", "3"],
+            "argument --ef-construct: takes a graph width of 4-4096 (got 3)",
+        ),
+        (
+            "bench_engine",
+            ["--ef-construct", "5000"],
+            "argument --ef-construct: takes a graph width of 4-4096 (got 5000)",
+        ),
+        (
+            "bench_engine",
+            ["--ef-construct", "100", "200", "100"],
+            "--ef-construct: each width once (100 is given twice)",
+        ),
+        (
+            "bench_engine",
+            ["--ef-construct", "100", "200", "--constants-out", "c.json"],
+            "--constants-out takes a run of one --ef-construct",
+        ),
+        (
+            "bench_quantization",
+            ["--ef-construct", "5000"],
+            "argument --ef-construct: takes a graph width of 4-4096 (got 5000)",
+        ),
         ("bench_quantization", ["--distractors", "-1"], SIZES),
         ("bench_quantization", ["--questions", "0"], SIZES),
         ("bench_quantization", ["--dataset", "nope"], "argument --dataset: invalid choice"),
@@ -178,7 +202,7 @@ def test_a_build_is_made_at_each_width_asked_for_and_reported_beside_the_first(
 ) -> None:
     """The width reaches the build's own process (and its writer's shards); the report sets a
     wider build beside the same setting's first width, and names a width not the product's."""
-    shared_data("scifact")
+    shared_data("scifact"), shared_data("squad_v11_dev")  # the chunks' sentences
     for width in (QDRANT_EF_CONSTRUCT, 200):
         root = tmp_path / str(width)
         figures = bench_engine._build_in_subprocess("edge", root, 300, "int8", width)
@@ -198,6 +222,14 @@ def test_a_build_is_made_at_each_width_asked_for_and_reported_beside_the_first(
     assert "Qdrant Edge        2.0   ef_construct 100        1.0   ratio 0.50" in text
     results["1000"] = {"edge": row | {"ef_construct": 300}}
     assert "text, graph built at ef_construct 300):" in bench_engine.report(results)[0]
+    # the constants are of one width, which they record; two widths are refused
+    assert bench_engine.constants(results, "c")["measured"]["ef_construct"] == 300
+    results["1000"]["edge-int8"] = row | {"ef_construct": 100}
+    with pytest.raises(ValueError, match=r"graph widths \[100, 300\]"):
+        bench_engine.constants(results, "c")
+    results["1000"] = {"edge": row, "edge@200": row | {"ef_construct": 200}}
+    with pytest.raises(ValueError, match="edge@200: the constants are of one graph width"):
+        bench_engine.constants(results, "c")
 
 
 def test_the_quantization_sweep_scores_each_setting_once_at_each_point_beyond_the_products() -> (

@@ -23,6 +23,7 @@ from rag_retriever.store import EdgeStore, Store
 from rag_retriever.store.base import QDRANT_EF_CONSTRUCT
 from rag_retriever.store.open import open_store
 from rag_retriever.store.server import ServerStore
+from tests.conftest import graph_configs
 from tests.test_quantization import add_one
 
 DOCS = tuple(
@@ -37,14 +38,6 @@ def write(store: Store, encoder: Encoder, tmp_path: Path) -> None:
         LoadedCorpus(DOCS, 0, "t"), alias="kb", encoder=encoder, store=store, lock_dir=tmp_path
     )
     add_one(store, encoder, tmp_path)
-
-
-def graph_configs(root: Path) -> list[Any]:
-    """Each shard's HNSW config as given to the engine (None: the engine's own default)."""
-    return [
-        json.loads(p.read_text())["vectors"]["dense"].get("hnsw_config")
-        for p in sorted(root.rglob("edge_config.json"))
-    ]
 
 
 def test_edge_builds_every_new_shard_at_the_width_asked_for(

@@ -397,6 +397,33 @@ def test_the_cli_plans_the_brief_from_the_shipped_constants(
     assert CONSTANTS.is_file()
 
 
+def test_the_plan_says_when_the_deployment_builds_graphs_of_another_width(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The constants' graphs were built at one width (a file naming none: Qdrant's 100); a
+    deployment building at another (the flag or RAG_HNSW_EF_CONSTRUCT) is told its figures are
+    the constants' width's, not scaled; at the same width nothing is said."""
+    case = tmp_path / "case.json"
+    case.write_text(json.dumps(CASE))
+    monkeypatch.delenv("RAG_HNSW_EF_CONSTRUCT", raising=False)
+    plan = ["plan", "--chunks", "500000", "--constants", str(case)]
+    assert main([*plan, "--hnsw-ef-construct", "100"]) == 0
+    assert "NOT MEASURED AT THIS WIDTH" not in capsys.readouterr().out
+    assert main([*plan, "--hnsw-ef-construct", "200"]) == 0
+    out = capsys.readouterr().out
+    assert (
+        "graphs built at ef_construct 200 (RAG_HNSW_EF_CONSTRUCT or --hnsw-ef-construct), " in out
+    )
+    assert "the constants' at 100: the build times and latencies below are those of 100" in out
+    wide = tmp_path / "wide.json"
+    wide.write_text(json.dumps(CASE | {"measured": CASE["measured"] | {"ef_construct": 200}}))
+    monkeypatch.setenv("RAG_HNSW_EF_CONSTRUCT", "200")
+    assert main(["plan", "--chunks", "500000", "--constants", str(wide), "--json"]) == 0
+    made = json.loads(capsys.readouterr().out)
+    assert (made["ef_construct"], made["measured_ef_construct"]) == (200, 200)
+    assert main([*plan, "--hnsw-ef-construct", "5000"]) == 2  # the setting's bounds
+
+
 @pytest.mark.parametrize(
     ("flags", "message"),
     [

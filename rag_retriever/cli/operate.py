@@ -283,7 +283,7 @@ def add_plan(sub: Any) -> None:
         f"write your own with `python -m bench.bench_engine --constants-out FILE`)",
     )
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
-    setting_flags(p, "log_level", "base_shard_points")
+    setting_flags(p, "log_level", "base_shard_points", "hnsw_ef_construct")
     p.set_defaults(func=cmd_plan)
 
 
@@ -314,9 +314,14 @@ def cmd_plan(args: argparse.Namespace) -> int:
         dim=args.dim,
         recall_at10=args.recall_at10,
     )
-    # the shard size the deployment builds with (RAG_BASE_SHARD_POINTS or its flag)
-    shard_points = command_settings(args).base_shard_points
-    plan = make_plan(brief, load_constants(args.constants), shard_points)
+    # the shard size and graph width the deployment builds with (the settings or their flags)
+    settings = command_settings(args)
+    plan = make_plan(
+        brief,
+        load_constants(args.constants),
+        settings.base_shard_points,
+        settings.hnsw_ef_construct,
+    )
     if args.json:
         print(json.dumps(plan.to_dict(), indent=2))
     else:

@@ -43,7 +43,13 @@ from typing import Any, Final
 
 from rag_retriever.errors import ConfigError
 from rag_retriever.records import QUANTIZATIONS
-from rag_retriever.store.base import HNSW_EF_PER_RESULT, QUANTIZATION_OVERSAMPLING
+from rag_retriever.settings import Settings
+from rag_retriever.store.base import (
+    HNSW_EF_CONSTRUCT,
+    HNSW_EF_PER_RESULT,
+    QDRANT_EF_CONSTRUCT,
+    QUANTIZATION_OVERSAMPLING,
+)
 from rag_retriever.store.shards import BASE_SHARD_POINTS, base_shards
 
 CONSTANTS: Final = Path(__file__).with_name("capacity.json")
@@ -185,6 +191,10 @@ class Plan:
     # dense recall of an exact search's top 10 on real embeddings, each setting, at the largest
     # size measured (bench_quantization); not in the figures, said beside them
     recall: dict[str, Any] = field(default_factory=dict)
+    # how wide the deployment builds its graphs (RAG_HNSW_EF_CONSTRUCT), and how wide the
+    # constants' builds were (`measured_width`)
+    ef_construct: int = HNSW_EF_CONSTRUCT
+    measured_ef_construct: int = QDRANT_EF_CONSTRUCT
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -199,7 +209,16 @@ class Plan:
             "overhead_ms": self.overhead_ms,
             "shard_points": self.shard_points,
             "recall": self.recall,
+            "ef_construct": self.ef_construct,
+            "measured_ef_construct": self.measured_ef_construct,
         }
+
+
+def measured_width(section: Mapping[str, Any]) -> int:
+    """How wide the graphs were built that a constants section (`measured`, `recall`) was
+    measured on: its `ef_construct`, else Qdrant's 100, at which every build before the width
+    was recorded ran."""
+    return int(section.get("ef_construct") or QDRANT_EF_CONSTRUCT)
 
 
 def load_constants(path: Path | None = None) -> dict[str, Any]:
@@ -222,13 +241,20 @@ def load_constants(path: Path | None = None) -> dict[str, Any]:
     return data
 
 
-def make_plan(brief: Brief, constants: dict[str, Any], shard_points: int | None = None) -> Plan:
+def make_plan(
+    brief: Brief,
+    constants: dict[str, Any],
+    shard_points: int | None = None,
+    ef_construct: int = HNSW_EF_CONSTRUCT,
+) -> Plan:
     """The plan of `brief` from measured `constants`, its versions built in base shards of at
     most `shard_points` chunks (RAG_BASE_SHARD_POINTS; None: the size the constants were
-    measured with)."""
+    measured with) and graphs `ef_construct` wide (RAG_HNSW_EF_CONSTRUCT: said beside the
+    figures where the constants were built otherwise, never scaled)."""
     brief.check()
     if shard_points is not None and shard_points < 1:
         raise ConfigError(f"a base shard must hold at least 1 chunk (got {shard_points})")
+    Settings.check(hnsw_ef_construct=ef_construct)
     measured = dict(constants.get("measured") or {})
     measured_cores = int(measured.get("cores") or brief.cores)
     encode_ms = float(constants.get("query_encode_ms") or 0.0)
@@ -276,6 +302,8 @@ def make_plan(brief: Brief, constants: dict[str, Any], shard_points: int | None 
         overhead_ms,
         cap,
         recall,
+        ef_construct,
+        measured_width(measured),
     )
 
 
@@ -613,6 +641,14 @@ def describe(plan: Plan) -> list[str]:
         )
     else:
         lines.append(f"within the measured sizes (largest {plan.largest_measured:,} chunks)")
+    if plan.ef_construct != plan.measured_ef_construct:
+        lines.append(
+            f"NOT MEASURED AT THIS WIDTH: graphs built at ef_construct {plan.ef_construct} "
+            f"(RAG_HNSW_EF_CONSTRUCT or --hnsw-ef-construct), the constants' at "
+            f"{plan.measured_ef_construct}: the build times and latencies below are those of "
+            f"{plan.measured_ef_construct}, not scaled (compare the two with `python -m "
+            f"bench.bench_engine --ef-construct {plan.measured_ef_construct} {plan.ef_construct}`)"
+        )
     shards = plan.settings[0].shards if plan.settings else 1
     if shards > 1:
         node = plan.settings[0].node_shards
@@ -736,10 +772,12 @@ def describe(plan: Plan) -> list[str]:
         short = [s.quantization for s in plan.settings if not s.meets.get("recall", True)]
         unmeasured = [s.quantization for s in plan.settings if "recall" not in s.meets]
         builds = int(r.get("builds") or 1)  # HNSW graphs built from the same points
+        width = measured_width(r)
         lines.append(
             f"dense recall@10 of an exact search on real embeddings at {r['chunks']:,} chunks, "
             f"the largest measured: {found}"
             + (f", each the mean of {builds} builds of its graph" if builds > 1 else "")
+            + (f", built at ef_construct {width}" if width != plan.ef_construct else "")
             + f" (`{r['command']}`); it falls as the index grows"
             + (f", and this brief is {past:.0f}x past it" if past > 1 else "")
             + (f"; searched otherwise than today: {', '.join(stale)}" if stale else "")
