@@ -677,12 +677,14 @@ def merged_constants(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]
     and 300k points of an earlier one), each size's figures from its latest run; when earlier
     points stay, the command names both runs. A file measured on another machine (other cores,
     memory or engine) or with graphs of another width is replaced whole: a fit through both
-    would describe neither (a file that names no width was built at Qdrant's 100)."""
+    would describe neither (a file that names no width was built at Qdrant's 100); of a file
+    of another width only the other benchmarks' parts stay (bench_quantization's `recall`,
+    which names its own width, and bench_brief's `served`)."""
     was, now = old.get("measured") or {}, new["measured"]
-    if any(was.get(k) != now[k] for k in ("cores", "memory_gb", "engine")) or measured_width(
-        was
-    ) != measured_width(now):
+    if any(was.get(k) != now[k] for k in ("cores", "memory_gb", "engine")):
         return new
+    if measured_width(was) != measured_width(now):
+        return new | {k: old[k] for k in ("recall", "served") if k in old}
     by_size: dict[str, dict[int, dict[str, float]]] = {
         name: {int(p["chunks"]): p for p in points}
         for name, points in (old.get("settings") or {}).items()

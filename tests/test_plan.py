@@ -372,7 +372,11 @@ def test_a_run_at_a_new_size_adds_its_points_to_the_constants_file() -> None:
     assert merged_constants(old, elsewhere) == elsewhere  # another machine's: nothing of this one
     # graphs of another width: nothing of the old file's; a file naming none was built at 100
     wider = dict(new, measured=new["measured"] | {"ef_construct": 200})
-    assert merged_constants(old, wider) == wider
+    old["recall"] = {"chunks": 315_045, "ef_construct": 100}  # bench_quantization's, its width
+    assert merged_constants(old, wider) == wider | {
+        "served": {"chunks": 2468},
+        "recall": {"chunks": 315_045, "ef_construct": 100},
+    }
     unnamed = dict(old, measured={k: v for k, v in old["measured"].items() if k != "ef_construct"})
     assert merged_constants(unnamed, new)["settings"]["none"] == old["settings"]["none"]
 
