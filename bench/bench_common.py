@@ -37,19 +37,18 @@ def positive_count(text: str) -> int:
 
 def graph_width(text: str) -> int:
     """An argparse `type`: an HNSW ef_construct the product's setting (RAG_HNSW_EF_CONSTRUCT)
-    accepts (argparse exits 2 with "argument --flag: takes a graph width of 4-4096 (got 5000)"
+    accepts (argparse exits 2 with "argument --flag: takes a graph width of 4-4096 (got '5000')"
     otherwise, the bounds the setting's)."""
     from rag_retriever.errors import ConfigError
     from rag_retriever.settings import Settings, bounds_of
 
-    value = positive_count(text)
+    low, high = bounds_of("hnsw_ef_construct")
+    wrong = argparse.ArgumentTypeError(f"takes a graph width of {low}-{high} (got {text!r})")
     try:
+        value = int(text)
         Settings.check(hnsw_ef_construct=value)
-    except ConfigError:
-        low, high = bounds_of("hnsw_ef_construct")
-        raise argparse.ArgumentTypeError(
-            f"takes a graph width of {low}-{high} (got {value})"
-        ) from None
+    except (ValueError, ConfigError):
+        raise wrong from None
     return value
 
 

@@ -603,11 +603,6 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.questions < 1 or args.distractors < 0:
         parser.error("--questions must be at least 1 and --distractors at least 0")
-    if args.constants_out is not None and args.ef_construct not in (None, HNSW_EF_CONSTRUCT):
-        # the plan's other constants were measured at the product's width
-        parser.error(
-            f"--constants-out takes a run at the product's --ef-construct ({HNSW_EF_CONSTRUCT})"
-        )
     if args.constants_out is not None and set(args.settings) != set(SETTINGS[1:]):
         # the plan's recall entry is written whole: a setting left out would lose its figure
         parser.error("--constants-out takes a run of every setting (leave --settings out)")
@@ -673,7 +668,8 @@ def recall_constants(result: dict[str, Any], argv: Sequence[str] | None) -> dict
         "dense_at100_of_exact": {s: mean(s, "dense@100") for s in scored},
         # how the product's pass searched each setting (the plan says when today's differs)
         "searched": {s: search_asked(s) for s in scored},
-        "ef_construct": HNSW_EF_CONSTRUCT,  # how wide its graphs (main refuses another)
+        # how wide its graphs were built (the plan names it where the deployment's differs)
+        "ef_construct": result.get("ef_construct") or HNSW_EF_CONSTRUCT,
         "date": datetime.date.today().isoformat(),
         "command": " ".join(["python -m bench.bench_quantization", *args]),
     }

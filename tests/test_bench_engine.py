@@ -123,12 +123,22 @@ def test_a_quantized_version_needs_resident_all_it_holds_but_the_originals_it_re
         (
             "bench_engine",
             ["--ef-construct", "3"],
-            "argument --ef-construct: takes a graph width of 4-4096 (got 3)",
+            "argument --ef-construct: takes a graph width of 4-4096 (got '3')",
+        ),
+        (
+            "bench_engine",
+            ["--ef-construct", "0"],
+            "argument --ef-construct: takes a graph width of 4-4096 (got '0')",
+        ),
+        (
+            "bench_engine",
+            ["--ef-construct", "wide"],
+            "argument --ef-construct: takes a graph width of 4-4096 (got 'wide')",
         ),
         (
             "bench_engine",
             ["--ef-construct", "5000"],
-            "argument --ef-construct: takes a graph width of 4-4096 (got 5000)",
+            "argument --ef-construct: takes a graph width of 4-4096 (got '5000')",
         ),
         (
             "bench_engine",
@@ -143,7 +153,7 @@ def test_a_quantized_version_needs_resident_all_it_holds_but_the_originals_it_re
         (
             "bench_quantization",
             ["--ef-construct", "5000"],
-            "argument --ef-construct: takes a graph width of 4-4096 (got 5000)",
+            "argument --ef-construct: takes a graph width of 4-4096 (got '5000')",
         ),
         ("bench_quantization", ["--distractors", "-1"], SIZES),
         ("bench_quantization", ["--questions", "0"], SIZES),
