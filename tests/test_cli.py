@@ -77,11 +77,29 @@ def test_ingest_search_collections_rollback(
     assert (
         listing["kb"]["serving"] == "kb__tiny-bert-32__v2" and len(listing["kb"]["versions"]) == 2
     )
+    assert [v["quantization"] for v in listing["kb"]["versions"]] == ["none", "none"]
     assert main(["rollback", "kb"]) == 0
     assert capsys.readouterr().out.strip() == "kb -> kb__tiny-bert-32__v1"
     assert main(["search", "apples", "--collection", "nope"]) == 2
     err = capsys.readouterr().err
     assert f"does not exist in the data dir {env.resolve()} (RAG_DATA_DIR); existing: kb" in err
+
+
+def test_collections_says_how_a_version_holds_its_vectors(
+    env: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    corpus = write_jsonl(tmp_path / "docs.jsonl", [{"id": "a", "text": "Red apples."}])
+    assert main(["ingest", str(corpus), "--collection", "kb", "--no-progress"]) == 0
+    argv = ["ingest", str(corpus), "--collection", "kb", "--no-progress", "--full"]
+    assert main([*argv, "--quantization", "binary2"]) == 0
+    capsys.readouterr()
+    assert main(["collections"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    # only the quantized version has the line, beneath its own
+    assert lines[0] == "kb -> kb__tiny-bert-32__v2"
+    at = next(i for i, line in enumerate(lines) if line.startswith("  * v2 "))
+    assert lines[at + 1].strip() == "vectors: binary2 (float32 originals on disk)"
+    assert sum("vectors:" in line for line in lines) == 1
 
 
 def test_bad_setting_is_a_one_line_error(

@@ -23,6 +23,7 @@ from rag_retriever.query.retriever import Retriever
 from rag_retriever.records import Document
 from rag_retriever.settings import Settings
 from rag_retriever.store import EdgeStore, Store
+from rag_retriever.store.catalog import describe_collections
 from rag_retriever.store.record import VersionRecord
 
 WORDS = [
@@ -122,6 +123,13 @@ def test_a_change_of_quantization_is_a_full_build_and_an_update_keeps_the_live_o
     third = store.resolve("kb")
     assert store.record(third).lineage.base == second
     assert store.record(third).quantization == "binary"
+    # the listing (`rag-retriever collections`, GET /v1/collections) says it of each version
+    listed = {
+        v["collection"]: v["quantization"] for v in describe_collections(store)["kb"]["versions"]
+    }
+    assert listed == {second: "binary", third: "binary"} | (
+        {first: "none"} if first in listed else {}
+    )
     store.close()
 
 

@@ -88,6 +88,7 @@ def format_result(result: SearchResult, width: int = 100) -> str:
 
 def cmd_collections(args: argparse.Namespace) -> int:
     from rag_retriever.query.fusion import Fusion
+    from rag_retriever.records import UNQUANTIZED
     from rag_retriever.store import open_store
     from rag_retriever.store.catalog import describe_collections
 
@@ -119,6 +120,8 @@ def cmd_collections(args: argparse.Namespace) -> int:
             )
             if v.get("problem"):
                 print(f"         {v['problem']}")
+            if v.get("quantization") not in (None, UNQUANTIZED):
+                print(f"         vectors: {v['quantization']} (float32 originals on disk)")
             if v.get("fusion"):
                 print(f"         fusion tuned: {Fusion.from_json(v['fusion']).describe()}")
     return 0

@@ -166,6 +166,8 @@ def describe_versions(infos: Sequence[CollectionInfo], served: str | None) -> li
                 "serving": i.name == served,
                 "fingerprint": r.fingerprint.id if r else None,
                 "model": r.fingerprint.model if r else None,
+                # how its dense vectors are held (RAG_QUANTIZATION when it was built)
+                "quantization": r.quantization if r else None,
                 # a fusion tuned for this version (`tune-fusion`), else null: the settings' RRF
                 "fusion": dict(r.fusion) if r and r.fusion is not None else None,
                 "created_at": r.created_at if r else None,
