@@ -598,7 +598,7 @@ def main(argv: list[str] | None = None) -> int:
         type=Path,
         help="add this run's dense recall of the exact top 10/100 to a plan constants file "
         "(`recall`, which `rag-retriever plan` prints beside its figures; the file's other "
-        "constants are kept)",
+        "constants are kept), with the width its graphs were built at (--ef-construct)",
     )
     args = parser.parse_args(argv)
     if args.questions < 1 or args.distractors < 0:

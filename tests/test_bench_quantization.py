@@ -109,6 +109,10 @@ def test_a_sweep_over_some_settings_scores_only_those() -> None:
         (["--builds", "0"], "argument --builds: takes a positive count (got 0)"),
         (["--settings", "none"], "argument --settings: invalid choice: 'none'"),
         (["--keep", "a", "--reuse", "b"], "argument --reuse: not allowed with argument --keep"),
+        (  # any one width is taken: the recall entry records it
+            ["--ef-construct", "200", "--constants-out", "missing.json"],
+            "--constants-out missing.json: no such file",
+        ),
         (
             ["--settings", "int8", "--constants-out", "capacity.json"],
             "--constants-out takes a run of every setting (leave --settings out)",

@@ -553,6 +553,25 @@ def test_the_recall_measured_on_real_embeddings_is_said_beside_the_figures() -> 
     plan = make_plan(Brief(chunks=20_000_000, dim=8), {**CASE, "recall": partial})
     assert plan.recommended == "binary" and "recall" not in plan.settings[1].meets
     assert "recall not measured, so not held to --recall-at10: binary" in "\n".join(describe(plan))
+    # a recall of wider graphs than the deployment builds credits no setting (a narrower graph
+    # holds less); one of narrower graphs does (a wider graph holds no less)
+    lenient_brief = Brief(chunks=20_000_000, dim=8, recall_at10=0.85)
+    wide = {**CASE, "recall": recall | {"ef_construct": 200}}
+    plan = make_plan(lenient_brief, wide)
+    assert plan.recommended is None and plan.settings[1].meets["recall"] is False
+    text = "\n".join(describe(plan))
+    assert "built at ef_construct 200" in text and "not recommended" not in text
+    assert (
+        "NOT MEASURED AT THIS WIDTH: that recall is of graphs built at ef_construct 200, wider "
+        "than this deployment's 100" in text
+    )
+    plan = make_plan(lenient_brief, wide, ef_construct=200)
+    text = "\n".join(describe(plan))
+    assert plan.recommended == "binary" and "NOT MEASURED AT THIS WIDTH: that" not in text
+    plan = make_plan(Brief(chunks=20_000_000, dim=8), constants, ef_construct=200)
+    text = "\n".join(describe(plan))
+    assert plan.recommended is None and "so not recommended: binary" in text
+    assert "built at ef_construct 100" in text and "NOT MEASURED AT THIS WIDTH: that" not in text
     # a recall that does not say how it searched was measured at ef 4x and oversampling 2
     older = {k: v for k, v in recall.items() if k != "searched"}
     text = "\n".join(describe(make_plan(Brief(chunks=20_000_000), {**CASE, "recall": older})))

@@ -152,6 +152,7 @@ def test_collections_lists_aliases_versions_and_fingerprints(
     assert version["status"] == "complete" and version["version"] == 1
     assert version["points"] == store.count(served.collection)
     assert version["fingerprint"] == served.retriever.encoder.fingerprint.id
+    assert version["quantization"] == "none"  # how it holds its vectors (RAG_QUANTIZATION)
 
 
 def test_probes_and_docs(http: TestClient, served: Served) -> None:

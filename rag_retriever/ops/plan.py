@@ -276,11 +276,14 @@ def make_plan(
     cap = shard_points or int(measured.get("base_shard_points") or BASE_SHARD_POINTS)
     recall = dict(constants.get("recall") or {})
     found = recall.get("dense_at10_of_exact") or {}
+    # a recall measured on wider graphs than this deployment builds credits no setting: a
+    # narrower graph holds less of the exact top 10 (a narrower one's recall is a lower bound)
+    credited = measured_width(recall) <= ef_construct
     plans = []
     for name, points in constants["settings"].items():
         setting = _setting(brief, name, points, encode_ms + overhead_ms, measured_cores, cap)
         if name in found:
-            setting.meets["recall"] = float(found[name]) >= brief.recall_at10
+            setting.meets["recall"] = credited and float(found[name]) >= brief.recall_at10
         plans.append(setting)
     # the least memory that fits a machine and, replicated for the load, meets the p95 and
     # (where measured) the recall
@@ -769,10 +772,14 @@ def describe(plan: Plan) -> list[str]:
             for name in r["dense_at10_of_exact"]
         }
         stale = [f"{n} at {was}" for n, was in searched.items() if was != search_asked(n)]
-        short = [s.quantization for s in plan.settings if not s.meets.get("recall", True)]
+        width = measured_width(r)
+        short = [
+            s.quantization
+            for s in plan.settings
+            if r["dense_at10_of_exact"].get(s.quantization, 1.0) < b.recall_at10
+        ]
         unmeasured = [s.quantization for s in plan.settings if "recall" not in s.meets]
         builds = int(r.get("builds") or 1)  # HNSW graphs built from the same points
-        width = measured_width(r)
         lines.append(
             f"dense recall@10 of an exact search on real embeddings at {r['chunks']:,} chunks, "
             f"the largest measured: {found}"
@@ -782,6 +789,14 @@ def describe(plan: Plan) -> list[str]:
             + (f", and this brief is {past:.0f}x past it" if past > 1 else "")
             + (f"; searched otherwise than today: {', '.join(stale)}" if stale else "")
         )
+        if width > plan.ef_construct:
+            lines.append(
+                f"NOT MEASURED AT THIS WIDTH: that recall is of graphs built at ef_construct "
+                f"{width}, wider than this deployment's {plan.ef_construct}, which holds less of "
+                f"the exact top 10, so no setting is recommended on it (measure at "
+                f"{plan.ef_construct}: `python -m bench.bench_quantization --ef-construct "
+                f"{plan.ef_construct} --constants-out FILE`)"
+            )
         if short:
             lines.append(
                 f"below the {b.recall_at10:g} of the exact top 10 asked (--recall-at10), so not "
