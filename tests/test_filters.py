@@ -324,6 +324,9 @@ def test_http_takes_where_and_min_score_and_refuses_with_422(
         assert r.status_code == 422 and "exactly one operator" in r.json()["detail"]
         r = http.post("/v1/search", json={"query": "river", "mode": "bm25", "min_score": -1})
         assert r.status_code == 422 and "min_score" in r.json()["detail"]
+        # a fused score is 0 and up in every fusion: a negative threshold would mean nothing
+        r = http.post("/v1/search", json={"query": "river", "mode": "hybrid", "min_score": -0.5})
+        assert r.status_code == 422 and "hybrid scores' range [0, inf]" in r.json()["detail"]
 
 
 def test_the_cli_takes_a_filter_and_a_threshold(

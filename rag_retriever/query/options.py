@@ -128,12 +128,12 @@ class HitOptions:
 
 # What a hit's `score` is in each mode, and the thresholds (`min_score`) that can mean anything
 # there: dense is the cosine of unit vectors; bm25 the BM25 score (0 up, unbounded); hybrid the
-# fusion's score (RRF: a sum of weight / (k + rank); z-score fusion: a weighted sum of z-scores,
-# any sign); rerank the cross-encoder's logit (any sign).
+# fusion's score (RRF: a sum of weight / (k + rank); z-score and adaptive fusion: a weighted sum
+# of each list's (score - min) / std, 0 and up); rerank the cross-encoder's logit (any sign).
 SCORE_RANGES: dict[str, tuple[float, float]] = {
     "dense": (-1.0, 1.0),
     "bm25": (0.0, math.inf),
-    "hybrid": (-math.inf, math.inf),
+    "hybrid": (0.0, math.inf),
     "rerank": (-math.inf, math.inf),
 }
 
@@ -146,7 +146,7 @@ def check_min_score(value: object, mode: str) -> float:
     if not low <= value <= high:
         raise ValueError(
             f"min_score {value} is outside the {mode} scores' range [{low:g}, {high:g}] "
-            f"(dense: cosine -1 to 1; bm25: 0 and up; hybrid, rerank: any number)"
+            f"(dense: cosine -1 to 1; bm25, hybrid: 0 and up; rerank: any number)"
         )
     return float(value)
 
