@@ -17,10 +17,10 @@ from rag_retriever.ops.plan import (
     CONSTANTS,
     Brief,
     Fit,
-    describe,
     load_constants,
     make_plan,
 )
+from rag_retriever.ops.plan_text import describe
 
 
 def figures(n: int, rss_mb: float, p50: float, p95: float) -> dict[str, float]:

@@ -290,7 +290,8 @@ def add_plan(sub: Any) -> None:
 def cmd_plan(args: argparse.Namespace) -> int:
     import os
 
-    from rag_retriever.ops.plan import Brief, describe, load_constants, make_plan
+    from rag_retriever.ops.plan import Brief, load_constants, make_plan
+    from rag_retriever.ops.plan_text import describe
 
     if args.chunks_per_document <= 0:
         raise ConfigError("--chunks-per-document must be > 0")
