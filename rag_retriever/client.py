@@ -17,8 +17,8 @@ or a 500 is never retried. Errors carry the server's code and message:
 
     ClientError                     base of everything raised here (a RagError)
       RetrieverHTTPError            the server answered an error: .status, .error, .detail
-        Unauthorized (401)  NotFound (404)  Conflict (409)  PayloadTooLarge (413)
-        UnprocessableRequest (422)  ServerError (5xx)
+        Unauthorized (401)  Forbidden (403)  NotFound (404)  Conflict (409)
+        PayloadTooLarge (413)  UnprocessableRequest (422)  ServerError (5xx)
       RetrieverUnavailable          no answer after all retries: .attempts, .__cause__
 
 An HTTP error is also an instance of the in-process error its code names (rag_retriever.errors):
@@ -78,7 +78,7 @@ class Forbidden(RetrieverHTTPError):
 
 class NotFound(RetrieverHTTPError):
     """404: an unknown collection, a wrong base URL, or a write endpoint of a server that runs
-    without RAG_WRITE_API_KEY (the write endpoints are absent there)."""
+    with neither RAG_WRITE_API_KEY nor RAG_KEYS_FILE (the write endpoints are absent there)."""
 
 
 class Conflict(RetrieverHTTPError):

@@ -1,5 +1,5 @@
-"""Moved to `rag_retriever.models.encoder`; this import path is kept for one release (0.3) so that code
-written against 0.2 keeps working. New code imports from `rag_retriever` or `rag_retriever.models.encoder`.
+"""Moved to `rag_retriever.models.encoder`; this import path, kept since 0.3 so that code
+written against 0.2 keeps working, still works in 0.4. New code imports from `rag_retriever` or `rag_retriever.models.encoder`.
 """
 
 from rag_retriever.models.encoder import *  # noqa: F403
