@@ -192,7 +192,7 @@ class Settings(BaseSettings):
         "re-ingests in full, like a model change",
     )
     # When a delta's shards outgrow the base (embedded store), they are merged into a new base:
-    # in a background thread (the CLI: a detached `rag-retriever compact`), left to the caller
+    # in a child process (the CLI: a detached `rag-retriever compact`), left to the caller
     # (`deferred`: run `rag-retriever compact`), or inside the write itself (`inline`).
     compaction: Compaction = _setting(
         "background",

@@ -784,3 +784,13 @@ def test_a_background_compaction_is_given_the_settings_flags_gave_its_parent(
     assert spawned["RAG_TRACING"] == "console"
     assert spawned["RAG_QDRANT_URL"] == "http://qdrant.internal:6333"
     assert spawned["RAG_DATA_DIR"] == str(tmp_path) and "RAG_OTLP_ENDPOINT" not in spawned
+
+
+def test_a_server_version_is_not_compacted_and_says_why(server_store: Any) -> None:
+    """On a Qdrant server a version is a filter over one physical collection: there are no
+    shards to merge, and the report says so instead of merging anything."""
+    report = compact(server_store, "kb", force=True)
+    assert report.outcome == "not_sharded"
+    assert report.message == (
+        "a Qdrant server version is a filter over one physical collection: nothing to compact"
+    )

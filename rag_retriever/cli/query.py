@@ -201,7 +201,8 @@ def add_versions(sub: Any) -> None:
 
     p = sub.add_parser(
         "compact",
-        help="merge the shards of an alias's served version into one base (embedded store)",
+        help="merge the shards of an alias's served version (into one base, or its newest delta "
+        "shards into one; embedded store)",
     )
     p.add_argument(
         "--force", action="store_true", help="merge even when the deltas have not outgrown the base"

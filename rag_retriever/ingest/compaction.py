@@ -34,7 +34,8 @@ Where it runs: in a child process of the process that wrote (`compaction="backgr
 Python API and the HTTP service; not a thread, see `compact_in_background`); as `rag-retriever
 compact --collection ALIAS`, which the CLI's `ingest` and `update` start detached
 (`compaction="deferred"` leaves the start to the caller); or inside the write itself
-(`RAG_COMPACTION=inline`, the behaviour before compaction moved off the write path). On a Qdrant server every delta is a complete collection already: nothing to compact.
+(`RAG_COMPACTION=inline`, the behaviour before compaction moved off the write path). On a Qdrant server a version is a filter over one physical collection (store/server.py):
+nothing to compact.
 """
 
 from __future__ import annotations
@@ -149,7 +150,9 @@ def _compact(
 ) -> CompactionReport:
     if not isinstance(store, EdgeStore):
         return CompactionReport(
-            alias, "not_sharded", message="a Qdrant server version is one collection already"
+            alias,
+            "not_sharded",
+            message="a Qdrant server version is a filter over one physical collection: nothing to compact",
         )
     started = time.perf_counter()
     lock_dir = lock_dir or default_lock_dir(store)
