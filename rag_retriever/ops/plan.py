@@ -221,6 +221,13 @@ def measured_width(section: Mapping[str, Any]) -> int:
     return int(section.get("ef_construct") or QDRANT_EF_CONSTRUCT)
 
 
+def recall_credited(recall: Mapping[str, Any], ef_construct: int) -> bool:
+    """Whether a recall entry holds for a deployment building graphs `ef_construct` wide: not
+    when it was measured on wider graphs (a narrower graph holds less of the exact top 10); a
+    narrower graph's recall is a lower bound for a wider one."""
+    return measured_width(recall) <= ef_construct
+
+
 def load_constants(path: Path | None = None) -> dict[str, Any]:
     """The constants file (default: this machine's, beside this module), checked."""
     path = path or CONSTANTS
@@ -276,9 +283,7 @@ def make_plan(
     cap = shard_points or int(measured.get("base_shard_points") or BASE_SHARD_POINTS)
     recall = dict(constants.get("recall") or {})
     found = recall.get("dense_at10_of_exact") or {}
-    # a recall measured on wider graphs than this deployment builds credits no setting: a
-    # narrower graph holds less of the exact top 10 (a narrower one's recall is a lower bound)
-    credited = measured_width(recall) <= ef_construct
+    credited = recall_credited(recall, ef_construct)
     plans = []
     for name, points in constants["settings"].items():
         setting = _setting(brief, name, points, encode_ms + overhead_ms, measured_cores, cap)

@@ -4,7 +4,13 @@ constants could not know, and the recommendation."""
 
 from __future__ import annotations
 
-from rag_retriever.ops.plan import MEMORY_SHARE, Plan, measured_width, search_asked
+from rag_retriever.ops.plan import (
+    MEMORY_SHARE,
+    Plan,
+    measured_width,
+    recall_credited,
+    search_asked,
+)
 
 
 def _build_memory_lines(plan: Plan) -> list[str]:
@@ -217,7 +223,7 @@ def describe(plan: Plan) -> list[str]:
             + (f", and this brief is {past:.0f}x past it" if past > 1 else "")
             + (f"; searched otherwise than today: {', '.join(stale)}" if stale else "")
         )
-        if width > plan.ef_construct:
+        if not recall_credited(r, plan.ef_construct):
             lines.append(
                 f"NOT MEASURED AT THIS WIDTH: that recall is of graphs built at ef_construct "
                 f"{width}, wider than this deployment's {plan.ef_construct}, which holds less of "
