@@ -13,6 +13,7 @@ from rag_retriever.cli import build_parser, main
 from rag_retriever.cli.common import command_settings
 from rag_retriever.settings import ENV_ONLY, Settings, flag_of
 from rag_retriever.store import EdgeStore
+from rag_retriever.store.base import QDRANT_EF_CONSTRUCT
 from tests.conftest import write_jsonl
 
 
@@ -100,6 +101,35 @@ def test_collections_says_how_a_version_holds_its_vectors(
     at = next(i for i, line in enumerate(lines) if line.startswith("  * v2 "))
     assert lines[at + 1].strip() == "vectors: binary2 (float32 originals on disk)"
     assert sum("vectors:" in line for line in lines) == 1
+
+
+def test_collections_says_a_graph_width_other_than_the_one_new_shards_build_at(
+    env: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    corpus = write_jsonl(tmp_path / "docs.jsonl", [{"id": "a", "text": "Red apples."}])
+    argv = ["ingest", str(corpus), "--collection", "kb", "--no-progress", "--full"]
+    assert main([*argv, "--hnsw-ef-construct", "200"]) == 0
+    assert main(argv) == 0
+    capsys.readouterr()
+    assert main(["collections", "--json"]) == 0
+    listing = json.loads(capsys.readouterr().out)
+    assert [v["graph_widths"] for v in listing["kb"]["versions"]] == [[200], [QDRANT_EF_CONSTRUCT]]
+    assert main(["collections"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    # only v1, built wider than new shards are now, has the line, beneath its own
+    at = next(i for i, line in enumerate(lines) if line.startswith("    v1 "))
+    assert lines[at + 1].strip() == (
+        f"graph width: 200 (new shards build at {QDRANT_EF_CONSTRUCT}, RAG_HNSW_EF_CONSTRUCT; a "
+        "full build, `ingest --full`, rebuilds every graph at it)"
+    )
+    assert sum("graph width" in line for line in lines) == 1
+    # asked to build at 200 from now on, the listing names v2's width instead
+    monkeypatch.setenv("RAG_HNSW_EF_CONSTRUCT", "200")
+    assert main(["collections"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split(" (")[0].strip() for line in lines if "graph width" in line] == [
+        f"graph width: {QDRANT_EF_CONSTRUCT}"
+    ]
 
 
 def test_bad_setting_is_a_one_line_error(

@@ -21,6 +21,7 @@ from rag_retriever.records import Document
 from rag_retriever.settings import Settings
 from rag_retriever.store import EdgeStore, Store
 from rag_retriever.store.base import QDRANT_EF_CONSTRUCT
+from rag_retriever.store.catalog import describe_collections
 from rag_retriever.store.open import open_store
 from rag_retriever.store.server import ServerStore
 from tests.conftest import graph_configs
@@ -81,6 +82,48 @@ def test_the_server_path_asks_the_server_for_the_width(
     write(server, tiny_encoder, tmp_path)
     made = [c["hnsw_config"] for c in calls if "quantization_config" in c]  # points, not catalog
     assert made and all((config and config.ef_construct) == asked for config in made)
+    server.close()
+
+
+def test_each_version_says_the_widths_its_graphs_were_built_at(
+    tmp_path: Path, tiny_encoder: Encoder
+) -> None:
+    """A base built at 200, then an update written at the default: the update's version holds
+    graphs of both widths (its base's shards keep theirs), and the listing says so."""
+    wide = EdgeStore(tmp_path / "edge", ef_construct=200)
+    ingest_documents(
+        LoadedCorpus(DOCS, 0, "t"), alias="kb", encoder=tiny_encoder, store=wide, lock_dir=tmp_path
+    )
+    first = wide.resolve("kb")
+    assert wide.graph_widths(first) == (200,)
+    wide.close()
+    plain = EdgeStore(tmp_path / "edge")
+    add_one(plain, tiny_encoder, tmp_path)
+    second = plain.resolve("kb")
+    assert plain.record(second).lineage.base == first  # a delta: the base's shards are shared
+    assert plain.graph_widths(second) == (QDRANT_EF_CONSTRUCT, 200)
+    assert plain.graph_widths(first) == (200,)
+    listed = {
+        v["collection"]: v["graph_widths"] for v in describe_collections(plain)["kb"]["versions"]
+    }
+    assert listed == {first: [200], second: [QDRANT_EF_CONSTRUCT, 200]}
+    plain.close()
+
+
+@pytest.mark.parametrize("width", [200, QDRANT_EF_CONSTRUCT])
+def test_the_server_path_records_the_width_of_each_version(
+    tmp_path: Path, tiny_encoder: Encoder, width: int
+) -> None:
+    """The catalog records it when the physical collection is made, and a derived version takes
+    its base's: qdrant-client's in-process server reports every collection at the default width,
+    so the server is not asked."""
+    server = ServerStore(QdrantClient(":memory:"), ef_construct=width)
+    write(server, tiny_encoder, tmp_path)
+    [full, delta] = [v.name for v in server.versions("kb")]
+    assert server.record(delta).lineage.base == full
+    assert server.graph_widths(full) == server.graph_widths(delta) == (width,)
+    listed = [v["graph_widths"] for v in describe_collections(server)["kb"]["versions"]]
+    assert listed == [[width], [width]]
     server.close()
 
 

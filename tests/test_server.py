@@ -32,6 +32,7 @@ from rag_retriever.service import server
 from rag_retriever.service.server import create_app, serve_in_thread
 from rag_retriever.settings import Settings
 from rag_retriever.store import ServerStore, StageQuery
+from rag_retriever.store.base import QDRANT_EF_CONSTRUCT
 from tests.test_retriever import DOCS
 
 QUERIES = ["the king and the queen", "wine of the city", "apples", "river mountain war", "peace"]
@@ -153,6 +154,7 @@ def test_collections_lists_aliases_versions_and_fingerprints(
     assert version["points"] == store.count(served.collection)
     assert version["fingerprint"] == served.retriever.encoder.fingerprint.id
     assert version["quantization"] == "none"  # how it holds its vectors (RAG_QUANTIZATION)
+    assert version["graph_widths"] == [QDRANT_EF_CONSTRUCT]  # its graphs' (RAG_HNSW_EF_CONSTRUCT)
 
 
 def test_probes_and_docs(http: TestClient, served: Served) -> None:

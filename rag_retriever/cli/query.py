@@ -92,7 +92,8 @@ def cmd_collections(args: argparse.Namespace) -> int:
     from rag_retriever.store import open_store
     from rag_retriever.store.catalog import describe_collections
 
-    store = open_store(command_settings(args))
+    settings = command_settings(args)
+    store = open_store(settings)
     out = describe_collections(store)
     if args.json:
         print(json.dumps(out, indent=2))
@@ -122,9 +123,22 @@ def cmd_collections(args: argparse.Namespace) -> int:
                 print(f"         {v['problem']}")
             if v.get("quantization") not in (None, UNQUANTIZED):
                 print(f"         vectors: {v['quantization']} (float32 originals on disk)")
+            if (line := _width_line(v.get("graph_widths"), settings.hnsw_ef_construct)) is not None:
+                print(f"         {line}")
             if v.get("fusion"):
                 print(f"         fusion tuned: {Fusion.from_json(v['fusion']).describe()}")
     return 0
+
+
+def _width_line(widths: list[int] | None, now: int) -> str | None:
+    """A version's graph width, said where it is not the width new shards are built at."""
+    if not widths or widths == [now]:
+        return None
+    built = ", ".join(str(w) for w in widths)
+    return (
+        f"graph width{'s' if len(widths) > 1 else ''}: {built} (new shards build at {now}, "
+        f"RAG_HNSW_EF_CONSTRUCT; a full build, `ingest --full`, rebuilds every graph at it)"
+    )
 
 
 def cmd_rollback(args: argparse.Namespace) -> int:

@@ -254,7 +254,8 @@ FUSION_METHODS: tuple[FusionMethod, ...] = tuple(METHODS)
 @dataclass(frozen=True)
 class Fusion:
     """How a version merges its dense and BM25 lists; stored in the version's metadata when it
-    was tuned on the user's questions (`rag-retriever tune-fusion`), else the settings' RRF."""
+    was tuned on the user's questions (`rag-retriever tune-fusion`), else the settings' fusion
+    (RAG_FUSION, adaptive by default)."""
 
     method: FusionMethod = "rrf"
     k: int = K_DEFAULT  # RRF's constant; unused by dbsf

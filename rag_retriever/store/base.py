@@ -298,6 +298,12 @@ class Store(ABC):
     def exists(self, name: str) -> bool:
         return name in self.collection_names()
 
+    def graph_widths(self, name: str) -> tuple[int, ...] | None:
+        """The widths (ef_construct) version `name`'s HNSW graphs were built at, distinct and
+        ascending: several where its shards were built under different RAG_HNSW_EF_CONSTRUCT (a
+        delta takes the width of its day, its base keeps its own). None: not known."""
+        return None
+
     def resolve(self, alias_or_name: str) -> str:
         """The collection an alias points to (or the name itself if it is a collection)."""
         aliases = self.aliases()

@@ -17,7 +17,7 @@ import contextlib
 import dataclasses
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from rag_retriever.errors import CollectionNotFound, InvalidRequest, VersionIncompatible
@@ -153,7 +153,13 @@ def _same_points(infos: Sequence[CollectionInfo], name: str) -> set[str]:
     return same
 
 
-def describe_versions(infos: Sequence[CollectionInfo], served: str | None) -> list[dict[str, Any]]:
+def describe_versions(
+    infos: Sequence[CollectionInfo],
+    served: str | None,
+    widths: Mapping[str, tuple[int, ...] | None] | None = None,
+) -> list[dict[str, Any]]:
+    """Each version as the listings show it; `widths`: each one's graph widths
+    (Store.graph_widths), where they were read."""
     out = []
     for i in infos:
         r = i.record
@@ -168,7 +174,9 @@ def describe_versions(infos: Sequence[CollectionInfo], served: str | None) -> li
                 "model": r.fingerprint.model if r else None,
                 # how its dense vectors are held (RAG_QUANTIZATION when it was built)
                 "quantization": r.quantization if r else None,
-                # a fusion tuned for this version (`tune-fusion`), else null: the settings' RRF
+                # the ef_construct its HNSW graphs were built at (several: shards of each)
+                "graph_widths": list(w) if (w := (widths or {}).get(i.name)) else None,
+                # a fusion tuned for this version (`tune-fusion`), else null: the settings' (RAG_FUSION)
                 "fusion": dict(r.fusion) if r and r.fusion is not None else None,
                 "created_at": r.created_at if r else None,
                 # which version it was made from, and deltas since the last full build
@@ -184,10 +192,22 @@ def describe_collections(store: Store) -> dict[str, dict[str, Any]]:
     """{alias: {"serving": collection or None, "versions": [...]}} for every versioned alias."""
     aliases = store.aliases()
     groups = sorted({p[0] for n in store.collection_names() if (p := parse_collection_name(n))})
-    return {
-        alias: {
+    out = {}
+    for alias in groups:
+        infos = store.versions(alias)
+        out[alias] = {
             "serving": aliases.get(alias),
-            "versions": describe_versions(store.versions(alias), aliases.get(alias)),
+            "versions": describe_versions(
+                infos, aliases.get(alias), {i.name: _graph_widths(store, i) for i in infos}
+            ),
         }
-        for alias in groups
-    }
+    return out
+
+
+def _graph_widths(store: Store, info: CollectionInfo) -> tuple[int, ...] | None:
+    if info.record is None:
+        return None
+    try:
+        return store.graph_widths(info.name)
+    except CollectionNotFound:  # deleted while we listed
+        return None

@@ -165,6 +165,8 @@ _MARKER_RETRY_S = 0.01
 # their calls, and a serving process's queries wait), and an edit's delta shard holds a few
 # points. Merged shards and full builds past it are indexed as before.
 INDEXED_SHARD_POINTS = 1_000
+# The file in which Qdrant Edge keeps a shard's config (its graph width included).
+EDGE_CONFIG_FILE = "edge_config.json"
 # The payload index kinds a shard reports (ShardInfo.payload_schema), as the store names them.
 _INDEX_KINDS: dict[str, IndexKind] = {"Keyword": "keyword", "Integer": "integer", "Bool": "bool"}
 
@@ -382,6 +384,20 @@ class EdgeStore(Store):
                 raise
             self._manifests[name] = manifest
         return manifest
+
+    def graph_widths(self, name: str) -> tuple[int, ...] | None:
+        """Read from each of its shards' engine config, as the shard was created (one given no
+        graph config holds the engine's default width)."""
+        widths = set()
+        for seg in self.manifest(name).segments:
+            try:
+                config = read_json(self._segment_dir(seg.id) / EDGE_CONFIG_FILE)
+                dense = config.get("vectors", {}).get(DENSE, {})
+                graph = dense.get("hnsw_config") or config.get("hnsw_config") or {}
+                widths.add(int(graph.get("ef_construct", QDRANT_EF_CONSTRUCT)))
+            except (OSError, ValueError, AttributeError, TypeError):
+                return None  # a shard removed meanwhile, or a config of another engine version
+        return tuple(sorted(widths)) or None
 
     def _put_manifest(self, name: str, manifest: Manifest) -> None:
         self._write(name, "manifest.json", manifest.to_json())

@@ -344,7 +344,14 @@ class ServerStore(Store):
         return entry
 
     def _new_version(
-        self, name: str, record: VersionRecord, physical: str, runs: Runs, *, located: bool
+        self,
+        name: str,
+        record: VersionRecord,
+        physical: str,
+        runs: Runs,
+        *,
+        located: bool,
+        ef_construct: int | None,
     ) -> None:
         counter = self._catalog_get("counter", record.alias, ("number",)) or {}
         self._catalog_put(
@@ -360,6 +367,9 @@ class ServerStore(Store):
                 "number": record.version,
                 "runs": [list(r) for r in runs],
                 "located": located,
+                # the width its physical collection's graph was built at (None: made by an
+                # earlier rag-retriever, which did not record it)
+                "ef_construct": ef_construct,
                 "meta": record.to_json(),
                 "doc_freqs": {},
             },
@@ -376,6 +386,15 @@ class ServerStore(Store):
 
     def aliases(self) -> dict[str, str]:
         return {p["alias"]: p["name"] for p in self._catalog_scroll("alias", ("alias", "name"))}
+
+    def graph_widths(self, name: str) -> tuple[int, ...] | None:
+        """As the catalog recorded it when the physical collection was made (qdrant-client's
+        in-process server reports every collection at the default width, so it is not asked)."""
+        found = self._catalog_get("version", name, ("ef_construct",))
+        if found is None:
+            raise CollectionNotFound(f"collection {name!r} no longer exists")
+        width = found.get("ef_construct")
+        return None if width is None else (int(width),)
 
     def resolve(self, alias_or_name: str) -> str:
         """One catalog point read by id for an alias (a query's lookup), else the contract's."""
@@ -458,7 +477,14 @@ class ServerStore(Store):
         from qdrant_client import models as qm
 
         physical = f"{name}__points"
-        self._new_version(name, record, physical, ((record.version, record.version),), located=True)
+        self._new_version(
+            name,
+            record,
+            physical,
+            ((record.version, record.version),),
+            located=True,
+            ef_construct=self.ef_construct,
+        )
         with self._call():
             self.client.create_collection(
                 physical,
@@ -496,7 +522,10 @@ class ServerStore(Store):
         parent = self._entry(base, fresh=True)
         runs = ancestry(parent.runs, parent.number, record.version)
         seen = self.count(base) if parent.located else None
-        self._new_version(name, record, parent.physical, runs, located=parent.located)
+        width = (self._catalog_get("version", base, ("ef_construct",)) or {}).get("ef_construct")
+        self._new_version(
+            name, record, parent.physical, runs, located=parent.located, ef_construct=width
+        )
         marked = self._mark_removed(parent, record.version, sorted(set(drop)))
         if seen is not None:
             self._seen[name] = seen - marked
