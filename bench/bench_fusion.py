@@ -304,9 +304,10 @@ def _halves(figures: dict[str, Any]) -> dict[str, Any]:
 def _synthetic(
     sets: dict[str, list[Case]], doc_of: dict[str, list[str]], made: dict[str, Any], default: Fusion
 ) -> dict[str, Any]:
-    """Per corpus, what `tune-fusion --synthetic-questions` does (the same grid, objective,
-    depth guard and held-out check, 30% of the synthetic questions held out by document), then
-    the fusion it would serve scored on that corpus's real questions next to `default`."""
+    """Per corpus, what `tune-fusion` would do fitted on synthetic questions (no flag of it asks
+    for them: the same grid, objective, depth guard and held-out check, 30% of the synthetic
+    questions held out by document), then the fusion it would serve scored on that corpus's real
+    questions next to `default`."""
     out: dict[str, Any] = {}
     for alias, rows in made.items():
         lists = [Lists(r["dense"], r["bm25"], [set(g) for g in r["gold_rows"]]) for r in rows]

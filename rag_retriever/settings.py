@@ -121,8 +121,8 @@ class Settings(BaseSettings):
     # how far its best score stands out; equal weights, no other parameter) was at least as good
     # as the better single list at recall@1/@5/@10 on SQuAD dev and train (chunk and document
     # level) and SciFact, and chosen again on each held-out half; RRF k=60 lost 5.1 points of
-    # recall@1 to BM25 on SQuAD dev (`python -m bench --only fusion`, README "Choosing the
-    # default fusion").
+    # recall@1 to BM25 on SQuAD dev (`python -m bench --only fusion`, docs/querying.md
+    # "Choosing the default fusion").
     fusion: FusionMethod = _setting(
         "adaptive", "how the dense and BM25 lists are fused untuned (a tuned version uses its own)"
     )
@@ -279,7 +279,9 @@ class Settings(BaseSettings):
         0.99, "cosine at which a cached question answers a new one (with the same question words)"
     )
     metrics_port: NonNegativeInt = _setting(
-        0, "serve /metrics on this port of its own (no key) for a scraper; 0 = on the app's port"
+        0,
+        "also serve /metrics on this port of its own, without a key, for a scraper (on serve's "
+        "--host interface); 0 = only on the app's port, behind a key",
     )
 
     # OpenTelemetry spans of a search, an ingest, an update and a compaction
@@ -293,7 +295,8 @@ class Settings(BaseSettings):
     otlp_endpoint: str | None = _setting(
         None,
         "base URL of the OTLP/HTTP collector of RAG_TRACING=otlp (http://host:4318); "
-        "unset = OTEL_EXPORTER_OTLP_ENDPOINT, else http://localhost:4318",
+        "unset = OTEL_EXPORTER_OTLP_TRACES_ENDPOINT or OTEL_EXPORTER_OTLP_ENDPOINT, else "
+        "http://localhost:4318",
     )
 
     log_level: LogLevel = _setting("INFO", "logging level")

@@ -135,3 +135,38 @@ def test_random_searches_each_make_exactly_one_root(
         logged.retrieve(rng.choice(["king", "queen wine", "the city"]), k=2, mode=mode)  # type: ignore[arg-type]
     roots = [s for s in spans.get_finished_spans() if s.parent is None]
     assert len(roots) == 5 and {s.name for s in roots} == {"rag.search"}
+
+
+def test_the_service_writer_process_traces_the_writes_it_commits(
+    tmp_path: Path,
+    tiny_encoder: Encoder,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """`serve` commits HTTP writes in a writer process, which takes RAG_TRACING from the settings
+    it is given. Its start-up runs here, in the test's process, with the two calls that would
+    change this process for good (SCHED_IDLE, one PyTorch thread) replaced."""
+    import torch
+
+    from rag_retriever.service import writes
+    from rag_retriever.settings import Settings
+
+    store = EdgeStore(tmp_path / "data" / "edge")
+    collection_retriever(DOCS, store, tiny_encoder)
+    store.close()
+    monkeypatch.setattr(writes, "idle_priority", lambda: "unchanged")
+    monkeypatch.setattr(torch, "set_num_threads", lambda n: None)
+    env = {"RAG_DATA_DIR": str(tmp_path / "data"), "RAG_TRACING": "console"}
+    commit = writes.ProcessCommit(Settings.from_env(env))
+    monkeypatch.setattr(commit, "_load_encoder", lambda: tiny_encoder)
+    capsys.readouterr()
+    try:
+        doc = Document(id="new", title="New", text="A river runs through the old town. " * 4)
+        report = commit(("kb", [doc], []))
+        tracing.flush()
+    finally:
+        tracing.shutdown()
+        if commit._store is not None:
+            commit._store.close()
+    err = capsys.readouterr().err
+    assert '"name": "rag.update"' in err and f'"rag.collection": "{report.collection}"' in err

@@ -20,8 +20,8 @@ Offsets are computed here, not taken from a text splitter: `doc.text[c.start:c.e
 Chunks tile the document: every character, whitespace included, lies in some chunk.
 langchain-text-splitters is not used: choosing the split points with its recursive splitter (the
 tokenizer as length function) made chunking 4-5x slower and ended far fewer chunks at a sentence
-end (SciFact 46% vs 99.9%), and failed chunking tests (README, "Why chunking does not use
-langchain-text-splitters").
+end (SciFact 46% vs 99.9%), and failed chunking tests (docs/design-decisions.md, "Chunking
+without langchain-text-splitters").
 
 Not handled: layout (tables, code blocks are treated as text), languages whose sentences do not
 end in . ! ? or their full-width forms.

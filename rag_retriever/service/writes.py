@@ -43,6 +43,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 from pydantic import BaseModel, ConfigDict, Field
 
+from rag_retriever import tracing
 from rag_retriever.access import Scope
 from rag_retriever.errors import CollectionNotFound, ConfigError, InvalidRequest, RagError
 from rag_retriever.ingest.validation import (
@@ -561,6 +562,10 @@ class ProcessCommit:
             level=self.settings.log_level, format="%(levelname)s %(name)s: %(message)s"
         )
         log.info("writer process %d: %s priority", os.getpid(), idle_priority())
+        try:  # the service's RAG_TRACING: its writes' spans (a trace of their own, not the request's)
+            tracing.configure_from(self.settings)
+        except ConfigError as exc:
+            log.warning("writer process: writes are not traced: %s", exc)
         import torch
 
         torch.set_num_threads(1)

@@ -109,7 +109,7 @@ def split_examples(
     positive lies in one document all go to the same side, so validation asks about documents the
     model was not trained on (split by question, 538 of SciFact's 809 claims share a gold
     abstract with another claim, and validation reported +0.14 MRR@10 where unseen abstracts lost
-    0.01 nDCG@10; README "Improving a collection"). Fewer than two documents: by question."""
+    0.01 nDCG@10; docs/design-decisions.md, "`improve` with a few hundred questions"). Fewer than two documents: by question."""
     if not 0.0 <= val_fraction < 1.0:
         raise ValueError(f"val_fraction must be in [0, 1), got {val_fraction}")
     order = list(examples)
