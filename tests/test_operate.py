@@ -15,10 +15,13 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
+from rag_retriever import access
+from rag_retriever.access import Scope
 from rag_retriever.cli import main
 from rag_retriever.errors import InvalidRequest, QueryNotLogged
 from rag_retriever.eval.questions import load_questions
 from rag_retriever.models.encoder import Encoder
+from rag_retriever.query import querylog
 from rag_retriever.query.querylog import QueryLog, read_lines
 from rag_retriever.query.retriever import Retriever
 from rag_retriever.service.server import create_app
@@ -149,11 +152,92 @@ def test_feedback_checks_what_the_query_returned(logged: Retriever, tmp_path: Pa
     assert fb["chunk_id"] == result.hits[0].chunk_id and fb["relevant"] is True
 
 
+def test_feedback_reaches_any_process_that_shares_the_log_directory(
+    logged: Retriever, tmp_path: Path
+) -> None:
+    """Two `serve` processes behind one load balancer: the feedback on a query of the first
+    reaches the second, which checks it against the first's query line (the directory's)."""
+    assert logged.query_log is not None
+    with access.serving(Scope("alice")):
+        result = logged.retrieve("apples", k=2)
+        logged.retrieve("the king and the queen", k=2)  # a later line, in the same file
+    logged.query_log.flush()
+    other = QueryLog(tmp_path / "log")  # the second process: its own memory and files
+    query_id, chunk = result.query_id or "", result.hits[0].chunk_id
+    try:
+        with pytest.raises(QueryNotLogged, match=r"no logged query 'nope'.*may need a retry"):
+            other.feedback("nope", chunk_id=chunk, relevant=True)
+        # another key's query: as unknown as none
+        with access.serving(Scope("mallory")), pytest.raises(QueryNotLogged, match="no logged"):
+            other.feedback(query_id, chunk_id=chunk, relevant=True)
+        with access.serving(Scope("alice")):
+            with pytest.raises(QueryNotLogged, match="did not return chunk"):
+                other.feedback(query_id, chunk_id="other", relevant=True)
+            other.feedback(query_id, doc_id=result.hits[0].doc_id, relevant=False)
+            other.feedback(query_id, chunk_id=chunk, relevant=True)
+        other.flush()
+    finally:
+        other.close()
+    judged = [
+        (f["query_id"], f["chunk_id"], f["relevant"])
+        for f in read_lines([tmp_path / "log"], "feedback")
+    ]
+    assert judged == [(query_id, None, False), (query_id, chunk, True)]
+
+
+def test_a_feedback_scan_reads_the_newest_lines_within_its_bound(
+    logged: Retriever, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A query older than the scan's bound is not found; one within it is, wherever its line
+    lies in its file."""
+    assert logged.query_log is not None
+    old = logged.retrieve("apples", k=2)
+    new = logged.retrieve("wine of the city", k=2)
+    logged.query_log.flush()
+    [path] = (tmp_path / "log").glob("queries-*.jsonl")
+    last = len(path.read_bytes().splitlines(keepends=True)[-1])
+    monkeypatch.setattr(querylog, "FEEDBACK_SCAN_BYTES", last)  # the newest line only
+    other = QueryLog(tmp_path / "log")
+    try:
+        other.feedback(new.query_id or "", chunk_id=new.hits[0].chunk_id, relevant=True)
+        with pytest.raises(QueryNotLogged, match="no logged query"):
+            other.feedback(old.query_id or "", chunk_id=old.hits[0].chunk_id, relevant=True)
+        monkeypatch.setattr(querylog, "FEEDBACK_SCAN_BYTES", path.stat().st_size)
+        other.feedback(old.query_id or "", chunk_id=old.hits[0].chunk_id, relevant=True)
+    finally:
+        other.close()
+    # a third process's newest query is found before the whole of the first's file is read:
+    # each file's end first, in windows
+    first = logged.query_log
+    for i in range(8):
+        logged.retrieve(f"the city and the river {i}", k=2)
+    first.flush()
+    third = QueryLog(tmp_path / "log")
+    logged.query_log = third
+    newest = logged.retrieve("the king and the queen", k=2)
+    third.flush()
+    [mine] = [p for p in (tmp_path / "log").glob("queries-*.jsonl") if p != path]
+    window = len(mine.read_bytes())
+    assert path.stat().st_size > 4 * window  # the first file alone is more than the scan's bound
+    monkeypatch.setattr(querylog, "FEEDBACK_SCAN_WINDOW", window)
+    monkeypatch.setattr(querylog, "FEEDBACK_SCAN_BYTES", 2 * window)
+    fourth = QueryLog(tmp_path / "log")
+    try:
+        fourth.feedback(newest.query_id or "", chunk_id=newest.hits[0].chunk_id, relevant=True)
+    finally:
+        fourth.close()
+        third.close()
+
+
 def test_the_loop_serve_query_feedback_export_evaluate(
-    logged: Retriever, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    logged: Retriever,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Over HTTP: queries, feedback, `questions --from-log`, and the file loads as the
     evaluation's questions with the judged chunk as gold."""
+    monkeypatch.setattr(querylog, "FLUSH_S", 3600.0)  # no timed flush: only what feedback asks
     settings = Settings(data_dir=tmp_path)
     other_log = QueryLog(tmp_path / "log")  # a second serving process writing the same directory
     with TestClient(create_app(logged, settings)) as http:
@@ -171,6 +255,12 @@ def test_the_loop_serve_query_feedback_export_evaluate(
             },
         )
         assert ok.status_code == 200, ok.text
+        # on disk when it answers, with the query it judges (no flush, no wait)
+        assert [f["chunk_id"] for f in read_lines([tmp_path / "log"], "feedback")] == [
+            good["chunk_id"]
+        ]
+        logged_ids = {q["query_id"] for q in read_lines([tmp_path / "log"], "queries")}
+        assert answers[0]["query_id"] in logged_ids
         same = answers[1]["hits"][0]
         http.post(
             "/v1/feedback",

@@ -16,7 +16,9 @@ least every FLUSH_S seconds (a crash loses at most that; a process that ends nor
 stopped by SIGTERM included, writes every queued line first). Each process writes its own files
 (`queries-<host>-<pid>-<n>.jsonl`, `feedback-<host>-<pid>-<n>.jsonl`), so several `serve`
 processes share a directory; a file is closed at `max_file_bytes` and the oldest files of the
-directory are deleted beyond `max_total_bytes`. A directory that cannot be written, or a full
+directory are deleted beyond `max_total_bytes`. Feedback is checked against what its query
+returned: from this process's memory, else from the query lines of the directory (any process's,
+the newest FEEDBACK_SCAN_BYTES), so it may reach any replica that shares the directory. A directory that cannot be written, or a full
 queue, drops lines and counts them (`dropped`), with one warning: a query never waits or fails
 for its log line.
 
@@ -37,6 +39,7 @@ import contextlib
 import hashlib
 import json
 import logging
+import mmap
 import os
 import queue
 import socket
@@ -63,6 +66,15 @@ FLUSH_S = 1.0
 QUEUE_LINES = 10_000
 # Queries whose returned chunks are remembered for checking feedback (per process).
 REMEMBER_QUERIES = 100_000
+# Feedback on a query this process did not answer (another `serve` behind the same load
+# balancer, or one from before a restart) is checked against the query lines of the shared
+# directory, newest first, up to this many bytes: at 50 queries/s of ~1.9 KB lines (10 hits),
+# the last ten minutes or so. A scan that finds nothing reads all of it (~0.1-0.2 s on 2 cores,
+# off the event loop); only feedback that misses this process's memory pays it.
+FEEDBACK_SCAN_BYTES = 64 * 2**20
+# The scan reads each file's end first, in turns of this many bytes, so a recent query of any
+# process is found after a few windows, not after the whole of another process's file.
+FEEDBACK_SCAN_WINDOW = 2**20
 
 
 def new_query_id() -> str:
@@ -182,13 +194,17 @@ class QueryLog:
             raise InvalidRequest("feedback names exactly one of chunk_id and doc_id")
         with self._recent_lock:
             logged = self._recent.get(query_id)
+        if logged is None:  # another process's query, or one before this process's memory
+            logged = self._find_in_files(query_id)
         asking = access.current()
         if logged is not None and asking is not None and logged.scope not in (None, asking.name):
             logged = None  # another key's query: as unknown as one never made
         if logged is None:
             raise QueryNotLogged(
                 f"no logged query {query_id!r} in this process (the last {REMEMBER_QUERIES:,} "
-                f"are remembered); send feedback to the process that answered the query"
+                f"are remembered) nor in the newest {FEEDBACK_SCAN_BYTES // 2**20} MiB of query "
+                f"lines in {self.directory} (each process writes its lines every {FLUSH_S:g} s: "
+                f"feedback sent at once to another process may need a retry)"
             )
         if chunk_id is not None and chunk_id not in logged.chunks:
             raise QueryNotLogged(f"query {query_id!r} did not return chunk {chunk_id!r}")
@@ -204,6 +220,50 @@ class QueryLog:
         }
         self._put("feedback", entry)
         return entry
+
+    def _find_in_files(self, query_id: str) -> _Logged | None:
+        """Query `query_id`'s line in the directory's query files (every process's), newest
+        lines first, reading at most FEEDBACK_SCAN_BYTES; remembered when found."""
+        needle = b'{"query_id": ' + json.dumps(query_id, ensure_ascii=False).encode() + b","
+        try:
+            ends = {p: p.stat().st_size for p in self.directory.glob("queries-*.jsonl")}
+        except OSError:  # the directory, or a file of it, gone meanwhile
+            return None
+        budget = FEEDBACK_SCAN_BYTES
+        while budget > 0 and any(ends.values()):
+            for path, end in list(ends.items()):
+                if end <= 0:
+                    continue
+                start = max(0, end - min(FEEDBACK_SCAN_WINDOW, budget))
+                try:
+                    line = _find_line(path, needle, start, end)
+                except OSError:  # deleted by the directory's bound meanwhile
+                    line = None
+                    start = 0
+                budget -= end - start
+                ends[path] = start
+                if line is not None:
+                    return self._remember(query_id, line)
+                if budget <= 0:
+                    break
+        return None
+
+    def _remember(self, query_id: str, line: bytes) -> _Logged | None:
+        try:
+            entry = json.loads(line)
+            hits = entry["hits"]
+            found = _Logged(
+                frozenset(str(h["chunk_id"]) for h in hits),
+                frozenset(str(h["doc_id"]) for h in hits),
+                (entry.get("scope") or {}).get("key"),
+            )
+        except (ValueError, KeyError, TypeError, AttributeError):
+            return None  # a damaged line: as unknown as none
+        with self._recent_lock:
+            self._recent[query_id] = found
+            while len(self._recent) > REMEMBER_QUERIES:
+                self._recent.popitem(last=False)
+        return found
 
     def flush(self, timeout: float = 5.0) -> None:
         """Wait until every queued line is written (tests, shutdown)."""
@@ -310,6 +370,23 @@ class QueryLog:
 # process that ends normally (`serve` stopped by SIGTERM, `search`, a script) would lose the lines
 # of its last FLUSH_S seconds.
 _OPEN: weakref.WeakSet[QueryLog] = weakref.WeakSet()
+
+
+def _find_line(path: Path, needle: bytes, start: int, end: int) -> bytes | None:
+    """The line of `path` that starts with `needle` at an offset in [start, end) (None: none)."""
+    with path.open("rb") as fh:
+        size = os.fstat(fh.fileno()).st_size
+        if size == 0 or start >= size:
+            return None
+        with mmap.mmap(fh.fileno(), size, access=mmap.ACCESS_READ) as data:
+            stop = min(size, end + len(needle))  # a line that starts before `end` is whole
+            at = data.find(needle, start, stop)
+            while at > 0 and data[at - 1 : at] != b"\n":  # the text of a line, not its start
+                at = data.find(needle, at + 1, stop)
+            if at < 0:
+                return None
+            line_end = data.find(b"\n", at)
+            return data[at : line_end if line_end >= 0 else size]
 
 
 @atexit.register

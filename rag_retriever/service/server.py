@@ -401,6 +401,10 @@ def _add_feedback_and_metrics(app: FastAPI, retriever: Retriever) -> None:
             entry = retriever.query_log.feedback(
                 body.query_id, relevant=body.relevant, chunk_id=body.chunk_id, doc_id=body.doc_id
             )
+        # on disk when the answer comes, with every query line before it: `questions --from-log`
+        # run next, or another replica asked about it, reads them (feedback is rare: the wait is
+        # one turn of the log's thread)
+        retriever.query_log.flush()
         return JSONResponse({"status": "recorded", **entry})
 
     @app.get(
