@@ -8,8 +8,12 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import subprocess
 import sys
+import time
+import uuid
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -206,27 +210,69 @@ def test_a_feedback_scan_reads_the_newest_lines_within_its_bound(
         other.feedback(old.query_id or "", chunk_id=old.hits[0].chunk_id, relevant=True)
     finally:
         other.close()
-    # a third process's newest query is found before the whole of the first's file is read:
-    # each file's end first, in windows
-    first = logged.query_log
-    for i in range(8):
-        logged.retrieve(f"the city and the river {i}", k=2)
-    first.flush()
-    third = QueryLog(tmp_path / "log")
-    logged.query_log = third
-    newest = logged.retrieve("the king and the queen", k=2)
-    third.flush()
-    [mine] = [p for p in (tmp_path / "log").glob("queries-*.jsonl") if p != path]
-    window = len(mine.read_bytes())
-    assert path.stat().st_size > 4 * window  # the first file alone is more than the scan's bound
+
+
+def _query_line(query_id: str, at: float, scope: str | None = None) -> str:
+    """A query line as QueryLog.record writes it (json.dumps, the query id first)."""
+    entry: dict[str, object] = {
+        "query_id": query_id,
+        "time": datetime.fromtimestamp(at, UTC).isoformat(timespec="milliseconds"),
+        "alias": "kb",
+        "hits": [{"chunk_id": f"c-{query_id[:6]}", "doc_id": "d", "start": 0, "end": 9}],
+        "query": "what a query asks " * 20,
+    }
+    if scope is not None:
+        entry["scope"] = {"key": scope, "tenants": None, "filtered": False}
+    return json.dumps(entry, ensure_ascii=False) + "\n"
+
+
+def test_a_feedback_scan_reads_the_newest_lines_of_every_writer_first(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two live writers: A has an hour of lines and the newest mtime, B's newest line is the
+    query judged. The scan reads A's newest window, then B's, where a scan of A's whole file
+    first would spend its bound on A's older lines."""
+    log_dir = tmp_path / "log"
+    log_dir.mkdir()
+    now = time.time()
+    a_lines = [_query_line(uuid.uuid4().hex, now - 3600 + 180 * i) for i in range(20)]
+    (log_dir / "queries-a-1-aaaa-1.jsonl").write_text("".join(a_lines))
+    target = uuid.uuid4().hex
+    b_file = log_dir / "queries-b-2-bbbb-1.jsonl"
+    b_file.write_text(_query_line(uuid.uuid4().hex, now - 60) + _query_line(target, now - 5))
+    os.utime(b_file, (now - 5, now - 5))
+    window = max(len(x) for x in a_lines) * 2
     monkeypatch.setattr(querylog, "FEEDBACK_SCAN_WINDOW", window)
     monkeypatch.setattr(querylog, "FEEDBACK_SCAN_BYTES", 2 * window)
-    fourth = QueryLog(tmp_path / "log")
+    reader = QueryLog(log_dir)
     try:
-        fourth.feedback(newest.query_id or "", chunk_id=newest.hits[0].chunk_id, relevant=True)
+        reader.feedback(target, chunk_id=f"c-{target[:6]}", relevant=True)
+        # A's oldest line lies beyond the bound
+        oldest = json.loads(a_lines[0])["query_id"]
+        with pytest.raises(QueryNotLogged, match="no logged query"):
+            reader.feedback(oldest, chunk_id=f"c-{oldest[:6]}", relevant=True)
     finally:
-        fourth.close()
-        third.close()
+        reader.close()
+
+
+def test_a_query_made_outside_a_request_takes_no_keys_feedback(tmp_path: Path) -> None:
+    """A line with no scope (the CLI's `search`, a script) is judged in-process only: a key's
+    feedback finds it as unknown, in memory or in the files."""
+    log_dir = tmp_path / "log"
+    log_dir.mkdir()
+    mine, theirs = uuid.uuid4().hex, uuid.uuid4().hex
+    (log_dir / "queries-c-3-cccc-1.jsonl").write_text(
+        _query_line(mine, time.time(), scope="alice") + _query_line(theirs, time.time())
+    )
+    reader = QueryLog(log_dir)
+    try:
+        with access.serving(Scope("alice")):
+            reader.feedback(mine, chunk_id=f"c-{mine[:6]}", relevant=True)
+            with pytest.raises(QueryNotLogged, match="no logged query"):
+                reader.feedback(theirs, chunk_id=f"c-{theirs[:6]}", relevant=True)
+        reader.feedback(theirs, chunk_id=f"c-{theirs[:6]}", relevant=True)  # in-process
+    finally:
+        reader.close()
 
 
 def test_the_loop_serve_query_feedback_export_evaluate(

@@ -37,11 +37,13 @@ from __future__ import annotations
 import atexit
 import contextlib
 import hashlib
+import heapq
 import json
 import logging
 import mmap
 import os
 import queue
+import re
 import socket
 import threading
 import time
@@ -68,13 +70,16 @@ QUEUE_LINES = 10_000
 REMEMBER_QUERIES = 100_000
 # Feedback on a query this process did not answer (another `serve` behind the same load
 # balancer, or one from before a restart) is checked against the query lines of the shared
-# directory, newest first, up to this many bytes: at 50 queries/s of ~1.9 KB lines (10 hits),
-# the last ten minutes or so. A scan that finds nothing reads all of it (~0.1-0.2 s on 2 cores,
-# off the event loop); only feedback that misses this process's memory pays it.
+# directory, the newest first, up to this many bytes: at 50 queries/s of ~1.9 KB lines (10 hits),
+# the last ten minutes or so. A scan that finds nothing reads all of it (~0.1-0.2 s of one core;
+# one scan at a time, off the event loop); only feedback that misses this process's memory, with
+# an id of the form new_query_id makes, pays it.
 FEEDBACK_SCAN_BYTES = 64 * 2**20
-# The scan reads each file's end first, in turns of this many bytes, so a recent query of any
-# process is found after a few windows, not after the whole of another process's file.
+# The scan reads the files backwards in windows of this many bytes, newest window first: where a
+# window's lines were written is estimated from its file's first line's time and the file's
+# mtime, so the windows of several live writers interleave and a closed file comes after them.
 FEEDBACK_SCAN_WINDOW = 2**20
+_QUERY_ID = re.compile(r"[0-9a-f]{32}")
 
 
 def new_query_id() -> str:
@@ -169,15 +174,22 @@ class QueryLog:
         if tenant is not None:  # the one tenant searched (`questions --tenant` reads it)
             entry["tenant"] = tenant
         if result.query_id is not None:
-            with self._recent_lock:
-                self._recent[result.query_id] = _Logged(
+            self._keep(
+                result.query_id,
+                _Logged(
                     frozenset(h.chunk_id for h in result.hits),
                     frozenset(h.doc_id for h in result.hits),
                     None if scope is None else scope.name,
-                )
-                while len(self._recent) > REMEMBER_QUERIES:
-                    self._recent.popitem(last=False)
+                ),
+            )
         self._put("queries", entry)
+
+    def _keep(self, query_id: str, logged: _Logged) -> None:
+        """Remember what a query returned, for its feedback (the newest REMEMBER_QUERIES)."""
+        with self._recent_lock:
+            self._recent[query_id] = logged
+            while len(self._recent) > REMEMBER_QUERIES:
+                self._recent.popitem(last=False)
 
     def feedback(
         self,
@@ -197,8 +209,10 @@ class QueryLog:
         if logged is None:  # another process's query, or one before this process's memory
             logged = self._find_in_files(query_id)
         asking = access.current()
-        if logged is not None and asking is not None and logged.scope not in (None, asking.name):
-            logged = None  # another key's query: as unknown as one never made
+        if logged is not None and asking is not None and logged.scope != asking.name:
+            # another key's query, or one made outside a request (the CLI, a script): as unknown
+            # as one never made
+            logged = None
         if logged is None:
             raise QueryNotLogged(
                 f"no logged query {query_id!r} in this process (the last {REMEMBER_QUERIES:,} "
@@ -222,33 +236,15 @@ class QueryLog:
         return entry
 
     def _find_in_files(self, query_id: str) -> _Logged | None:
-        """Query `query_id`'s line in the directory's query files (every process's), newest
+        """Query `query_id`'s line in the directory's query files (every process's), the newest
         lines first, reading at most FEEDBACK_SCAN_BYTES; remembered when found."""
-        needle = b'{"query_id": ' + json.dumps(query_id, ensure_ascii=False).encode() + b","
-        try:
-            ends = {p: p.stat().st_size for p in self.directory.glob("queries-*.jsonl")}
-        except OSError:  # the directory, or a file of it, gone meanwhile
+        if not _QUERY_ID.fullmatch(query_id):  # no query id this product makes: nothing to read
             return None
-        budget = FEEDBACK_SCAN_BYTES
-        while budget > 0 and any(ends.values()):
-            for path, end in list(ends.items()):
-                if end <= 0:
-                    continue
-                start = max(0, end - min(FEEDBACK_SCAN_WINDOW, budget))
-                try:
-                    line = _find_line(path, needle, start, end)
-                except OSError:  # deleted by the directory's bound meanwhile
-                    line = None
-                    start = 0
-                budget -= end - start
-                ends[path] = start
-                if line is not None:
-                    return self._remember(query_id, line)
-                if budget <= 0:
-                    break
-        return None
-
-    def _remember(self, query_id: str, line: bytes) -> _Logged | None:
+        needle = b'{"query_id": "' + query_id.encode("ascii") + b'",'
+        with _SCAN_LOCK:
+            line = _scan(self.directory, needle)
+        if line is None:
+            return None
         try:
             entry = json.loads(line)
             hits = entry["hits"]
@@ -259,25 +255,29 @@ class QueryLog:
             )
         except (ValueError, KeyError, TypeError, AttributeError):
             return None  # a damaged line: as unknown as none
-        with self._recent_lock:
-            self._recent[query_id] = found
-            while len(self._recent) > REMEMBER_QUERIES:
-                self._recent.popitem(last=False)
+        self._keep(query_id, found)
         return found
 
-    def flush(self, timeout: float = 5.0) -> None:
-        """Wait until every queued line is written (tests, shutdown)."""
+    def flush(self, timeout: float = 5.0) -> bool:
+        """Wait until every queued line is written and flushed to its file, at most `timeout`
+        seconds (tests, shutdown, feedback); False when it was not (a closed log, a stalled
+        disk)."""
+        if self._closed:
+            return False
         done = threading.Event()
-        self._queue.put(("flush", {"event": done}))
-        done.wait(timeout)
+        try:
+            self._queue.put(("flush", {"event": done}), timeout=timeout)
+        except queue.Full:
+            return False
+        return done.wait(timeout)
 
     def close(self) -> None:
         """Write every queued line and close the files; again, it does nothing."""
         if self._closed:
             return
+        self.flush()
         self._closed = True
         _OPEN.discard(self)
-        self.flush()
         self._queue.put(None)
         self._thread.join(timeout=5)
 
@@ -372,14 +372,70 @@ class QueryLog:
 _OPEN: weakref.WeakSet[QueryLog] = weakref.WeakSet()
 
 
-def _find_line(path: Path, needle: bytes, start: int, end: int) -> bytes | None:
-    """The line of `path` that starts with `needle` at an offset in [start, end) (None: none)."""
+# One scan of the log directory at a time in a process: feedback on unknown ids cannot make
+# many threads read the same files at once.
+_SCAN_LOCK = threading.Lock()
+
+
+def _scan(directory: Path, needle: bytes) -> bytes | None:
+    """The line of a query file of `directory` that starts with `needle`, reading the files'
+    windows (FEEDBACK_SCAN_WINDOW) newest first, at most FEEDBACK_SCAN_BYTES; None: not there.
+
+    A window's age is estimated as if its file's lines were written evenly between its first
+    line's time and its mtime; a file's last window may hold lines written during the scan."""
+    # (-when the window's newest line was written, path, window's end, file's size, first, last)
+    heap: list[tuple[float, str, int, int, float, float]] = []
+    for path in directory.glob("queries-*.jsonl"):
+        try:
+            stat = path.stat()
+            if stat.st_size:
+                first = min(_first_time(path) or stat.st_mtime, stat.st_mtime)
+                heap.append(
+                    (-stat.st_mtime, str(path), stat.st_size, stat.st_size, first, stat.st_mtime)
+                )
+        except OSError:  # deleted by a writer's bound meanwhile
+            continue
+    heapq.heapify(heap)
+    budget = FEEDBACK_SCAN_BYTES
+    while heap and budget > 0:
+        _, name, end, size, first, last = heapq.heappop(heap)
+        start = max(0, end - min(FEEDBACK_SCAN_WINDOW, budget))
+        try:
+            line = _find_line(Path(name), needle, start, None if end == size else end)
+        except OSError:  # deleted meanwhile: nothing of it read
+            continue
+        budget -= end - start
+        if line is not None:
+            return line
+        if start > 0:
+            when = first + (last - first) * start / size
+            heapq.heappush(heap, (-when, name, start, size, first, last))
+    return None
+
+
+def _first_time(path: Path) -> float | None:
+    """When the first line of a query file was written (its `time`); None: not readable."""
+    with path.open("rb") as fh:
+        head = fh.read(200)
+    at = head.find(b'"time": "')
+    if at < 0:
+        return None
+    try:
+        return datetime.fromisoformat(head[at + 9 : at + 38].split(b'"')[0].decode()).timestamp()
+    except (ValueError, UnicodeDecodeError):
+        return None
+
+
+def _find_line(path: Path, needle: bytes, start: int, end: int | None) -> bytes | None:
+    """The line of `path` that starts with `needle` at an offset in [start, end) (None: none);
+    `end` None: up to the file's size now."""
     with path.open("rb") as fh:
         size = os.fstat(fh.fileno()).st_size
         if size == 0 or start >= size:
             return None
         with mmap.mmap(fh.fileno(), size, access=mmap.ACCESS_READ) as data:
-            stop = min(size, end + len(needle))  # a line that starts before `end` is whole
+            # a line that starts before `end` is read whole
+            stop = size if end is None else min(size, end + len(needle))
             at = data.find(needle, start, stop)
             while at > 0 and data[at - 1 : at] != b"\n":  # the text of a line, not its start
                 at = data.find(needle, at + 1, stop)

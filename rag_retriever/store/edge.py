@@ -277,6 +277,7 @@ class EdgeStore(Store):
         self._dims: dict[str, int] = {}
         # version -> how its dense vectors are held (read once from its record)
         self._quantization: dict[str, Quantization] = {}
+        self._widths: dict[str, int] = {}  # each shard's graph width (a shard never changes it)
         # shard -> the process writing it (bulk_write)
         self._writers: dict[str, ShardWriter] = {}
         # version -> its full build's base shards being written (rolled at shard_points)
@@ -390,13 +391,18 @@ class EdgeStore(Store):
         graph config holds the engine's default width)."""
         widths = set()
         for seg in self.manifest(name).segments:
-            try:
-                config = read_json(self._segment_dir(seg.id) / EDGE_CONFIG_FILE)
-                dense = config.get("vectors", {}).get(DENSE, {})
-                graph = dense.get("hnsw_config") or config.get("hnsw_config") or {}
-                widths.add(int(graph.get("ef_construct", QDRANT_EF_CONSTRUCT)))
-            except (OSError, ValueError, AttributeError, TypeError):
-                return None  # a shard removed meanwhile, or a config of another engine version
+            width = self._widths.get(seg.id)
+            if width is None:
+                try:
+                    config = read_json(self._segment_dir(seg.id) / EDGE_CONFIG_FILE)
+                    dense = config.get("vectors", {}).get(DENSE, {})
+                    graph = dense.get("hnsw_config") or config.get("hnsw_config") or {}
+                    width = self._widths[seg.id] = int(
+                        graph.get("ef_construct", QDRANT_EF_CONSTRUCT)
+                    )
+                except (OSError, ValueError, AttributeError, TypeError):
+                    return None  # a shard removed meanwhile, or another engine version's config
+            widths.add(width)
         return tuple(sorted(widths)) or None
 
     def _put_manifest(self, name: str, manifest: Manifest) -> None:

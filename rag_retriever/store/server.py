@@ -137,6 +137,8 @@ class _Version:
     located: bool = False
     # how its dense vectors are held (the record's; a quantized search oversamples by it)
     quantization: Quantization = UNQUANTIZED
+    # the width its physical collection's graph was built at (None: not recorded)
+    ef_construct: int | None = None
 
     @property
     def base(self) -> int:
@@ -326,7 +328,7 @@ class ServerStore(Store):
             # the record's one key: its whole (up to 10,000 changed ids) is not read each second
             "version",
             name,
-            ("alias", "physical", "number", "runs", "located", "meta.quantization"),
+            ("alias", "physical", "number", "runs", "located", "meta.quantization", "ef_construct"),
         )
         if found is None:
             self._entries.pop(name, None)
@@ -339,6 +341,7 @@ class ServerStore(Store):
             tuple((int(lo), int(hi)) for lo, hi in found["runs"]),
             bool(found.get("located")),
             (found.get("meta") or {}).get("quantization") or UNQUANTIZED,
+            None if found.get("ef_construct") is None else int(found["ef_construct"]),
         )
         self._entries[name] = (time.monotonic(), entry)
         return entry
@@ -390,11 +393,8 @@ class ServerStore(Store):
     def graph_widths(self, name: str) -> tuple[int, ...] | None:
         """As the catalog recorded it when the physical collection was made (qdrant-client's
         in-process server reports every collection at the default width, so it is not asked)."""
-        found = self._catalog_get("version", name, ("ef_construct",))
-        if found is None:
-            raise CollectionNotFound(f"collection {name!r} no longer exists")
-        width = found.get("ef_construct")
-        return None if width is None else (int(width),)
+        width = self._entry(name).ef_construct
+        return None if width is None else (width,)
 
     def resolve(self, alias_or_name: str) -> str:
         """One catalog point read by id for an alias (a query's lookup), else the contract's."""
@@ -522,9 +522,13 @@ class ServerStore(Store):
         parent = self._entry(base, fresh=True)
         runs = ancestry(parent.runs, parent.number, record.version)
         seen = self.count(base) if parent.located else None
-        width = (self._catalog_get("version", base, ("ef_construct",)) or {}).get("ef_construct")
         self._new_version(
-            name, record, parent.physical, runs, located=parent.located, ef_construct=width
+            name,
+            record,
+            parent.physical,
+            runs,
+            located=parent.located,
+            ef_construct=parent.ef_construct,
         )
         marked = self._mark_removed(parent, record.version, sorted(set(drop)))
         if seen is not None:
