@@ -54,6 +54,7 @@ if TYPE_CHECKING:
 __all__ = [
     "MODES",
     "TracingMode",
+    "child_environment",
     "configure",
     "configure_from",
     "current_trace_id",
@@ -113,6 +114,8 @@ class _Active:
 # None = off. Read once by `span` without a lock; replaced whole by `configure` under _lock.
 _active: _Active | None = None
 _lock = threading.Lock()
+# What `configure` was last given, as the variables a child process reads (None: never called).
+_given: dict[str, str] | None = None
 
 
 def span(name: str, **attributes: AttributeValue | None) -> AbstractContextManager[None]:
@@ -200,10 +203,24 @@ def configure(
         raise ConfigError(f"a provider is used by tracing mode 'on' only, not {mode!r}")
     options = _Options(endpoint=endpoint, service_name=service_name, provider=provider)
     new = _MODE_STARTS[mode](options)  # before the old one stops: a ConfigError changes nothing
-    global _active
+    given = {"RAG_TRACING": mode, "RAG_OTLP_ENDPOINT": endpoint or ""}  # "": unset
+    if service_name:
+        given["OTEL_SERVICE_NAME"] = service_name
+    global _active, _given
     with _lock:
         old, _active = _active, new
+        _given = None if mode == "on" else given
     _stop(old)
+
+
+def child_environment() -> dict[str, str]:
+    """The variables that make a child process of ours (a background compaction) trace as this
+    one was configured to: RAG_TRACING and RAG_OTLP_ENDPOINT as `configure` was last given them,
+    so that flags (`--tracing`) reach it too. Empty when `configure` was never called here, or
+    was called with "on" (the host's provider does not cross a process): the child then reads
+    the environment it inherits."""
+    given = _given
+    return {} if given is None else dict(given)
 
 
 def configure_from(settings: Settings) -> None:
@@ -224,9 +241,9 @@ def flush(timeout_s: float = FLUSH_TIMEOUT_S) -> bool:
 def shutdown() -> None:
     """Flush and stop the provider of "console" or "otlp" and turn tracing off. The SDK also does
     it at exit, so a command does not need to call it."""
-    global _active
+    global _active, _given
     with _lock:
-        old, _active = _active, None
+        old, _active, _given = _active, None, None
     _stop(old)
 
 

@@ -455,6 +455,37 @@ def test_a_failed_background_compaction_leaves_the_alias_and_says_so(
     store.close()
 
 
+def test_a_background_compaction_traces_as_its_parent_was_configured(
+    tiny_encoder: Encoder,
+    tmp_path: Path,
+    capfd: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`serve`'s writer process (and the Python API) start a compaction with
+    `compact_in_background`; its child reads only the environment, so tracing set by
+    `configure` (from `--tracing` flags) must be passed on, not the environment's "off". The
+    child's console spans land on the stderr it shares with this process."""
+    from rag_retriever import tracing
+
+    monkeypatch.setenv("RAG_TRACING", "off")
+    store = EdgeStore(tmp_path / "edge")
+    write(store, tiny_encoder, tmp_path, [doc(i, random.Random(2)) for i in range(3)])
+    tracing.configure("console", service_name="rag-compaction-child")
+    try:
+        assert tracing.child_environment()["RAG_TRACING"] == "console"
+        child = compaction_module.compact_in_background(store, "kb", lock_dir=tmp_path)
+        assert wait_for_compactions(60) and child.returncode == 0
+    finally:
+        tracing.shutdown()
+    err = capfd.readouterr().err
+    assert '"name": "rag.compaction"' in err and "rag-compaction-child" in err
+    assert tracing.child_environment() == {}  # after shutdown: the environment as inherited
+    tracing.configure("on")  # the host's provider does not cross a process
+    assert tracing.child_environment() == {}
+    tracing.shutdown()
+    store.close()
+
+
 def test_the_compaction_child_says_what_is_wrong_without_a_stack_trace(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -354,7 +354,10 @@ def compact_in_background(
     with _children_lock:
         _children[:] = [c for c in _children if c.poll() is None]  # reaps finished ones
         child = subprocess.Popen(
-            command, stdin=subprocess.DEVNULL, env={**os.environ, "PYTHONPATH": path}
+            command,
+            stdin=subprocess.DEVNULL,
+            # traced as this process is, flags included (the child reads its environment)
+            env={**os.environ, **tracing.child_environment(), "PYTHONPATH": path},
         )
         _children.append(child)
     log.info("%s: compaction started in process %d", alias, child.pid)
