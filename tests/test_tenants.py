@@ -314,7 +314,11 @@ def test_a_tenant_key_writes_only_its_tenant(http: TestClient, edge: Store) -> N
     r = http.post(
         "/v1/collections/kb/documents:delete", json={"ids": ["faq"]}, headers=auth("acme-app")
     )
-    assert r.status_code == 200 and r.json()["report"]["deleted"] == 1
+    assert r.status_code == 200 and r.json()["deletes"] == 1
+    # the version's report counts every tenant's documents (and requests grouped with this
+    # one): a tenant's key gets what it sent, and the version that now serves it
+    assert "report" not in r.json() and "grouped_requests" not in r.json()
+    assert r.json()["serving"] is True and r.json()["collection"] == edge.resolve("kb")
     assert ("acme", "faq") not in held(edge) and ("globex", "faq") in held(edge)
     # a change is polled by the key that made it; to another it is unknown
     change = r.json()["change_id"]
@@ -336,6 +340,15 @@ def test_feedback_log_metrics_and_listing_keep_to_the_scope(
     assert "k-acme" not in metrics
     listed = http.get("/v1/collections", headers=auth("other-only")).json()["collections"]
     assert listed == {}
+    # counts of every tenant's documents, and the chunk ids a delta changed, are for keys that
+    # see every tenant (a tenant could test a guessed id of another's against those ids)
+    for name, whole in (("acme-app", False), ("admin", True)):
+        listing = http.get("/v1/collections", headers=auth(name)).json()["collections"]["kb"]
+        for version in listing["versions"]:
+            assert ("points" in version) is whole and ("documents" in version) is whole, name
+            assert "changed" not in (version["lineage"] or {})
+        ready = http.get("/readyz", headers=auth(name)).json()
+        assert ready["status"] == "ready" and ("chunks" in ready) is whole, name
     http.app.state.retriever.query_log.flush()  # type: ignore[attr-defined]
     lines = [
         json.loads(x)

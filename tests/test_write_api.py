@@ -167,6 +167,33 @@ def test_the_write_key_is_required_and_the_read_key_does_not_write(
     assert len(store.versions("kb")) == 1
 
 
+@pytest.mark.parametrize("tail", ["%0A", "%0D", "%0a%0A", "%00", "%09"])
+def test_a_control_character_after_the_path_does_not_make_a_write_a_read(
+    app: tuple[TestClient, Store], tail: str
+) -> None:
+    """A route's `$` also matches before a final newline, and the server decodes `%0A` into the
+    path: `/documents%0A` once reached the write route as a read, past the write key (found
+    by a review). Neither no key nor the read key may write through any such path."""
+    http, store = app
+    body = {"documents": [{"id": "x", "text": "apple"}]}
+    for headers in ({}, auth(READ)):
+        for method, path, payload in (
+            ("PUT", f"/v1/collections/kb/documents{tail}", body),
+            ("POST", f"/v1/collections/kb/documents:delete{tail}", {"ids": ["d1"]}),
+        ):
+            r = http.request(method, path, json=payload, headers=headers)
+            assert r.status_code in (401, 403, 404), (method, path, headers, r.text)
+    assert len(store.versions("kb")) == 1
+    assert writes_module_is_write_path("/v1/collections/kb/documents\n")
+    assert not writes_module_is_write_path("/v1/collections/kb/documents/x")
+
+
+def writes_module_is_write_path(path: str) -> bool:
+    from rag_retriever.service.keys import is_write_path
+
+    return is_write_path(path)
+
+
 def test_write_endpoints_are_absent_without_a_write_key(
     tmp_path: Path, tiny_encoder: Encoder
 ) -> None:

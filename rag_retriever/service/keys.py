@@ -29,6 +29,7 @@ import hashlib
 import hmac
 import json
 import logging
+import re
 import threading
 import time
 from collections.abc import Iterable
@@ -240,11 +241,19 @@ def access_of(request: Request) -> Scope:
     return scope if isinstance(scope, Scope) else OPEN
 
 
+# The paths that reach the document write routes (service/writes.py): a route's `$` also
+# matches before a final newline, so an `endswith` test once let `/documents%0A` reach the
+# write route as a read.
+_WRITE_PATH = re.compile(
+    r"/v1/changes/.*|/v1/collections/[^/]+/documents(?::delete)?\n?", re.DOTALL
+)
+# Characters no route's path holds (controls, DEL): such a path is refused before any routing.
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
 def is_write_path(path: str) -> bool:
     """The paths of the document write routes (service/writes.py), which need write access."""
-    return path.startswith("/v1/changes/") or (
-        path.startswith("/v1/collections/") and path.endswith(("/documents", "/documents:delete"))
-    )
+    return _WRITE_PATH.fullmatch(path) is not None
 
 
 class KeyCheck:
@@ -261,6 +270,13 @@ class KeyCheck:
     async def __call__(self, scope: AsgiScope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["path"] in self.public:
             await self.app(scope, receive, send)
+            return
+        if _CONTROL.search(scope["path"]):  # decoded %0A and the like: no route has one
+            await _send_json(
+                send,
+                404,
+                {"error": "not_found", "detail": "no route has a control character in its path"},
+            )
             return
         writing = is_write_path(scope["path"])
         if writing and not self.keys.may_write:  # no write routes: the app answers 404

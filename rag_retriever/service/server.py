@@ -447,6 +447,11 @@ def _add_collections_route(app: FastAPI, retriever: Retriever) -> None:
         described = describe_collections(retriever.store)
         if access.collections is not None:  # a key lists the collections it opens
             described = {a: c for a, c in described.items() if a in access.collections}
+        if not access.unrestricted:  # counts of every tenant's documents: not for this key
+            for listing in described.values():
+                for version in listing["versions"]:
+                    version.pop("points", None)
+                    version.pop("documents", None)
         return JSONResponse(
             {"default_collection": retriever.default_collection, "collections": described}
         )
@@ -467,9 +472,12 @@ def _add_probes(app: FastAPI, retriever: Retriever, settings: Settings) -> None:
     )
     def readyz(request: Request) -> JSONResponse:
         ready, report = check_ready(retriever)
-        if app.state.keys.enabled and not app.state.keys.lookup(offered_keys(request.scope)):
-            # Open to orchestrators, but what it serves is for key holders only.
-            report = {"status": report["status"]}
+        if app.state.keys.enabled:
+            found = app.state.keys.lookup(offered_keys(request.scope))
+            if not found:  # open to orchestrators, but what it serves is for key holders only
+                report = {"status": report["status"]}
+            elif not found.unrestricted:  # every tenant's chunks, counted
+                report.pop("chunks", None)
         return JSONResponse(report, status_code=200 if ready else 503)
 
     # HEAD on the probes (load balancers use it); kept out of the schema, which lists GET.

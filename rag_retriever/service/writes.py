@@ -45,7 +45,13 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from rag_retriever import tracing
 from rag_retriever.access import Scope
-from rag_retriever.errors import CollectionNotFound, ConfigError, InvalidRequest, RagError
+from rag_retriever.errors import (
+    CollectionNotFound,
+    ConfigError,
+    Forbidden,
+    InvalidRequest,
+    RagError,
+)
 from rag_retriever.ingest.validation import (
     MAX_DOCUMENT_CHARS,
     MAX_METADATA_BYTES,
@@ -100,7 +106,10 @@ class Change:
     error: RagError | None = None
     grouped: int = 0
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self, *, whole: bool = True) -> dict[str, Any]:
+        """The change's state; `whole` False (a key limited to some tenants or by a filter):
+        without the version's report and the count of requests grouped with this one, whose
+        figures cover every tenant's documents and the other requests' changes."""
         out: dict[str, Any] = {"change_id": self.id, "alias": self.alias}
         if not self.done.is_set():
             return {**out, "status": "pending", "poll": f"/v1/changes/{self.id}"}
@@ -108,17 +117,17 @@ class Change:
             return {**out, "status": "failed", "error": self.error.code, "detail": str(self.error)}
         assert self.report is not None
         report = self.report
-        return {
-            **out,
+        out |= {
             "status": "committed",
             "collection": report.collection,
             "version": report.version,
             "kind": report.kind,
             "serving": report.promoted or report.kind == "unchanged",
-            # requests committed together in this version (group commit)
-            "grouped_requests": self.grouped,
-            "report": report.to_dict(),
         }
+        if not whole:  # what this request sent, not what the version holds
+            return out | {"upserts": len(self.upserts), "deletes": len(self.deletes)}
+        # requests committed together in this version (group commit)
+        return out | {"grouped_requests": self.grouped, "report": report.to_dict()}
 
 
 class GroupCommitter:
@@ -446,17 +455,22 @@ def add_write_routes(app: FastAPI, retriever: Retriever, settings: Settings) -> 
     app.state.metrics.registry.register(WriteMetrics(committer, helper))
 
     def scoped(request: Request, alias: str) -> Scope:
-        """The key's scope, once it is known to open `alias` (server.KeyCheck checked that
-        it may write)."""
+        """The key's scope, once it is known to write and to open `alias` (server.KeyCheck
+        checked the first already; checked again here, where the write happens)."""
         access = access_of(request)
+        if not access.write:
+            raise Forbidden(f"key {access.name!r} cannot write")
         access.check_collection(alias)
         return access
 
-    def answer(change: Change, wait: float) -> JSONResponse:
+    def answer(change: Change, wait: float, access: Scope) -> JSONResponse:
         change.done.wait(wait)
         if change.done.is_set() and change.error is not None:
             raise change.error
-        return JSONResponse(change.to_dict(), status_code=200 if change.done.is_set() else 202)
+        return JSONResponse(
+            change.to_dict(whole=access.unrestricted),
+            status_code=200 if change.done.is_set() else 202,
+        )
 
     def alias_of(alias: str) -> str:
         try:
@@ -473,7 +487,7 @@ def add_write_routes(app: FastAPI, retriever: Retriever, settings: Settings) -> 
         name = alias_of(alias)
         access = scoped(request, name)
         docs = [in_scope(d, access) for d in body.documents]
-        return answer(committer.submit(name, docs, (), scope=access.name), body.wait)
+        return answer(committer.submit(name, docs, (), scope=access.name), body.wait, access)
 
     @app.post(
         "/v1/collections/{alias}/documents:delete",
@@ -485,7 +499,7 @@ def add_write_routes(app: FastAPI, retriever: Retriever, settings: Settings) -> 
         access = scoped(request, name)
         tenant = access.write_tenant(tenant_name(body.tenant))
         keys = [(tenant, i) for i in body.ids]
-        return answer(committer.submit(name, (), keys, scope=access.name), body.wait)
+        return answer(committer.submit(name, (), keys, scope=access.name), body.wait, access)
 
     @app.get(
         "/v1/changes/{change_id}",
@@ -494,8 +508,11 @@ def add_write_routes(app: FastAPI, retriever: Retriever, settings: Settings) -> 
     )
     def change(change_id: str, request: Request, wait: float = 0.0) -> JSONResponse:
         # a key sees its own changes only (another key's is "not known here")
-        found = committer.get(change_id, scope=access_of(request).name)
-        return answer(found, min(max(wait, 0.0), MAX_WAIT_S))
+        access = access_of(request)
+        if not access.write:
+            raise Forbidden(f"key {access.name!r} cannot write")
+        found = committer.get(change_id, scope=access.name)
+        return answer(found, min(max(wait, 0.0), MAX_WAIT_S), access)
 
     return committer
 

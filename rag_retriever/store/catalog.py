@@ -29,7 +29,7 @@ from rag_retriever.store.base import (
     parse_collection_name,
     retired_for,
 )
-from rag_retriever.store.record import STATUS_COMPLETE
+from rag_retriever.store.record import STATUS_COMPLETE, Lineage
 
 log = logging.getLogger(__name__)
 
@@ -179,12 +179,19 @@ def describe_versions(
                 # a fusion tuned for this version (`tune-fusion`), else null: the settings' (RAG_FUSION)
                 "fusion": dict(r.fusion) if r and r.fusion is not None else None,
                 "created_at": r.created_at if r else None,
-                # which version it was made from, and deltas since the last full build
-                "lineage": r.lineage.to_json() if r else None,
+                # which version it was made from, and deltas since the last full build (not
+                # the chunk ids a delta changed: a serving process's cache hint)
+                "lineage": _lineage(r.lineage) if r else None,
                 "documents": r.documents if r else None,
                 "problem": i.problem,
             }
         )
+    return out
+
+
+def _lineage(lineage: Lineage) -> dict[str, Any]:
+    out = lineage.to_json()
+    out.pop("changed", None)
     return out
 
 
