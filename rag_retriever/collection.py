@@ -32,9 +32,15 @@ from pathlib import Path
 from typing import Any
 
 from rag_retriever.errors import DocumentError
-from rag_retriever.ingest.loaders import LoadedCorpus, documents_from_records, load_documents
+from rag_retriever.ingest.loaders import (
+    LoadedCorpus,
+    documents_from_records,
+    empty_upserts,
+    load_documents,
+)
 from rag_retriever.ingest.options import IngestReport, PassageEncoder, WriteOptions
 from rag_retriever.ingest.path_ids import refuse_second_copies
+from rag_retriever.ingest.validation import raise_if_problems
 from rag_retriever.ingest.writer import ingest_documents, update_documents
 from rag_retriever.query.options import serving_record
 from rag_retriever.query.retriever import Retriever
@@ -90,6 +96,8 @@ class Collection:
         to `root`, default the folder itself). A folder whose ids would make second documents
         of files the collection holds under other ids (the wrong root) is refused."""
         corpus, folder = self._corpus(documents, root=root)
+        if problems := empty_upserts(corpus):
+            raise_if_problems(problems, corpus.source)
         docs = list(corpus.documents)
         if folder is not None and serving_record(self.retriever.store, self.name) is not None:
             refuse_second_copies(self.retriever.store, self.name, {folder: [d.id for d in docs]})
@@ -189,4 +197,7 @@ class Collection:
             )
         docs = documents_from_records(list(source), "documents", max_chars=max_chars)
         kept = tuple(d for d in docs if d.text.strip())
-        return LoadedCorpus(kept, len(docs) - len(kept), "Python"), None
+        empty = tuple(
+            f"documents[{i}] ({d.id!r})" for i, d in enumerate(docs) if not d.text.strip()
+        )
+        return LoadedCorpus(kept, len(empty), "Python", empty=empty), None

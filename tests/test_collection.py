@@ -137,6 +137,9 @@ def test_bad_records_are_all_reported_as_the_cli_reports_them_and_nothing_is_wri
         assert where in message
     assert "missing required field 'text'" in message
     assert "'returns'" in message and "documents[4]" in message  # the duplicate, both places
+    # an emptied document: skipped, its old text would stay served; refused as HTTP refuses it
+    with pytest.raises(DocumentError, match=r"documents\[1\] \('returns'\): the document has no"):
+        kb.upsert([{"id": "faq", "text": "hours"}, {"id": "returns", "text": "  "}])
     with pytest.raises(DocumentError, match="wrap it in a list"):
         kb.upsert({"id": "x", "text": "y"})  # type: ignore[dict-item]
     with pytest.raises(DocumentError, match="no ids given"):

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -357,3 +359,130 @@ def test_documents_and_ids_from_python_get_the_same_checks() -> None:
     with pytest.raises(DocumentError, match=r"ids\[0\]: '' is not a document id"):
         validate_delete_ids([""], source="ids")
     validate_delete_ids(["a", "é"], source="ids")
+
+
+# -- found by a review of the ingest path (2026-12-07) ------------------------------------------
+
+
+def test_a_folder_that_cannot_be_read_is_a_problem_not_a_silent_gap(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """pathlib's rglob skips a folder it may not list without a word, so a re-ingest would have
+    deleted every document under it. The tests run as root, which reads any folder: the
+    permission error is raised by a patched os.scandir for that one folder."""
+    import os
+
+    from rag_retriever.ingest import loaders
+
+    root = tmp_path / "kb"
+    (root / "sub").mkdir(parents=True)
+    (root / "a.md").write_text("# A\n\nalpha", encoding="utf-8")
+    (root / "sub" / "b.md").write_text("# B\n\nbeta", encoding="utf-8")
+    assert sorted(d.id for d in load_documents(root).documents) == ["a.md", "sub/b.md"]
+    real = os.scandir
+
+    def scandir(path: Any) -> Any:
+        if Path(path).name == "sub":
+            raise PermissionError(13, "Permission denied", str(path))
+        return real(path)
+
+    monkeypatch.setattr(loaders.os, "scandir", scandir)
+    with pytest.raises(DocumentError, match=r"sub: cannot read this folder \(Permission denied\)"):
+        load_documents(root)
+
+
+def test_a_file_that_cannot_be_read_is_a_named_problem(tmp_path: Path) -> None:
+    """A read that fails (here /proc/self/mem, which answers EIO) is a problem naming the file,
+    not a traceback."""
+    root = tmp_path / "kb"
+    root.mkdir()
+    (root / "a.md").write_text("# A\n\nalpha", encoding="utf-8")
+    (root / "mem.md").symlink_to("/proc/self/mem")
+    with pytest.raises(DocumentError, match=r"mem\.md: cannot read this file"):
+        load_documents(root, follow_symlinks=True)
+
+
+@pytest.mark.parametrize(
+    ("line", "expected"),
+    [
+        ('{"id": "a", "text": "x", "n": ' + "9" * 5000 + "}", "malformed JSON (Exceeds"),
+        (
+            '{"id": "a", "text": "x", "m": ' + "[" * 100_000 + "]" * 100_000 + "}",
+            "malformed JSON (nested too deeply",
+        ),
+    ],
+    ids=["huge-integer", "deep-nesting"],
+)
+def test_json_python_cannot_convert_is_a_named_problem(
+    tmp_path: Path, line: str, expected: str
+) -> None:
+    path = tmp_path / "docs.jsonl"
+    path.write_text(line + "\n", encoding="utf-8")
+    with pytest.raises(DocumentError, match=re.escape(f"docs.jsonl:1: {expected}")):
+        load_documents(path)
+
+
+def test_a_byte_order_mark_is_not_text(tmp_path: Path) -> None:
+    """Editors on Windows save UTF-8 with a byte order mark: a .jsonl's first line still parses,
+    and a markdown file's first heading is still its title."""
+    path = tmp_path / "docs.jsonl"
+    path.write_bytes(b"\xef\xbb\xbf" + json.dumps({"id": "a", "text": "alpha"}).encode() + b"\n")
+    assert [d.id for d in load_documents(path).documents] == ["a"]
+    root = tmp_path / "kb"
+    root.mkdir()
+    (root / "a.md").write_bytes("\ufeff# Real Title\n\nalpha beta".encode())
+    doc = load_documents(root).documents[0]
+    assert doc.title == "Real Title" and not doc.text.startswith("\ufeff")
+
+
+def test_titles_keep_a_closing_hash_and_skip_code_blocks(tmp_path: Path) -> None:
+    root = tmp_path / "kb"
+    root.mkdir()
+    (root / "c.md").write_text("# Intro to C#\n\n## F#\n\ntext\n\n## Done ##\n", encoding="utf-8")
+    (root / "fenced.md").write_text(
+        "Setup notes.\n\n```sh\n# install deps\n```\n\n# The Real Title\n\nbody", encoding="utf-8"
+    )
+    (root / "none.md").write_text("```\n# not a title\n```\n\nbody", encoding="utf-8")
+    docs = {d.id: d for d in load_documents(root).documents}
+    assert docs["c.md"].title == "Intro to C#"
+    assert [h.text for h in docs["c.md"].headings] == ["F#", "Done"]
+    assert docs["fenced.md"].title == "The Real Title"
+    assert docs["none.md"].title == "none"
+
+
+def test_follow_symlinks_enters_a_linked_folder_outside_once(tmp_path: Path) -> None:
+    """`--follow-symlinks` ingests what a folder links to outside itself, folders included (the
+    help says so); a link back into the folder, or a second link to the same folder, is not
+    entered again."""
+    root = tmp_path / "docs"
+    root.mkdir()
+    (root / "a.md").write_text("# A\n\nalpha", encoding="utf-8")
+    outside = tmp_path / "elsewhere"
+    (outside / "deep").mkdir(parents=True)
+    (outside / "b.md").write_text("# B\n\nbeta", encoding="utf-8")
+    (outside / "deep" / "c.md").write_text("# C\n\ngamma", encoding="utf-8")
+    (outside / "loop").symlink_to(outside, target_is_directory=True)
+    (outside / "home").symlink_to(root, target_is_directory=True)
+    (root / "linked").symlink_to(outside, target_is_directory=True)
+    corpus = load_documents(root, follow_symlinks=True)
+    assert sorted(d.id for d in corpus.documents) == [
+        "a.md",
+        "linked/b.md",
+        "linked/deep/c.md",
+    ]
+    assert load_documents(root).skipped_files == {"link to a folder outside": 1}
+
+
+def test_an_upsert_refuses_a_document_emptied_rather_than_leaving_its_old_text(
+    tmp_path: Path,
+) -> None:
+    """An upsert that skipped an emptied document would keep its old text served (the HTTP
+    routes refuse it too); a full ingest skips and counts it (the document leaves)."""
+    from rag_retriever.ingest.loaders import read_upserts
+
+    path = write_jsonl(
+        tmp_path / "ch.jsonl", [{"id": "keep", "text": "new words"}, {"id": "old", "text": " "}]
+    )
+    with pytest.raises(DocumentError, match=r"ch\.jsonl:2: the document has no text"):
+        read_upserts([path])
+    assert load_documents(path).skipped_empty == 1

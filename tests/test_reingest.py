@@ -16,7 +16,7 @@ import pytest
 # The ingest the tests kill, waiting at a named store call until the signal (one definition,
 # shared with the stop benchmark).
 from bench.bench_stop import KILLABLE_INGEST
-from rag_retriever.errors import GateRejected
+from rag_retriever.errors import ConfigError, GateRejected
 from rag_retriever.eval.gate import make_gate
 from rag_retriever.ingest.loaders import LoadedCorpus
 from rag_retriever.ingest.lock import IngestLock
@@ -100,6 +100,47 @@ def test_gate_min_recall(store: Store, tiny_encoder: Encoder, tmp_path: Path) ->
     with pytest.raises(GateRejected, match=r"recall@1 0.5000 < --min-recall 0.9"):
         ingest(store, tiny_encoder, tmp_path, worse, gate=gate)
     assert "kb" not in store.aliases()
+
+
+def test_gate_counts_a_gold_document_a_version_lacks_as_a_miss(
+    store: Store, tiny_encoder: Encoder, tmp_path: Path
+) -> None:
+    """A corpus that adds the document a gate question needs is what a gate should pass, and one
+    that drops it what it should refuse: the version without the gold document scores that
+    question as a miss (the eval's missing-gold error once stopped both ingests)."""
+    gate = make_gate(
+        questions(tmp_path),
+        settings=Settings(data_dir=tmp_path),
+        encoder=tiny_encoder,
+        store=store,
+        k=1,
+        max_regression=0.0,
+    )
+    v1 = ingest(store, tiny_encoder, tmp_path, GOOD[:-1], gate=gate)  # d7 not yet written
+    assert v1.promoted and v1.gate.details["new_without_gold"] == 1
+    assert "new 0.8750 (1 questions' gold not in it: misses)" in v1.gate.summary
+    v2 = ingest(store, tiny_encoder, tmp_path, GOOD, gate=gate)  # adds it: better
+    assert v2.promoted and v2.gate.details["live_without_gold"] == 1
+    assert "new 1.0000 vs live 0.8750" in v2.gate.summary
+    with pytest.raises(GateRejected, match="REFUSED") as info:  # drops d0: a regression
+        ingest(store, tiny_encoder, tmp_path, GOOD[1:], gate=gate)
+    details = info.value.report.gate.details  # type: ignore[attr-defined]
+    assert details["new_without_gold"] == 1 and details["regressions"][0]["id"] == "q0"
+    assert details["regressions"][0]["rank_now"] is None
+    assert store.aliases()["kb"] == v2.collection
+
+
+def test_gate_refuses_a_questions_file_with_bad_lines(
+    store: Store, tiny_encoder: Encoder, tmp_path: Path
+) -> None:
+    """A gate on fewer questions than were written is not the gate asked for: every bad line is
+    named, and nothing is written."""
+    path = questions(tmp_path)
+    with path.open("a", encoding="utf-8") as out:
+        out.write('{"id": "q9", "question": "no gold"}\nnot json\n')
+    with pytest.raises(ConfigError, match=r"2 bad line\(s\); nothing was written") as info:
+        make_gate(path, settings=Settings(data_dir=tmp_path), encoder=tiny_encoder, store=store)
+    assert "gate.jsonl:9" in str(info.value) and "gate.jsonl:10" in str(info.value)
 
 
 def test_queries_keep_answering_while_a_new_version_is_swapped_in(

@@ -311,7 +311,8 @@ def add_ingest(sub: Any) -> None:
     p.add_argument(
         "--follow-symlinks",
         action="store_true",
-        help="ingest files that a folder links to outside itself (refused by default)",
+        help="ingest files and folders that a folder links to outside itself (a linked file is "
+        "refused by default, a linked folder skipped and counted)",
     )
     p.add_argument(
         "--full",

@@ -31,6 +31,7 @@ from rag_retriever.settings import Settings
 from rag_retriever.store import Store
 
 MAX_LISTED_REGRESSIONS = 20
+MAX_LISTED_PROBLEMS = 20
 
 
 def make_gate(
@@ -47,8 +48,16 @@ def make_gate(
     """The gate of `ingest --gate questions_path`: checks its arguments and loads the questions
     and the reranker now, so a bad gate fails before anything is written."""
     questions, problems = load_questions(questions_path)
+    if problems:  # a gate on fewer questions than were written is not the gate asked for
+        shown = "\n  ".join(problems[:MAX_LISTED_PROBLEMS])
+        more = len(problems) - MAX_LISTED_PROBLEMS
+        raise ConfigError(
+            f"--gate {questions_path}: {len(problems)} bad line(s); nothing was written:\n  "
+            + shown
+            + (f"\n  ... and {more} more" if more > 0 else "")
+        )
     if not questions:
-        raise ConfigError(f"--gate {questions_path}: no valid questions ({len(problems)} problems)")
+        raise ConfigError(f"--gate {questions_path}: no questions; nothing was written")
     if not 0.0 <= min_recall <= 1.0 or max_regression < 0:
         raise ConfigError("--min-recall must be in [0, 1] and --max-regression non-negative")
     if reranker is None:
@@ -98,17 +107,20 @@ class _RecallGate:
         new_retriever = self._retriever_for(new)
         mode = primary_mode(new_retriever.modes)
         new_run = self._evaluate(new_retriever, new, mode)
-        new_recall = new_run.summary["modes"][mode][f"recall@{k}"]
+        new_recall = self._recall(new_run, mode)
         details: dict[str, Any] = {
             "mode": mode,
             "k": k,
             "new_recall": new_recall,
             "questions": len(self.questions),
+            "new_without_gold": self._without_gold(new_run),
         }
         reasons = []
         if new_recall < self.min_recall:
             reasons.append(f"recall@{k} {new_recall:.4f} < --min-recall {self.min_recall}")
         summary = f"{mode} recall@{k}: new {new_recall:.4f}"
+        if details["new_without_gold"]:
+            summary += f" ({details['new_without_gold']} questions' gold not in it: misses)"
         if live is not None:
             live_details, versus, reason = self._against_live(live, mode, new_run, new_recall)
             details.update(live_details)
@@ -129,10 +141,11 @@ class _RecallGate:
         regressed), the summary's comparison, and the reason to refuse (None: within bounds)."""
         k = self.k
         live_run = self._evaluate(self._retriever_for(live), live, mode)
-        live_recall = live_run.summary["modes"][mode][f"recall@{k}"]
+        live_recall = self._recall(live_run, mode)
         regressed = _regressions(live_run, new_run, mode, k)
         details = {
             "live_recall": live_recall,
+            "live_without_gold": self._without_gold(live_run),
             "regressed": len(regressed),
             "regressions": regressed[:MAX_LISTED_REGRESSIONS],
         }
@@ -153,11 +166,29 @@ class _RecallGate:
         return details, versus, reason
 
     def _evaluate(self, retriever: Retriever, collection: str, mode: Mode) -> EvalRun:
-        """`collection` evaluated on the gate's questions in `mode` (recall at 1, k and 10)."""
+        """`collection` evaluated on the gate's questions in `mode` (recall at 1, k and 10). A
+        question whose gold documents the version does not hold is left out of the run (a
+        corpus that adds or removes a gold document is what a gate is for): `_recall` counts
+        it as a miss."""
         ks = sorted({1, self.k, 10})
         return evaluate(
-            retriever, self.questions, collection=collection, modes=(mode,), ks=ks, failure_k=self.k
+            retriever,
+            self.questions,
+            collection=collection,
+            modes=(mode,),
+            ks=ks,
+            failure_k=self.k,
+            allow_missing_gold=True,
         )
+
+    def _recall(self, run: EvalRun, mode: Mode) -> float:
+        """recall@k over every gate question: those left out of `run` (no gold document in the
+        version) count as misses."""
+        scored = len(run.results)
+        return run.summary["modes"][mode][f"recall@{self.k}"] * scored / len(self.questions)
+
+    def _without_gold(self, run: EvalRun) -> int:
+        return len(self.questions) - len(run.results)
 
     def _retriever_for(self, collection: str) -> Retriever:
         """A retriever of `collection` with the model that embedded it (loaded when it is not
@@ -175,10 +206,12 @@ class _RecallGate:
 
 
 def _regressions(before: EvalRun, after: EvalRun, mode: str, k: int) -> list[dict[str, Any]]:
-    old = {r.id: r.first_rank(mode) for r in before.results}
+    """The questions found within k before and not after (also those `after` left out: its
+    version lacks their gold documents)."""
+    now_of = {r.id: r.first_rank(mode) for r in after.results}
     out = []
-    for r in after.results:
-        was, now = old.get(r.id), r.first_rank(mode)
+    for r in before.results:
+        was, now = r.first_rank(mode), now_of.get(r.id)
         if was is not None and was <= k and (now is None or now > k):
             out.append({"id": r.id, "question": r.question, "rank_before": was, "rank_now": now})
     return out

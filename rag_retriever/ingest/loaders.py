@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import re
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -42,7 +43,10 @@ from rag_retriever.ingest.validation import (
 )
 from rag_retriever.records import DocKey, Document, Heading
 
-_HEADING = re.compile(r"^\s{0,3}#{1,6}\s+(.+?)\s*#*\s*$", re.MULTILINE)
+# An ATX heading; a closing run of #s counts only after a space (CommonMark: "# C#" is "C#").
+_HEADING = re.compile(r"^\s{0,3}#{1,6}\s+(.+?)(?:\s+#+)?\s*$", re.MULTILINE)
+# A byte order mark some editors put at the start of a UTF-8 file (not text).
+_BOM = "\ufeff"
 
 
 @dataclass(frozen=True)
@@ -52,6 +56,8 @@ class LoadedCorpus:
     source: str
     # Files of a directory that were not loaded, by type (".pdf", "no suffix", ...).
     skipped_files: Mapping[str, int] = field(default_factory=dict)
+    # Where each document skipped as empty came from ("file:line", a file's path).
+    empty: tuple[str, ...] = ()
 
 
 def load_documents(
@@ -115,19 +121,25 @@ def jsonl_records(raw: bytes, source: Path, problems: list[str]) -> Iterator[tup
         except UnicodeDecodeError as exc:
             problems.append(f"{where}: not valid UTF-8 (byte {exc.start}): {exc.reason}")
             continue
+        if lineno == 1:
+            line = line.removeprefix(_BOM)
         if not line.strip():
             continue
         try:
             yield lineno, where, json.loads(line)
         except json.JSONDecodeError as exc:
             problems.append(f"{where}: malformed JSON ({exc.msg} at column {exc.colno})")
+        except ValueError as exc:  # an integer of more digits than Python converts
+            problems.append(f"{where}: malformed JSON ({exc})")
+        except RecursionError:
+            problems.append(f"{where}: malformed JSON (nested too deeply to read)")
 
 
 def _load_jsonl(path: Path, *, max_chars: int) -> LoadedCorpus:
     problems: list[str] = []
     documents: list[Document] = []
     ids: list[tuple[DocKey, str]] = []
-    skipped = 0
+    empty: list[str] = []
     try:
         raw = path.read_bytes()
     except OSError as exc:
@@ -146,10 +158,10 @@ def _load_jsonl(path: Path, *, max_chars: int) -> LoadedCorpus:
         if doc.text.strip():
             documents.append(doc)
         else:
-            skipped += 1
+            empty.append(where)
     problems.extend(duplicate_problems(ids))
     raise_if_problems(problems, path)
-    return LoadedCorpus(tuple(documents), skipped, str(path))
+    return LoadedCorpus(tuple(documents), len(empty), str(path), empty=tuple(empty))
 
 
 def id_prefix(folder: Path, root: Path) -> str:
@@ -215,8 +227,14 @@ def _document_from_record(record: Any, where: str) -> tuple[Document | None, str
 
 
 def _title_of(text: str, fallback: str) -> str:
-    match = _HEADING.search(text)
-    return match.group(1).strip() if match else fallback
+    """The first heading outside fenced code blocks, else `fallback`."""
+    fenced = False
+    for line in text.splitlines():
+        if _FENCE.match(line):
+            fenced = not fenced
+        elif not fenced and (match := _HEADING.match(line)):
+            return match.group(1).strip()
+    return fallback
 
 
 _FENCE = re.compile(r"^\s{0,3}(```|~~~)")
@@ -367,10 +385,14 @@ def _read_pdf(path: Path, rel: str) -> tuple[Document | None, str | None]:
 
 
 def _read_utf8(path: Path) -> tuple[str | None, str | None]:
-    """The file's text, or a problem naming the line of the first byte that is not UTF-8."""
-    raw = path.read_bytes()
+    """The file's text (without a byte order mark), or a problem: the file cannot be read, or
+    the line of the first byte that is not UTF-8."""
     try:
-        return raw.decode("utf-8"), None
+        raw = path.read_bytes()
+    except OSError as exc:
+        return None, f"{path}: cannot read this file ({exc.strerror or exc})"
+    try:
+        return raw.decode("utf-8").removeprefix(_BOM), None
     except UnicodeDecodeError as exc:
         line = raw[: exc.start].count(b"\n") + 1
         return None, f"{path}:{line}: not valid UTF-8 (byte {exc.start}): {exc.reason}"
@@ -417,17 +439,49 @@ def describe_suffixes() -> str:
     return "/".join(SUFFIXES)
 
 
+def _entries(root: Path, *, follow_outside: bool, problems: list[str]) -> list[Path]:
+    """Every entry under `root`, sorted, as `root.rglob("*")` lists them (links to folders are
+    listed, not entered), except that a folder that cannot be read is a problem, not silently
+    left out (its documents would be deleted by a re-ingest); with `follow_outside`, a link to a
+    folder outside `root` is entered too (each such folder once)."""
+    entries: list[Path] = []
+    entered = {root.resolve()}
+    folders = [root]
+    while folders:
+        folder = folders.pop()
+        try:
+            with os.scandir(folder) as listing:
+                found = [(folder / e.name, e.is_dir(follow_symlinks=False)) for e in listing]
+        except OSError as exc:
+            problems.append(
+                f"{folder}: cannot read this folder ({exc.strerror or exc}); its documents would "
+                f"be left out (and removed from the collection by a re-ingest)"
+            )
+            continue
+        for path, is_folder in found:
+            entries.append(path)
+            if is_folder:
+                folders.append(path)
+            elif follow_outside and path.is_symlink() and path.is_dir():
+                target = path.resolve()
+                if not target.is_relative_to(root.resolve()) and target not in entered:
+                    entered.add(target)
+                    folders.append(path)
+    return sorted(entries)
+
+
 def _load_directory(
     root: Path, *, max_chars: int, follow_symlinks: bool, prefix: str = ""
 ) -> LoadedCorpus:
     problems: list[str] = []
     documents: list[Document] = []
-    skipped = 0
+    empty: list[str] = []
     skipped_files: Counter[str] = Counter()
     files = []
-    for path in sorted(root.rglob("*")):
+    for path in _entries(root, follow_outside=follow_symlinks, problems=problems):
         if path.is_symlink() and path.is_dir() and not _inside(path, root):
-            skipped_files[LINKED_FOLDER] += 1  # rglob does not descend into it
+            if not follow_symlinks:  # not entered: counted
+                skipped_files[LINKED_FOLDER] += 1
             continue
         if not path.is_file():
             continue
@@ -456,11 +510,13 @@ def _load_directory(
         if text_problems:
             problems.extend(text_problems)
         elif not doc.text.strip():
-            skipped += 1
+            empty.append(str(path))
         else:
             documents.append(doc)
     raise_if_problems(problems, root)
-    return LoadedCorpus(tuple(documents), skipped, str(root), dict(skipped_files))
+    return LoadedCorpus(
+        tuple(documents), len(empty), str(root), dict(skipped_files), empty=tuple(empty)
+    )
 
 
 def _describe(counts: Mapping[str, int]) -> str:
@@ -491,6 +547,7 @@ def read_upserts(
         except DocumentError as exc:
             problems.append(str(exc))
             continue
+        problems.extend(empty_upserts(corpus))
         documents.extend(corpus.documents)
         if path.is_dir():
             folder_ids[path] = [d.id for d in corpus.documents]
@@ -499,6 +556,16 @@ def read_upserts(
     if problems:
         raise DocumentError("nothing was written:\n" + "\n".join(problems))
     return Upserts(documents, folder_ids)
+
+
+def empty_upserts(corpus: LoadedCorpus) -> list[str]:
+    """A problem for each document of `corpus` whose text is empty: an upsert that skipped it
+    would leave its old text served, so it is refused, as the HTTP write routes refuse it."""
+    return [
+        f"{where}: the document has no text; an upsert does not remove a document (delete its "
+        f"id instead)"
+        for where in corpus.empty
+    ]
 
 
 def read_delete_ids(path: Path) -> list[str]:
