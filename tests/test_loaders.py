@@ -486,3 +486,9 @@ def test_an_upsert_refuses_a_document_emptied_rather_than_leaving_its_old_text(
     with pytest.raises(DocumentError, match=r"ch\.jsonl:2: the document has no text"):
         read_upserts([path])
     assert load_documents(path).skipped_empty == 1
+
+
+def test_a_jsonl_suffix_in_capitals_is_a_jsonl_file(tmp_path: Path) -> None:
+    """A folder's suffixes are read in any case; a file's .JSONL is too."""
+    path = write_jsonl(tmp_path / "DATA.JSONL", [{"id": "a", "text": "alpha"}])
+    assert [d.id for d in load_documents(path).documents] == ["a"]

@@ -79,7 +79,7 @@ def load_documents(
             follow_symlinks=follow_symlinks,
             prefix=id_prefix(path, root) if root is not None else "",
         )
-    elif path.suffix == ".jsonl":
+    elif path.suffix.lower() == ".jsonl":
         corpus = _load_jsonl(path, max_chars=max_chars)
     else:
         raise DocumentError(
