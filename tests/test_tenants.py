@@ -288,6 +288,20 @@ def test_a_request_narrows_its_scope_and_cannot_widen_it(http: TestClient) -> No
     assert r.status_code == 401 and r.headers["www-authenticate"] == "Bearer"
 
 
+def test_a_limited_key_reads_what_its_alias_serves_not_an_older_version(
+    http: TestClient, edge: Store
+) -> None:
+    """An older version may still hold a document deleted since, or one moved out of the key's
+    groups: a key limited to tenants or by a filter names the alias; a key that sees everything
+    may name a version (the gate's and the eval's way)."""
+    version = edge.resolve("kb")
+    body = {"query": "alpha", "k": 10, "mode": "bm25", "collection": version}
+    for name in ("acme-app", "acme-public", "globex"):
+        r = http.post("/v1/search", json=body, headers=auth(name))
+        assert r.status_code == 403 and "name 'kb', not one of its versions" in r.text, name
+    assert http.post("/v1/search", json=body, headers=auth("admin")).status_code == 200
+
+
 def test_a_tenant_key_writes_only_its_tenant(http: TestClient, edge: Store) -> None:
     put = "/v1/collections/kb/documents"
     doc = {"id": "faq", "text": "alpha refunds within a week"}

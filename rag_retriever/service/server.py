@@ -332,6 +332,13 @@ def _add_search_routes(app: FastAPI, retriever: Retriever, settings: Settings) -
         access = access_of(request)
         alias = body.collection or retriever.default_collection
         access.check_collection(parsed[0] if (parsed := parse_collection_name(alias)) else alias)
+        if parsed and not access.unrestricted:
+            # an older version may hold documents deleted since, or moved out of the key's
+            # groups: a limited key reads what its alias serves now
+            raise Forbidden(
+                f"key {access.name!r} searches what an alias serves: name {parsed[0]!r}, not "
+                f"one of its versions"
+            )
         flt = access.narrow(_filter(body.filter), body.tenant)
         with serving(access, body.tenant):
             results = retriever.retrieve_batch(
