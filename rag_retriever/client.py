@@ -268,7 +268,9 @@ def _collections() -> _Call[dict[str, Any]]:
 @dataclass(frozen=True)
 class ChangeStatus:
     """Where a document write stands: `committed` (the version that serves it), `pending` (poll
-    with `change`), or `failed` (`detail` says why)."""
+    with `change`), or `failed` (`detail` says why). A key limited to some tenants gets what it
+    sent (`upserts`, `deletes`) in place of the version's `report` and `grouped_requests`, which
+    count every tenant's documents."""
 
     change_id: str
     status: str
@@ -278,6 +280,8 @@ class ChangeStatus:
     grouped_requests: int = 0
     report: Mapping[str, Any] | None = None
     detail: str | None = None
+    upserts: int | None = None
+    deletes: int | None = None
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> ChangeStatus:
@@ -290,6 +294,8 @@ class ChangeStatus:
             grouped_requests=int(data.get("grouped_requests") or 0),
             report=data.get("report"),
             detail=data.get("detail"),
+            upserts=data.get("upserts"),
+            deletes=data.get("deletes"),
         )
 
 

@@ -547,6 +547,14 @@ def test_the_clients_and_langchain_pass_the_key_and_the_tenant(
             assert {(h.metadata["tenant"], h.doc_id) for h in hits} == {("globex", "faq")}
             gone = admin.delete_documents(["faq"], collection="kb", tenant="globex")
             assert gone.report is not None and gone.report["deleted"] == 1
+        with RetrieverClient(url, write_api_key="k-acme") as tenant_writer:
+            sent = tenant_writer.delete_documents(["faq"], collection="kb")  # acme's
+            assert (sent.status, sent.deletes, sent.upserts, sent.report) == (
+                "committed",
+                1,
+                0,
+                None,
+            )
         with RetrieverClient(url, api_key="k-acme-public") as reader:
             lc = RagRetrieverLangChain(backend=reader, mode="bm25", k=10)
             assert {d.metadata["doc_id"] for d in lc.invoke("alpha notes")} == {"pub"}
