@@ -223,6 +223,30 @@ def test_adaptive_trusts_the_list_whose_best_stands_out() -> None:
     assert adaptive([[("a", 1.0), ("b", 1.0)], [("b", 3.0), ("a", 1.0)]])[0][0] == "b"
 
 
+def test_adaptive_ranks_the_one_chunk_bm25_matches_beside_the_embeddings_best() -> None:
+    """A question naming an error code that one chunk holds: BM25 returns that chunk alone (a
+    list with no spread). It used to add 0 and sort after every dense hit (rank 101 here, out of
+    a reranker's candidates); a complete list's lone entry counts as much as the dense list's
+    best (found by a review)."""
+    dense = [(f"d{i}", 0.6 - 0.002 * i) for i in range(100)]
+    fused = Fusion("adaptive").fuse(dense, [("X", 14.2)])
+    assert [i for i, _ in fused[:2]] == ["d0", "X"]
+    assert fused[1][1] == pytest.approx(fused[0][1])  # the dense best's strength; ties: dense first
+    # ties in a short BM25 list (two copies of one passage) alike
+    twins = Fusion("adaptive").fuse(dense, [("X", 9.0), ("Y", 9.0)])
+    assert [i for i, _ in twins[:3]] == ["d0", "X", "Y"]
+    # in the dense list too, a lone BM25 match adds to it: it comes first
+    assert Fusion("adaptive").fuse(dense, [("d50", 3.0)])[0][0] == "d50"
+    # a flat list as deep as asked (not every match) still adds nothing
+    flat = [(f"b{i}", 2.0) for i in range(100)]
+    assert [i for i, _ in Fusion("adaptive").fuse(dense, flat)[:100]] == [i for i, _ in dense]
+    # lists that both have no spread: each lone entry at strength 1
+    assert dict(adaptive([[("a", 0.5)], [("b", 3.0)]], complete=[True, True])) == {
+        "a": 1.0,
+        "b": 1.0,
+    }
+
+
 @pytest.mark.parametrize("method", ["minmax", "zscore", "adaptive"])
 def test_score_fusions_edge_cases(method: str) -> None:
     fuse = {"minmax": minmax, "zscore": zscore, "adaptive": adaptive}[method]
@@ -248,6 +272,12 @@ def test_a_fused_list_is_as_deep_as_both_lists_whatever_the_depths(
     fused = Fusion(method, weights=(1.0, 2.0), depths=depths).fuse(dense, bm25)
     ids = [i for i, _ in fused]
     assert len(ids) == len(set(ids)) == len({i for i, _ in dense} | {i for i, _ in bm25})
-    head = Fusion(method, weights=(1.0, 2.0)).fuse(dense[: depths[0]], bm25[: depths[1]])
-    assert fused[: len(head)] == head  # what the depths choose comes first, untouched
+    # what the depths choose comes first, untouched (a list cut by its depth is not complete)
+    head = METHODS[method].fuse(
+        [dense[: depths[0]], bm25[: depths[1]]],
+        k=60,
+        weights=(1.0, 2.0),
+        complete=(len(dense) < depths[0], len(bm25) < depths[1]),
+    )
+    assert fused[: len(head)] == head
     assert all(s == 0.0 for _, s in fused[len(head) :])

@@ -119,9 +119,7 @@ def _scored_fusion(
     weights = _checked_weights(weights, len(lists))
     scores: dict[Id, float] = {}
     for scored, weight in zip(lists, weights, strict=True):
-        first: dict[Id, float] = {}
-        for item, value in scored:  # a repeated id counts at its first (best) position
-            first.setdefault(item, value)
+        first = _first_scores(scored)  # a repeated id counts at its first (best) position
         if not first:
             continue
         values = list(first.values())
@@ -184,53 +182,124 @@ def zscore(
 
 
 def adaptive(
-    lists: Sequence[Sequence[tuple[Id, float]]], *, weights: Sequence[float] | None = None
+    lists: Sequence[Sequence[tuple[Id, float]]],
+    *,
+    weights: Sequence[float] | None = None,
+    complete: Sequence[bool] | None = None,
 ) -> list[tuple[Id, float]]:
     """Query-adaptive: `zscore` with each list's weight multiplied, per query, by its confidence,
     how far its best score stands out, (max_L - mean_L) / std_L. No parameter beyond the weights.
 
+    A list whose scores are all equal (one entry, or ties) has no spread to measure. When it is
+    `complete` (it holds every match there is, as BM25's does when it returns fewer than asked:
+    every other chunk scores 0), its entries stand out as far as any can: each counts as much as
+    the best entry of the other lists (a question naming a rare word that one chunk holds ranks
+    that chunk beside the embedding's best, as RRF would). A flat list that is not complete adds
+    0. `complete`: one flag per list (default: none is).
+
     >>> [(i, round(s, 3)) for i, s in adaptive([[("a", 3.0), ("b", 1.0)], [("b", 9.0), ("c", 0.0), ("d", 0.0)]])]
     [('b', 3.0), ('a', 2.0), ('c', 0.0), ('d', 0.0)]
+    >>> [i for i, _ in adaptive([[("a", .6), ("b", .5), ("c", .1)], [("x", 14.2)]], complete=[False, True])]
+    ['a', 'x', 'b', 'c']
     """
-    return _scored_fusion(lists, weights, _z_above_min, _top_z)
+    weights = _checked_weights(weights, len(lists))
+    flags = [False] * len(lists) if complete is None else list(complete)
+    if len(flags) != len(lists):
+        raise ValueError(f"got {len(flags)} complete flags for {len(lists)} lists")
+    firsts = [_first_scores(scored) for scored in lists]
+    spread = [len(f) > 0 and _std(list(f.values())) > 0 for f in firsts]
+    # what the best entry of a list with a spread adds, before its weight
+    best = [
+        _top_z(values) * max(_z_above_min(values))
+        for f, has in zip(firsts, spread, strict=True)
+        if has and (values := list(f.values()))
+    ]
+    lone = max(best, default=1.0)
+    scores: dict[Id, float] = {}
+    for first, weight, has, whole in zip(firsts, weights, spread, flags, strict=True):
+        if not first:
+            continue
+        values = list(first.values())
+        if has:
+            factor, normalised = weight * _top_z(values), _z_above_min(values)
+        else:  # no spread: all its entries alike, at the best's strength or at none
+            factor, normalised = (weight * lone if whole else 0.0), [1.0] * len(values)
+        for item, z in zip(first, normalised, strict=True):
+            scores[item] = scores.get(item, 0.0) + factor * z
+    order = {item: i for i, item in enumerate(scores)}
+    return sorted(scores.items(), key=lambda kv: (-kv[1], order[kv[0]]))
+
+
+def _first_scores(scored: Sequence[tuple[Id, float]]) -> dict[Id, float]:
+    """Each id's score at its first (best) position in the list."""
+    first: dict[Id, float] = {}
+    for item, value in scored:
+        first.setdefault(item, value)
+    return first
 
 
 class _Fuse(Protocol):
-    """A fusion method over scored lists: (id, score) pairs best first, one weight per list."""
+    """A fusion method over scored lists: (id, score) pairs best first, one weight per list;
+    `complete`, per list, whether it holds every match there is (fewer than its depth)."""
 
     def __call__(
-        self, lists: Sequence[Sequence[tuple[Id, float]]], *, k: int, weights: Sequence[float]
+        self,
+        lists: Sequence[Sequence[tuple[Id, float]]],
+        *,
+        k: int,
+        weights: Sequence[float],
+        complete: Sequence[bool] | None = None,
     ) -> list[tuple[Id, float]]: ...
 
 
 def _by_rank(
-    lists: Sequence[Sequence[tuple[Id, float]]], *, k: int, weights: Sequence[float]
+    lists: Sequence[Sequence[tuple[Id, float]]],
+    *,
+    k: int,
+    weights: Sequence[float],
+    complete: Sequence[bool] | None = None,
 ) -> list[tuple[Id, float]]:
     return rrf([[i for i, _ in ranked] for ranked in lists], k=k, weights=weights)
 
 
 def _by_score(
-    lists: Sequence[Sequence[tuple[Id, float]]], *, k: int, weights: Sequence[float]
+    lists: Sequence[Sequence[tuple[Id, float]]],
+    *,
+    k: int,
+    weights: Sequence[float],
+    complete: Sequence[bool] | None = None,
 ) -> list[tuple[Id, float]]:
     return dbsf(lists, weights=weights)  # no constant: the scores are normalised instead
 
 
 def _by_minmax(
-    lists: Sequence[Sequence[tuple[Id, float]]], *, k: int, weights: Sequence[float]
+    lists: Sequence[Sequence[tuple[Id, float]]],
+    *,
+    k: int,
+    weights: Sequence[float],
+    complete: Sequence[bool] | None = None,
 ) -> list[tuple[Id, float]]:
     return minmax(lists, weights=weights)
 
 
 def _by_zscore(
-    lists: Sequence[Sequence[tuple[Id, float]]], *, k: int, weights: Sequence[float]
+    lists: Sequence[Sequence[tuple[Id, float]]],
+    *,
+    k: int,
+    weights: Sequence[float],
+    complete: Sequence[bool] | None = None,
 ) -> list[tuple[Id, float]]:
     return zscore(lists, weights=weights)
 
 
 def _by_adaptive(
-    lists: Sequence[Sequence[tuple[Id, float]]], *, k: int, weights: Sequence[float]
+    lists: Sequence[Sequence[tuple[Id, float]]],
+    *,
+    k: int,
+    weights: Sequence[float],
+    complete: Sequence[bool] | None = None,
 ) -> list[tuple[Id, float]]:
-    return adaptive(lists, weights=weights)
+    return adaptive(lists, weights=weights, complete=complete)
 
 
 @dataclass(frozen=True)
@@ -294,7 +363,11 @@ class Fusion:
         ['a', 'c', 'b']
         """
         head = METHODS[self.method].fuse(
-            [dense[: self.depths[0]], bm25[: self.depths[1]]], k=self.k, weights=self.weights
+            [dense[: self.depths[0]], bm25[: self.depths[1]]],
+            k=self.k,
+            weights=self.weights,
+            # a list shorter than its depth holds every match the engine found
+            complete=(len(dense) < self.depths[0], len(bm25) < self.depths[1]),
         )
         if len(dense) <= self.depths[0] and len(bm25) <= self.depths[1]:
             return head
