@@ -176,6 +176,43 @@ def test_an_update_is_a_delta_version_with_its_report(
     assert retriever.search("qdrant apple", mode="bm25", k=1)[0].doc_id == "d3"
 
 
+def test_an_alias_ending_in_underscore_keeps_its_versions_apart_from_its_prefix(
+    any_store: Store, tiny_encoder: Encoder, tmp_path: Path
+) -> None:
+    """kb_'s versions are named kb___SLUG__vN: parsed with a lazy alias they read as kb's, so
+    kb_ saw none of its own, its second write took the served version's name, failed, and
+    deleted it (found by a review). Each alias now sees only its own; retention of one never
+    touches the other's."""
+    from rag_retriever.store import parse_collection_name
+
+    rng = random.Random(4)
+    docs = [doc(i, rng) for i in range(4)]
+    for alias in ("kb_", "kb"):
+        ingest_documents(
+            LoadedCorpus(tuple(docs), 0, "t"),
+            alias=alias,
+            encoder=tiny_encoder,
+            store=any_store,
+            lock_dir=tmp_path,
+        )
+    for i in range(3):
+        report = update_documents(
+            [Document(f"n{i}", "new", f"kilo lima {i}")],
+            [],
+            alias="kb_",
+            encoder=tiny_encoder,
+            store=any_store,
+            lock_dir=tmp_path,
+            keep_versions=5,
+        )
+        assert report.version == i + 2 and any_store.aliases()["kb_"] == report.collection
+    assert parse_collection_name(report.collection)[:1] == ("kb_",)
+    assert [v.version for v in any_store.versions("kb")] == [1]
+    assert [v.version for v in any_store.versions("kb_")] == [1, 2, 3, 4]
+    assert any_store.resolve("kb_").endswith("__v4")
+    assert served_docs(any_store) == {d.id for d in docs}  # kb's version untouched
+
+
 def test_an_unchanged_upsert_writes_nothing(
     any_store: Store, tiny_encoder: Encoder, tmp_path: Path
 ) -> None:

@@ -52,7 +52,10 @@ log = logging.getLogger(__name__)
 INCOMPATIBLE: Final = "incompatible"
 DENSE: Final = "dense"
 SPARSE: Final = "bm25"
-_VERSIONED = re.compile(r"^(?P<alias>.+?)__(?P<slug>.+)__v(?P<version>\d+)$")
+# ALIAS__SLUG__vN. A slug (models.profiles.model_slug) holds no "_", so an alias that ends in
+# "_" parses whole: kb___m-384__v1 is kb_'s, not kb's (a lazy alias once made it kb's, so kb_'s
+# versions were invisible to it and its second write reused the served version's name).
+_VERSIONED = re.compile(r"^(?P<alias>.+?)__(?P<slug>[^_]+)__v(?P<version>\d+)$")
 # A metadata key that Qdrant's JSON path reads without quotes.
 _PLAIN_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_-]*$")
 
