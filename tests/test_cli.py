@@ -79,6 +79,14 @@ def test_ingest_search_collections_rollback(
         listing["kb"]["serving"] == "kb__tiny-bert-32__v2" and len(listing["kb"]["versions"]) == 2
     )
     assert [v["quantization"] for v in listing["kb"]["versions"]] == ["none", "none"]
+    # a rollback waits for a write in flight (its lock), up to RAG_LOCK_WAIT_S: a write that
+    # finished after it would move the alias off the version rolled back to
+    from rag_retriever.ingest.lock import IngestLock
+
+    with pytest.MonkeyPatch.context() as patch, IngestLock(env, "kb"):
+        patch.setenv("RAG_LOCK_WAIT_S", "0")
+        assert main(["rollback", "kb"]) != 0
+    assert "another write of 'kb' is running" in capsys.readouterr().err
     assert main(["rollback", "kb"]) == 0
     assert capsys.readouterr().out.strip() == "kb -> kb__tiny-bert-32__v1"
     assert main(["search", "apples", "--collection", "nope"]) == 2

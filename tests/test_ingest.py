@@ -195,12 +195,36 @@ def test_promote_and_rollback(store: Store, tiny_encoder: Encoder, tmp_path: Pat
     assert not v2.promoted and store.aliases()["kb"] == v1.collection
     assert promote_version(store, "kb", 2) == v2.collection
     assert rollback(store, "kb") == v1.collection
-    with pytest.raises(InvalidRequest, match="no older complete version"):
+    with pytest.raises(InvalidRequest, match="no older version that it served before"):
         rollback(store, "kb")
     with pytest.raises(CollectionNotFound, match="versions: 1, 2"):
         promote_version(store, "kb", 9)
     with pytest.raises(CollectionNotFound):
         rollback(store, "nope")
+
+
+def test_rollback_returns_to_what_was_served_before_not_to_the_highest_number(
+    store: Store, tiny_encoder: Encoder, tmp_path: Path
+) -> None:
+    """Found by a review: rollback took the highest-numbered older version. A version that was
+    only built (a gate's refusal, --no-promote) was never served, and one rolled back from
+    is the one the operator left: neither is where a rollback goes."""
+    v1 = run(store, tiny_encoder, tmp_path)
+    v2 = run(store, tiny_encoder, tmp_path)
+    built = run(store, tiny_encoder, tmp_path, promote=False)  # v3: never served
+    v4 = run(store, tiny_encoder, tmp_path)
+    assert rollback(store, "kb") == v2.collection  # not v3
+    v5 = run(store, tiny_encoder, tmp_path)  # made after the rollback
+    assert store.aliases()["kb"] == v5.collection
+    # v4 was rolled back from: the next rollback goes back to v2, not forth to v4
+    assert rollback(store, "kb") == v2.collection
+    assert rollback(store, "kb") == v1.collection  # and further back, not forth
+    with pytest.raises(InvalidRequest, match="promote kb VERSION"):
+        rollback(store, "kb")
+    # promote serves any complete version, and clears its rolled-back mark
+    assert promote_version(store, "kb", 4) == v4.collection
+    assert store.record(v4.collection).rolled_back_at is None
+    assert built.collection != v4.collection
 
 
 def test_second_ingest_of_the_same_alias_is_refused(

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import textwrap
+from collections.abc import Callable
 from typing import Any
 
 from rag_retriever.cli.common import (
@@ -142,21 +143,29 @@ def _width_line(widths: list[int] | None, now: int) -> str | None:
 
 
 def cmd_rollback(args: argparse.Namespace) -> int:
-    from rag_retriever.store import open_store
     from rag_retriever.store.catalog import rollback
 
-    store = open_store(command_settings(args))
-    name = rollback(store, args.name)
-    print(f"{args.name} -> {name}")
-    return 0
+    return _move_alias(args, lambda store: rollback(store, args.name))
 
 
 def cmd_promote(args: argparse.Namespace) -> int:
-    from rag_retriever.store import open_store
     from rag_retriever.store.catalog import promote_version
 
-    store = open_store(command_settings(args))
-    name = promote_version(store, args.name, args.version)
+    return _move_alias(args, lambda store: promote_version(store, args.name, args.version))
+
+
+def _move_alias(args: argparse.Namespace, move: Callable[[Any], str]) -> int:
+    """`move` the alias while holding its write lock (waiting up to RAG_LOCK_WAIT_S for a write
+    in flight): a write that finished after a rollback would move the alias back to a version
+    made from the one rolled back from, and retention would run between the choice of a version
+    and the move."""
+    from rag_retriever.ingest.lock import IngestLock
+    from rag_retriever.store import open_store
+
+    settings = command_settings(args)
+    store = open_store(settings)
+    with IngestLock(settings.data_dir, args.name, wait_s=settings.lock_wait_s):
+        name = move(store)
     print(f"{args.name} -> {name}")
     return 0
 

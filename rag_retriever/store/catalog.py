@@ -83,19 +83,28 @@ def apply_retention(
     return [i.name for i in doomed]
 
 
-def point_alias(store: Store, alias: str, name: str) -> None:
-    """Move `alias` to `name` and stamp the version it leaves as retired now."""
+def point_alias(store: Store, alias: str, name: str, *, rolled_back: Sequence[str] = ()) -> None:
+    """Move `alias` to `name` and stamp the version it leaves as retired now (and the versions
+    `rolled_back` names as rolled back from, so that no later rollback returns to them)."""
     previous = store.aliases().get(alias)
     store.point_alias(alias, name)
+    now = time.time()
+    stamps: dict[str, dict[str, float]] = {r: {"rolled_back_at": now} for r in rolled_back}
     if previous is not None and previous != name:
+        stamps[previous] = {**stamps.get(previous, {}), "retired_at": now}
+    for left, changes in stamps.items():
+        if left == name:
+            continue
         # a version this rag-retriever cannot read is left as it is (retention still counts it)
         with contextlib.suppress(CollectionNotFound, VersionIncompatible):
-            record = store.record(previous)
-            store.put_record(previous, dataclasses.replace(record, retired_at=time.time()))
+            record = store.record(left)
+            store.put_record(left, dataclasses.replace(record, **changes))  # type: ignore[arg-type]
     with contextlib.suppress(CollectionNotFound):
         record = store.record(name)
-        if record.retired_at is not None:
-            store.put_record(name, dataclasses.replace(record, retired_at=None))
+        if record.retired_at is not None or record.rolled_back_at is not None:
+            store.put_record(
+                name, dataclasses.replace(record, retired_at=None, rolled_back_at=None)
+            )
 
 
 def promote_version(store: Store, alias: str, version: int) -> str:
@@ -116,7 +125,10 @@ def promote_version(store: Store, alias: str, version: int) -> str:
 
 
 def rollback(store: Store, alias: str) -> str:
-    """Point `alias` at the newest complete version older than the one it serves now."""
+    """Point `alias` back at the version it served before: the newest complete version older
+    than the one it serves now that was served once (never one that was only built: a gate's
+    refusal, `--no-promote`) and that no rollback has left since (a second rollback goes
+    further back, not forth). A compaction and the version it compacted count as one."""
     served = store.aliases().get(alias)
     if served is None:
         raise CollectionNotFound(f"alias {alias!r} does not exist; nothing to roll back")
@@ -131,15 +143,20 @@ def rollback(store: Store, alias: str) -> str:
         and current is not None
         and i.version < current
         and i.name not in same
+        and i.record.retired_at is not None  # served once
+        and i.record.rolled_back_at is None
     ]
     if not older:
+        known = ", ".join(str(i.version) for i in infos if i.name not in same) or "none"
         raise InvalidRequest(
-            f"{alias!r} serves {served} and no older complete version with other content is kept "
-            f"(RAG_KEEP_VERSIONS keeps the newest versions after each ingest; a compaction and "
-            f"the version it compacted count as one)"
+            f"{alias!r} serves {served} and no older version that it served before is kept "
+            f"(RAG_KEEP_VERSIONS keeps the newest versions after each write; a compaction and "
+            f"the version it compacted count as one; versions rolled back from are skipped). "
+            f"To serve another version: rag-retriever promote {alias} VERSION (kept: {known})"
         )
-    point_alias(store, alias, older[-1].name)
-    return older[-1].name
+    target = older[-1]
+    point_alias(store, alias, target.name, rolled_back=sorted(same))
+    return target.name
 
 
 def _same_points(infos: Sequence[CollectionInfo], name: str) -> set[str]:

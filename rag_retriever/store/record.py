@@ -6,7 +6,7 @@ Example:
     ('docs__all-minilm-l6-v2-384__v2', 1)
 
 A version is written once (status `building` -> `complete`); afterwards only its serving state
-(`retired_at`) and what is tuned for it (`fusion`, `reranker`) change, each a `replace` of the
+(`retired_at`, `rolled_back_at`) and what is tuned for it (`fusion`, `reranker`) change, each a `replace` of the
 record. The record is stored as JSON beside the version (`to_json`, with `schema`); a record of
 another schema, or BM25 statistics of another tokenizer, hash or weighting scheme, is refused
 with `VersionIncompatible` and a message that says to re-ingest. The version's document
@@ -100,6 +100,9 @@ class VersionRecord:
     created_at: str = ""
     completed_at: str | None = None
     retired_at: float | None = None
+    # When `rollback` moved the alias off this version (None: it never did, or it was served
+    # again since): a later rollback does not return to it.
+    rolled_back_at: float | None = None
     # Tuned for this version (`tune-fusion`, `improve`); None: the settings' defaults.
     fusion: Mapping[str, Any] | None = None
     reranker: Mapping[str, Any] | None = None
@@ -127,6 +130,7 @@ class VersionRecord:
             "created_at": self.created_at,
             "completed_at": self.completed_at,
             "retired_at": self.retired_at,
+            "rolled_back_at": self.rolled_back_at,
             "fusion": dict(self.fusion) if self.fusion is not None else None,
             "reranker": dict(self.reranker) if self.reranker is not None else None,
             "fields": dict(self.fields) if self.fields is not None else None,
@@ -168,6 +172,7 @@ class VersionRecord:
                 created_at=str(data["created_at"]),
                 completed_at=data.get("completed_at"),
                 retired_at=data.get("retired_at"),
+                rolled_back_at=data.get("rolled_back_at"),
                 fusion=data.get("fusion"),
                 reranker=data.get("reranker"),
                 fields=data.get("fields"),
