@@ -135,6 +135,38 @@ def test_a_helpful_fusion_is_promoted_and_a_run_resumes(
     assert fusion["fitted_on"].endswith("(fusion part)" if embedder_kept else "fusion parts)")
 
 
+def test_an_improve_does_not_promote_over_a_write_made_during_its_run(
+    env: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The candidate is built from the live version's documents: an update that lands during
+    the run (hours on real data) would be dropped from serving by the promotion (found by a
+    review). The gate now promotes only while the alias still serves what the run started
+    from, under the alias's lock; else it says so and keeps the candidate unpromoted."""
+    _ingest(tmp_path)
+    live = _served(env)
+    questions = _questions(tmp_path, filler=True)
+    change = write_jsonl(tmp_path / "change.jsonl", [{"id": "late", "text": "written meanwhile"}])
+    real_gate = improve.Improve._gate
+
+    def gate_after_a_write(self: improve.Improve) -> dict:
+        assert main(["update", "--collection", "kb", "--upsert", str(change)]) == 0
+        return real_gate(self)
+
+    monkeypatch.setattr(improve.Improve, "_gate", gate_after_a_write)
+    assert main(_improve(questions, "fusion")) == 0
+    out = capsys.readouterr().out
+    written = _served(env)
+    assert written != live and f"not promoted: kb moved from {live} to {written}" in out
+    store = EdgeStore(env / "edge")
+    try:
+        assert "late" in {str(r.payload["doc_id"]) for r in store.scroll(written)}
+    finally:
+        store.close()
+
+
 @pytest.mark.parametrize(("fusion_part", "fitted_on"), [(0.2, "fusion part"), (0.05, "fewer than")])
 def test_a_new_embedder_s_fusion_is_fitted_on_questions_it_never_trained_on(
     env: Path, tmp_path: Path, fusion_part: float, fitted_on: str

@@ -46,6 +46,7 @@ from rag_retriever.errors import ConfigError
 from rag_retriever.eval.evaluation import EvalRun, evaluate, primary_mode
 from rag_retriever.eval.judge import judge
 from rag_retriever.eval.questions import Question, file_sha256, load_questions
+from rag_retriever.ingest.lock import IngestLock
 from rag_retriever.ingest.versions import documents_of
 from rag_retriever.ingest.writer import IngestReport, ingest_documents
 from rag_retriever.models.device import training_thread
@@ -524,15 +525,30 @@ class Improve:
             max_regression=self.options.max_regression,
         )
         promote = bool(kept) and judged.better and not judged.regressed
+        moved = None
         if promote:
-            point_alias(self.store, self.alias, name)
-            apply_retention(
-                self.store,
-                self.alias,
-                self.settings.keep_versions,
-                grace_s=self.settings.retention_grace_s,
-            )
+            # under the alias's write lock, and only if the alias still serves the version the
+            # candidate was built from: a write during the run (hours) would be lost otherwise
+            with IngestLock(self.settings.data_dir, self.alias, wait_s=self.settings.lock_wait_s):
+                moved = self.store.aliases().get(self.alias)
+                if moved == live:
+                    point_alias(self.store, self.alias, name)
+                    apply_retention(
+                        self.store,
+                        self.alias,
+                        self.settings.keep_versions,
+                        grace_s=self.settings.retention_grace_s,
+                    )
+            promote = moved == live
+        if promote:
             verdict = f"promoted: {self.alias} -> {name} (rollback restores {live})"
+        elif moved is not None:
+            verdict = (
+                f"not promoted: {self.alias} moved from {live} to {moved} during the run, and "
+                f"{name} was built from {live}'s documents (serving it would drop the writes "
+                f"since); it is kept unpromoted (`rag-retriever promote` serves it as it is); "
+                f"run improve again to build on {moved}"
+            )
         elif not kept:
             self.store.delete(name)
             verdict = f"not promoted (no step helped): {self.alias} still serves {live}"
