@@ -213,6 +213,40 @@ def test_an_alias_ending_in_underscore_keeps_its_versions_apart_from_its_prefix(
     assert served_docs(any_store) == {d.id for d in docs}  # kb's version untouched
 
 
+def test_a_serving_process_lets_go_of_versions_another_removed(
+    tiny_encoder: Encoder, tmp_path: Path
+) -> None:
+    """A serving process opens each new version and never asks for an old one again: it used
+    to keep every old shard mapped (the disk of a deleted shard was not freed) and every
+    version's BM25 frequencies for as long as it ran (found by a review). The writer here is
+    another store, as another process's would be; the maps are the kernel's (/proc)."""
+    import gc
+
+    from rag_retriever.query import retriever as retriever_module
+
+    reader_store = EdgeStore(tmp_path / "edge")
+    writer_store = EdgeStore(tmp_path / "edge")
+    rng = random.Random(8)
+    docs = [doc(i, rng) for i in range(6)]
+    first = write(writer_store, tiny_encoder, tmp_path, docs)
+    reader = Retriever(encoder=tiny_encoder, store=reader_store, collection="kb")
+    assert reader.search("apple", mode="hybrid", k=3)
+    old_shards = {seg.id for seg in reader_store.manifest(first.collection).segments}
+    versions = 2 + retriever_module.OPENED_KEPT
+    for _ in range(versions):  # each a full build: the old shards all go
+        write(writer_store, tiny_encoder, tmp_path, docs, full=True, keep_versions=1,
+              retention_grace_s=0)  # fmt: skip
+        assert reader.search("apple", mode="hybrid", k=3)
+    assert not old_shards & set(reader_store._shards)
+    assert len(reader._opened) <= retriever_module.OPENED_KEPT
+    gc.collect()
+    maps = Path("/proc/self/maps").read_text()
+    assert not [line for line in maps.splitlines() if "(deleted)" in line and any(
+        s in line for s in old_shards)]  # fmt: skip
+    reader_store.close()
+    writer_store.close()
+
+
 def test_an_unchanged_upsert_writes_nothing(
     any_store: Store, tiny_encoder: Encoder, tmp_path: Path
 ) -> None:

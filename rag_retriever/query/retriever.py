@@ -97,6 +97,10 @@ EXPAND_FIRST_REACH = 2
 # A version's metadata is read again after this many seconds, so a fusion tuned by another
 # process is served without a restart.
 METADATA_TTL_S = 1.0
+# Versions whose record and BM25 document frequencies a retriever keeps open: the served ones
+# and a few more. A serving process sees a new version at every write (20,000 edits a day is a
+# version every few seconds); it used to keep each one's frequencies for as long as it ran.
+OPENED_KEPT = 8
 
 
 class Retriever:
@@ -428,7 +432,10 @@ class Retriever:
             tuned = Fusion.from_json(record.fusion) if record.fusion else None
             opened = OpenCollection(name, bm25, record, tuned, time.monotonic())
             with self._open_lock:
-                self._opened[name] = opened
+                self._opened.pop(name, None)
+                self._opened[name] = opened  # newest last
+                while len(self._opened) > OPENED_KEPT:  # the least recently opened goes
+                    del self._opened[next(iter(self._opened))]
             lineage = record.lineage
             if lineage.base is not None and lineage.changed is not None:
                 for cache in (self.chunk_cache, self.vector_cache):

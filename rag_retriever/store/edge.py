@@ -1047,6 +1047,7 @@ class EdgeStore(Store):
             if shard is None:
                 if not directory.is_dir():
                     raise CollectionNotFound(f"shard {segment!r} does not exist")
+                self._forget_removed()
                 try:
                     shard = self._edge.EdgeShard.load(str(directory))
                 except Exception as exc:
@@ -1057,6 +1058,20 @@ class EdgeStore(Store):
                     ) from exc
                 self._shards[segment] = shard
             return shard
+
+    def _forget_removed(self) -> None:
+        """Drop what this process holds of shards and versions that another process removed
+        (retention, a compaction): a serving process opens a new version's shards and never asks
+        for the old ones again, so without this it kept them mapped (their disk space was not
+        freed) and their manifests for as long as it ran. Called under _lock when a shard is
+        opened. A search still using a dropped shard keeps its own reference; the engine
+        releases the shard when the last one goes."""
+        for segment in [s for s in self._shards if not self._segment_dir(s).is_dir()]:
+            self._shards.pop(segment, None)
+            self._widths.pop(segment, None)
+        for name in [n for n in self._manifests if not self._dir(n).is_dir()]:
+            self._manifests.pop(name, None)
+            self._excluded = {k: v for k, v in self._excluded.items() if k[0] != name}
 
     def count(self, name: str) -> int:
         edge = self._edge
