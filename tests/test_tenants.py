@@ -59,6 +59,8 @@ KEYS: dict[str, tuple[str, dict[str, Any]]] = {  # name -> (key, the line's fiel
     "globex": ("k-globex", {"tenants": ["globex"]}),
     "admin": ("k-admin", {"access": ["read", "write"]}),
     "other-only": ("k-other", {"collections": ["other"]}),
+    # an access filter on a field no document of the version has (yet)
+    "legal": ("k-legal", {"where": {"field": "department", "equals": "legal"}}),
 }
 
 
@@ -300,6 +302,22 @@ def test_a_limited_key_reads_what_its_alias_serves_not_an_older_version(
         r = http.post("/v1/search", json=body, headers=auth(name))
         assert r.status_code == 403 and "name 'kb', not one of its versions" in r.text, name
     assert http.post("/v1/search", json=body, headers=auth("admin")).status_code == 200
+
+
+def test_a_key_whose_filter_names_a_field_the_version_lacks_gets_no_hits_not_an_error(
+    http: TestClient,
+) -> None:
+    """The key's access filter is not the request's: checked as one, a version without its field
+    answered every search of the key with a 422 naming the hidden condition (found by a
+    review). Now no document matches, and nothing is said of the filter; the request's own
+    filter is still checked."""
+    for mode in ("bm25", "hybrid"):
+        r = http.post("/v1/search", json={"query": "alpha", "mode": mode}, headers=auth("legal"))
+        assert r.status_code == 200 and r.json()["hits"] == [], r.text
+        assert "department" not in r.text
+    asked = {"query": "alpha", "filter": {"equals": {"color": "red"}}}
+    r = http.post("/v1/search", json=asked, headers=auth("legal"))
+    assert r.status_code == 422 and "'color'" in r.json()["detail"]
 
 
 def test_a_tenant_key_writes_only_its_tenant(http: TestClient, edge: Store) -> None:

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any, TypedDict
 
 from rag_retriever import conditions
-from rag_retriever.access import with_conditions
+from rag_retriever.access import current, with_conditions
 from rag_retriever.errors import CollectionNotFound, InvalidRequest, VersionIncompatible
 from rag_retriever.models.bm25 import BM25Model
 from rag_retriever.query.context import ExpandKind
@@ -239,9 +239,16 @@ def check_filter(flt: SearchFilter | None, opened: OpenCollection) -> None:
     if flt is None or fields is None:
         return
     problems = []
+    scope = current()
+    # the fields the serving key's access filter names: its filter is not the request's, so it
+    # is not checked as one (a version without the field answers no hit, not a 422 that would
+    # name the key's hidden condition)
+    keyed = (
+        {name for name, _, _ in conditions.fields(scope.where)} if scope and scope.where else set()
+    )
     for name, use, values in flt.field_uses():
         kind = fields.get(name)
-        if kind is None and name in ACCESS_FIELDS:
+        if kind is None and (name in ACCESS_FIELDS or name in keyed):
             continue  # a key's scope names them in every search: no such document, no hit
         if kind is None:
             problems.append(f"no document of {opened.name} has the field {name!r}")
