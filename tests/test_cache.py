@@ -122,6 +122,33 @@ def test_the_retriever_answers_a_repeat_from_the_cache_until_the_alias_moves(
     store.close()
 
 
+def test_a_fusion_tuned_in_place_is_not_answered_from_the_cache(
+    tmp_path, tiny_encoder, monkeypatch
+) -> None:
+    """`tune-fusion` rewrites the served version's record in place: the alias does not move, so
+    a cache keyed by the version alone served the old fusion's ranking (found by a review)."""
+    import dataclasses
+
+    from rag_retriever.query import retriever as retriever_module
+    from rag_retriever.query.fusion import Fusion
+    from rag_retriever.store import EdgeStore
+    from tests.conftest import collection_retriever
+    from tests.test_retriever import DOCS
+
+    monkeypatch.setattr(retriever_module, "METADATA_TTL_S", 0.0)  # the record read each time
+    store = EdgeStore(tmp_path / "edge")
+    retriever = collection_retriever(DOCS, store, tiny_encoder)
+    retriever.cache = SemanticCache(size=10, threshold=0.99)
+    first = retriever.retrieve("the king and the queen", k=3, mode="hybrid")
+    name = store.resolve("kb")
+    tuned = Fusion("rrf", k=5, weights=(0.0, 1.0))
+    store.put_record(name, dataclasses.replace(store.record(name), fusion=tuned.to_json()))
+    again = retriever.retrieve("the king and the queen", k=3, mode="hybrid")
+    assert not any("cache" in n for n in again.notices)
+    assert again.fusion == tuned.describe() != first.fusion
+    store.close()
+
+
 @pytest.mark.model
 @pytest.mark.data
 def test_no_false_hit_on_squad_questions_that_ask_different_things(minilm) -> None:

@@ -59,6 +59,9 @@ class CacheKey:
     k: int
     filter: str  # the filter's canonical JSON, "" for none
     hit_options: str = ""  # diversity and expansion (retriever.HitOptions.key)
+    # what is tuned for the version (its fusion and reranker): `tune-fusion` rewrites them in
+    # place, and an answer ranked by the old ones must not be served after
+    tuned: str = ""
 
 
 @dataclass

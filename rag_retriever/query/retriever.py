@@ -339,9 +339,15 @@ class Retriever:
         t0 = time.perf_counter()
         for q in queries:
             check_query(q, self.config.max_query_chars)
-        name = self.store.resolve(collection or self.default_collection)
+        opened = self.open_collection(collection or self.default_collection, "bm25")
+        record = opened.record
         key = CacheKey(
-            name, mode, k, json.dumps(flt.to_dict(), sort_keys=True) if flt else "", shape.key
+            opened.name,
+            mode,
+            k,
+            json.dumps(flt.to_dict(), sort_keys=True) if flt else "",
+            shape.key,
+            json.dumps([record.fusion, record.reranker], sort_keys=True),
         )
         out: list[SearchResult | None] = [self.cache.get_exact(key, q) for q in queries]
         vectors: dict[int, np.ndarray] = {}
@@ -366,7 +372,7 @@ class Retriever:
             self._encoded_here.vectors = None
         for i, searched in zip(misses, fresh, strict=True):
             out[i] = searched
-            if searched.collection == name:  # the alias did not move meanwhile
+            if searched.collection == opened.name:  # the alias did not move meanwhile
                 self.cache.put(key, queries[i], vectors.get(i), searched)
         answers = []
         for i, cached in enumerate(out):
