@@ -319,8 +319,9 @@ class Hit:
 
     A stage that did not run, or did not return this chunk, is None, never zero.
     `score` is the score of the stage that produced the final order (cosine for `dense`,
-    BM25 for `bm25`, RRF for `hybrid`, the cross-encoder logit for `rerank`; the MMR value when
-    the request asked for `diversity`).
+    BM25 for `bm25`, the fusion's score for `hybrid` (RAG_FUSION), for `rerank` the RRF of the
+    cross-encoder's and the hybrid order by default (RAG_RERANK_FUSION=rrf) or the
+    cross-encoder's logit (none); the MMR value when the request asked for `diversity`).
     """
 
     chunk_id: str

@@ -195,7 +195,8 @@ def add_search(sub: Any) -> None:
         type=float,
         default=None,
         help="leave out hits scoring below it (the mode's scale: dense cosine, bm25 score, "
-        "hybrid fused score, rerank logit)",
+        "hybrid fused score; rerank: the fused rank score, at most ~0.033, by default "
+        "(RAG_RERANK_FUSION=rrf), the cross-encoder's logit with RAG_RERANK_FUSION=none)",
     )
     p.add_argument(
         "--diversity",

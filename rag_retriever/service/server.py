@@ -133,8 +133,10 @@ class _Options(BaseModel):
     min_score: float | None = Field(
         default=None,
         description="leave out hits scoring below it, on the mode's scale: dense cosine (-1 to "
-        "1), bm25 (0 and up), hybrid the fusion's score, rerank the cross-encoder's; in rerank "
-        "mode only reranked chunks are returned then",
+        "1), bm25 (0 and up), hybrid the fusion's score, rerank the final score (by default, "
+        "RAG_RERANK_FUSION=rrf, the RRF of the cross-encoder's and the hybrid order, at most "
+        "~0.033; the cross-encoder's logit with RAG_RERANK_FUSION=none); in rerank mode only "
+        "reranked chunks are returned then",
         examples=[0.5],
     )
     tenant: str | None = Field(
