@@ -42,7 +42,7 @@ except ImportError as exc:  # pragma: no cover - exercised by a test that hides 
         "rag_retriever.langchain needs langchain-core, which is not installed: "
         "pip install 'rag-retriever[langchain]'"
     ) from exc
-from pydantic import ConfigDict, InstanceOf
+from pydantic import ConfigDict, InstanceOf, field_validator
 
 from rag_retriever.client import AsyncRetrieverClient, RetrieverClient, SearchOptions
 from rag_retriever.query.retriever import Retriever
@@ -102,6 +102,7 @@ class RagRetrieverLangChain(BaseRetriever):
     backend: InstanceOf[Retriever] | InstanceOf[RetrieverClient] | InstanceOf[AsyncRetrieverClient]
     k: int | None = None
     mode: Mode | None = None
+    # a SearchFilter or its dict form, as `invoke(filter=...)` and the clients take it
     filter: InstanceOf[SearchFilter] | None = None
     collection: str | None = None
     # 0-1: maximal marginal relevance over the ranked hits (near-duplicates do not fill the top k)
@@ -114,6 +115,11 @@ class RagRetrieverLangChain(BaseRetriever):
     min_score: float | None = None
     # one tenant's documents only (docs/tenants.md); over HTTP the key's scope bounds it too
     tenant: str | None = None
+
+    @field_validator("filter", mode="before")
+    @classmethod
+    def _filter_of(cls, value: Any) -> SearchFilter | None:
+        return SearchFilter.of(value)  # ValueError (a ValidationError) for anything else
 
     # LangChain passes invoke's keyword arguments here because the signature takes more than
     # `query` and `run_manager`.

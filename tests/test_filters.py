@@ -385,3 +385,18 @@ def test_any_plain_metadata_field_name_can_be_filtered_on(
                 hits = retriever.search("king", k=10, mode=mode, filter=flt)
                 assert [h.doc_id for h in hits] == [f"d{i}"], (name, mode)
     store.close()
+
+
+def test_where_reads_digits_with_a_leading_zero_as_text() -> None:
+    """A zip code or an account number with a leading zero is text: `--where zip=02139` once
+    became the integer 2139 and matched nothing (found by a review)."""
+    from rag_retriever.cli.common import parse_where
+
+    assert parse_where(["zip=02139", "n=5", "m=-3", "z=0", "t=true", "q=--5"]) == {
+        "zip": "02139",
+        "n": 5,
+        "m": -3,
+        "z": 0,
+        "t": True,
+        "q": "--5",
+    }

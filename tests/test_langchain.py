@@ -161,6 +161,13 @@ def test_invoke_in_process(local: Retriever) -> None:
     )
     assert filtered and all(d.metadata["lang"] == "fr" for d in filtered)
     check_documents(filtered, local, "wine king", k=3, mode="bm25", filter=flt)
+    # the dict form, as invoke(filter=...) and the clients take it (was refused here)
+    as_dict = RagRetrieverLangChain(
+        backend=local, k=3, mode="bm25", filter={"equals": {"lang": "fr"}}
+    )
+    assert as_dict.filter == flt
+    with pytest.raises(ValueError, match="filter must be a SearchFilter or its dict form"):
+        RagRetrieverLangChain(backend=local, filter=["lang"])
 
 
 def test_invoke_options_apply_to_that_call_only(local: Retriever, url: str) -> None:

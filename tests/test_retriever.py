@@ -233,6 +233,29 @@ def test_over_long_query_is_truncated_and_reported(collection) -> None:
     assert result.query_truncated
     assert any("truncated" in n for n in result.notices)
     assert not retriever.retrieve("king", k=3).query_truncated
+    dense = retriever.retrieve("king " * 100, k=3, mode="dense").notices
+    assert any("truncated" in n for n in dense) and not any("BM25" in n for n in dense)
+
+
+def test_what_a_review_found_on_the_query_path(collection) -> None:
+    """A stop-word-only question says why BM25 found nothing; NumPy numbers are numbers; a
+    batch names its bad query with the cache on too; queries that are not a list are a clear
+    error (each found by a review)."""
+    import numpy as np
+
+    from rag_retriever.query.cache import SemanticCache
+
+    retriever, _ = collection
+    quiet = retriever.retrieve("to be or not to be", k=3, mode="bm25")
+    assert not quiet.hits and any("no word BM25 indexes" in n for n in quiet.notices)
+    assert not any("BM25" in n for n in retriever.retrieve("king", k=3, mode="bm25").notices)
+    hits = retriever.retrieve("king", k=np.int64(2), mode="dense", min_score=np.float32(-1)).hits
+    assert len(hits) == 2
+    with pytest.raises(InvalidRequest, match="queries must be a list of questions, got NoneType"):
+        retriever.retrieve_batch(None)  # type: ignore[arg-type]
+    retriever.cache = SemanticCache(size=10, threshold=0.99)
+    with pytest.raises(InvalidRequest, match=r"queries\[1\]: the query is empty"):
+        retriever.retrieve_batch(["king", "  "], k=3, mode="bm25")
 
 
 def test_collection_of_another_model_is_refused(

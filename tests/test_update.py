@@ -247,6 +247,29 @@ def test_a_serving_process_lets_go_of_versions_another_removed(
     writer_store.close()
 
 
+def test_a_delta_after_a_failed_full_build_of_its_number_is_a_delta(
+    tiny_encoder: Encoder, tmp_path: Path
+) -> None:
+    """Edge numbers the next version after the newest one kept, so a failed full build's number
+    (and name) comes again; the store kept the failed build's state, and the delta that took the
+    name wrote into a new base shard (found by a review). The failure is the writer's own
+    handler: `delete` of the version it was building."""
+    store = EdgeStore(tmp_path / "edge")
+    rng = random.Random(9)
+    docs = [doc(i, rng) for i in range(5)]
+    first = write(store, tiny_encoder, tmp_path, docs)
+    record = store.record(first.collection)
+    failed = first.collection.replace("__v1", "__v2")
+    store.create(failed, tiny_encoder.dim, dataclasses.replace(record, version=2))
+    store.delete(failed)
+    report = update(store, tiny_encoder, tmp_path, [Document("new", "new", "kilo lima")])
+    assert report.collection == failed and report.kind == "delta"
+    manifest = store.manifest(report.collection)
+    assert manifest.bases == store.manifest(first.collection).bases == 1
+    assert len(manifest.segments) == 2  # the base's shard and the delta's own
+    store.close()
+
+
 def test_an_unchanged_upsert_writes_nothing(
     any_store: Store, tiny_encoder: Encoder, tmp_path: Path
 ) -> None:

@@ -84,8 +84,10 @@ def parse_where(items: Sequence[str]) -> dict[str, str | int | bool]:
         value: str | int | bool = raw
         if raw in ("true", "false"):
             value = raw == "true"
-        elif raw.lstrip("-").isdigit():
-            value = int(raw)
+        elif (digits := raw.removeprefix("-")).isdigit() and (
+            digits == "0" or not digits.startswith("0")
+        ):
+            value = int(raw)  # "02139" (a leading zero: no integer is written so) stays text
         equals[key] = value
     return equals
 

@@ -14,7 +14,8 @@ Values only: nothing here searches (query/retriever.py does).
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+import numbers
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any, TypedDict
 
@@ -140,8 +141,9 @@ SCORE_RANGES: dict[str, tuple[float, float]] = {
 
 def check_min_score(value: object, mode: str) -> float:
     """`value` as a threshold for `mode`'s scores; ValueError saying the mode's range."""
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
         raise ValueError(f"min_score must be a finite number, got {value!r}")
+    value = float(value)  # a NumPy number too
     low, high = SCORE_RANGES[mode]
     if not low <= value <= high:
         raise ValueError(
@@ -175,6 +177,8 @@ class Trace:
     # The reranked candidates' final order when `rerank_fusion` fuses it with the hybrid order.
     rerank_fused: list[tuple[str, StageScore]] | None = None
     query_truncated: bool = False
+    # BM25 ran and the question held no word it indexes (only stop words, punctuation)
+    no_indexed_words: bool = False
     rerank_truncated: int = 0
     timings_ms: dict[str, float] = field(default_factory=dict)
     fusion: str | None = None  # the fusion in force for the traced version
@@ -259,7 +263,18 @@ def check_filter(flt: SearchFilter | None, opened: OpenCollection) -> None:
         elif use == "match" and kind in _VALUE_TYPES:
             wrong = [v for v in values if _kind_of(v) != kind]
             if wrong:
-                problems.append(f"{name!r} holds {kind} values; the filter matches {wrong[0]!r}")
+                hint = (
+                    " (digits are text in JSON quotes: --filter "
+                    f'\'{{"field": "{name}", "equals": "{wrong[0]}"}}\'; --where reads them as '
+                    "an integer)"
+                    if kind == "str"
+                    and isinstance(wrong[0], int)
+                    and not isinstance(wrong[0], bool)
+                    else ""
+                )
+                problems.append(
+                    f"{name!r} holds {kind} values; the filter matches {wrong[0]!r}{hint}"
+                )
     if problems:
         known = ", ".join(f"{k} ({v})" for k, v in list(fields.items())[:MAX_LISTED_FIELDS])
         more = len(fields) - MAX_LISTED_FIELDS
@@ -304,6 +319,8 @@ def check_request(
         raise InvalidRequest(
             "queries must be a list of questions, not one string; search(query) asks one"
         )
+    if not isinstance(queries, Sequence):
+        raise InvalidRequest(f"queries must be a list of questions, got {type(queries).__name__}")
     if collection is not None and (not isinstance(collection, str) or not collection):
         raise InvalidRequest(
             f"collection must be an alias or version name, got {collection!r}; leave it out "

@@ -25,6 +25,7 @@ import copy
 import dataclasses
 import json
 import logging
+import numbers
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -297,7 +298,14 @@ class Retriever:
             if trace.query_truncated:
                 notices.append(
                     f"the query was longer than the encoder's {self.encoder.max_seq_length}-token "
-                    f"window and was truncated for the dense search (BM25 used all of it)"
+                    f"window and was truncated for the dense search"
+                    + (" (BM25 used all of it)" if MODE_STAGES[mode].bm25 else "")
+                )
+            if trace.no_indexed_words:
+                notices.append(
+                    "the query has no word BM25 indexes (only stop words or punctuation): BM25 "
+                    "found nothing"
+                    + ("" if MODE_STAGES[mode].dense else "; a dense or hybrid search reads it")
                 )
             if default_mode and self.reranker is None:
                 notices.append("reranking is off: RAG_RERANK_MODEL is not set")
@@ -337,8 +345,7 @@ class Retriever:
         the rest searched and cached. A cached answer says so in its notices."""
         assert self.cache is not None
         t0 = time.perf_counter()
-        for q in queries:
-            check_query(q, self.config.max_query_chars)
+        self._check_queries(queries)
         opened = self.open_collection(collection or self.default_collection, "bm25")
         record = opened.record
         key = CacheKey(
@@ -406,13 +413,7 @@ class Retriever:
         stages at once, so one pass evaluates every mode.
         """
         chosen_mode = self._check_mode(mode)
-        for i, q in enumerate(queries):
-            try:
-                check_query(q, self.config.max_query_chars)
-            except InvalidRequest as exc:
-                if len(queries) == 1:
-                    raise
-                raise InvalidRequest(f"queries[{i}]: {exc}") from None
+        self._check_queries(queries)
         requested = collection or self.default_collection
         try:
             return self._trace(queries, chosen_mode, filter, requested)
@@ -423,6 +424,16 @@ class Retriever:
                 raise
             log.info("collection behind %r changed during the request; retrying", requested)
             return self._trace(queries, chosen_mode, filter, requested)
+
+    def _check_queries(self, queries: Sequence[str]) -> None:
+        """InvalidRequest for a query `check_query` refuses; in a batch, naming which one."""
+        for i, q in enumerate(queries):
+            try:
+                check_query(q, self.config.max_query_chars)
+            except InvalidRequest as exc:
+                if len(queries) == 1:
+                    raise
+                raise InvalidRequest(f"queries[{i}]: {exc}") from None
 
     def chunks(self, name: str, ids: Sequence[str]) -> dict[str, Chunk]:
         """Chunk records of a version by id (from the engine's payloads, cached)."""
@@ -464,11 +475,15 @@ class Retriever:
     def _check_k(self, k: int | None) -> int:
         if k is None:
             return self.config.default_k
-        if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= self.config.max_k:
+        if (
+            isinstance(k, bool)
+            or not isinstance(k, numbers.Integral)
+            or not 1 <= k <= self.config.max_k
+        ):
             raise InvalidRequest(
                 f"k must be an integer from 1 to {self.config.max_k} (RAG_MAX_K), got {k!r}"
             )
-        return k
+        return int(k)  # a NumPy integer too
 
     def _check_options(
         self,
@@ -580,6 +595,7 @@ class Retriever:
             if lexical:
                 sparse = opened.bm25.query_vector(self.tokenizer.tokenize(trace.query))
                 trace.bm25 = []
+                trace.no_indexed_words = sparse.is_empty
                 if not sparse.is_empty:  # only stop words: no BM25 list
                     requests.append(StageQuery(SPARSE, sparse, cfg.bm25_top_n, flt))
                     slots.append((trace, False))

@@ -440,6 +440,7 @@ class EdgeStore(Store):
         self._start_own(name, dim, Manifest(bases=0), record.quantization, base=True)
 
     def derive(self, name: str, base: str, record: VersionRecord, drop: Iterable[str]) -> None:
+        self._builds.pop(name, None)  # a delta: its upserts go to its own shard
         old = self.manifest(base)
         drop = set(drop)
         segments = []
@@ -975,6 +976,8 @@ class EdgeStore(Store):
         directory = self._dir(name)
         self._manifests.pop(name, None)
         self._quantization.pop(name, None)
+        # a failed full build's state: the next version may take its number (and name)
+        self._builds.pop(name, None)
         trash = self._collections / f".deleted-{name}-{uuid.uuid4().hex[:8]}"
         try:
             directory.rename(trash)
