@@ -103,7 +103,7 @@ class RagRetrieverLangChain(BaseRetriever):
     k: int | None = None
     mode: Mode | None = None
     # a SearchFilter or its dict form, as `invoke(filter=...)` and the clients take it
-    filter: InstanceOf[SearchFilter] | None = None
+    filter: InstanceOf[SearchFilter] | dict[str, Any] | None = None  # a dict: made a SearchFilter
     collection: str | None = None
     # 0-1: maximal marginal relevance over the ranked hits (near-duplicates do not fill the top k)
     diversity: float | None = None

@@ -167,7 +167,7 @@ def test_invoke_in_process(local: Retriever) -> None:
     )
     assert as_dict.filter == flt
     with pytest.raises(ValueError, match="filter must be a SearchFilter or its dict form"):
-        RagRetrieverLangChain(backend=local, filter=["lang"])
+        RagRetrieverLangChain(backend=local, filter=["lang"])  # type: ignore[arg-type]
 
 
 def test_invoke_options_apply_to_that_call_only(local: Retriever, url: str) -> None:

@@ -252,7 +252,7 @@ def test_what_a_review_found_on_the_query_path(collection) -> None:
     hits = retriever.retrieve("king", k=np.int64(2), mode="dense", min_score=np.float32(-1)).hits
     assert len(hits) == 2
     with pytest.raises(InvalidRequest, match="queries must be a list of questions, got NoneType"):
-        retriever.retrieve_batch(None)  # type: ignore[arg-type]
+        retriever.retrieve_batch(None)
     retriever.cache = SemanticCache(size=10, threshold=0.99)
     with pytest.raises(InvalidRequest, match=r"queries\[1\]: the query is empty"):
         retriever.retrieve_batch(["king", "  "], k=3, mode="bm25")

@@ -206,7 +206,8 @@ def test_an_alias_ending_in_underscore_keeps_its_versions_apart_from_its_prefix(
             keep_versions=5,
         )
         assert report.version == i + 2 and any_store.aliases()["kb_"] == report.collection
-    assert parse_collection_name(report.collection)[:1] == ("kb_",)
+    parsed = parse_collection_name(report.collection)
+    assert parsed is not None and parsed[0] == "kb_"
     assert [v.version for v in any_store.versions("kb")] == [1]
     assert [v.version for v in any_store.versions("kb_")] == [1, 2, 3, 4]
     assert any_store.resolve("kb_").endswith("__v4")
