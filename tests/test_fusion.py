@@ -235,6 +235,9 @@ def test_adaptive_ranks_the_one_chunk_bm25_matches_beside_the_embeddings_best() 
     # ties in a short BM25 list (two copies of one passage) alike
     twins = Fusion("adaptive").fuse(dense, [("X", 9.0), ("Y", 9.0)])
     assert [i for i, _ in twins[:3]] == ["d0", "X", "Y"]
+    # three equal floats have a std of ~1e-16, not 0: still no spread
+    triplets = Fusion("adaptive").fuse(dense, [("X", 0.1), ("Y", 0.1), ("Z", 0.1)])
+    assert [i for i, _ in triplets[:4]] == ["d0", "X", "Y", "Z"]
     # in the dense list too, a lone BM25 match adds to it: it comes first
     assert Fusion("adaptive").fuse(dense, [("d50", 3.0)])[0][0] == "d50"
     # a flat list as deep as asked (not every match) still adds nothing

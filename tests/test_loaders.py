@@ -471,6 +471,10 @@ def test_follow_symlinks_enters_a_linked_folder_outside_once(tmp_path: Path) -> 
         "linked/deep/c.md",
     ]
     assert load_documents(root).skipped_files == {"link to a folder outside": 1}
+    # a link to a parent folder: root's own documents are not read a second time through it
+    (root / "up").symlink_to(tmp_path, target_is_directory=True)
+    again = load_documents(root, follow_symlinks=True)
+    assert sorted(d.id for d in again.documents) == ["a.md", "linked/b.md", "linked/deep/c.md"]
 
 
 def test_an_upsert_refuses_a_document_emptied_rather_than_leaving_its_old_text(

@@ -212,6 +212,14 @@ def test_an_alias_ending_in_underscore_keeps_its_versions_apart_from_its_prefix(
     assert [v.version for v in any_store.versions("kb_")] == [1, 2, 3, 4]
     assert any_store.resolve("kb_").endswith("__v4")
     assert served_docs(any_store) == {d.id for d in docs}  # kb's version untouched
+    if isinstance(any_store, EdgeStore):  # kb_'s shards are its own, and collected with it
+        for info in any_store.versions("kb_")[:-1]:
+            any_store.delete(info.name)
+        held = {seg.id for seg in any_store.manifest(any_store.resolve("kb_")).segments}
+        held |= {seg.id for seg in any_store.manifest(any_store.resolve("kb")).segments}
+        on_disk = {p.name for p in (any_store.root / "segments").iterdir()}
+        assert on_disk == held and all(s.startswith("kb_--") for s in held - {
+            seg.id for seg in any_store.manifest(any_store.resolve("kb")).segments})  # fmt: skip
 
 
 def test_a_serving_process_lets_go_of_versions_another_removed(

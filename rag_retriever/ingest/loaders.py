@@ -443,30 +443,35 @@ def _entries(root: Path, *, follow_outside: bool, problems: list[str]) -> list[P
     """Every entry under `root`, sorted, as `root.rglob("*")` lists them (links to folders are
     listed, not entered), except that a folder that cannot be read is a problem, not silently
     left out (its documents would be deleted by a re-ingest); with `follow_outside`, a link to a
-    folder outside `root` is entered too (each such folder once)."""
+    folder outside `root` is entered too. No folder is read twice: a followed folder, or a
+    folder inside one, that is `root`'s own or one already read (a link to a parent, a loop) is
+    not entered; of two links to one folder, the first by name is."""
     entries: list[Path] = []
-    entered = {root.resolve()}
-    folders = [root]
+    home = root.resolve()
+    entered = {home}
+    folders = [(root, False)]  # (folder, reached through a followed link)
     while folders:
-        folder = folders.pop()
+        folder, outside = folders.pop()
         try:
             with os.scandir(folder) as listing:
-                found = [(folder / e.name, e.is_dir(follow_symlinks=False)) for e in listing]
+                found = sorted((folder / e.name, e.is_dir(follow_symlinks=False)) for e in listing)
         except OSError as exc:
             problems.append(
                 f"{folder}: cannot read this folder ({exc.strerror or exc}); its documents would "
                 f"be left out (and removed from the collection by a re-ingest)"
             )
             continue
+        pushed: list[tuple[Path, bool]] = []
         for path, is_folder in found:
             entries.append(path)
-            if is_folder:
-                folders.append(path)
-            elif follow_outside and path.is_symlink() and path.is_dir():
+            if is_folder and not outside:
+                pushed.append((path, False))  # root's own tree: each folder once already
+            elif is_folder or (follow_outside and path.is_symlink() and path.is_dir()):
                 target = path.resolve()
-                if not target.is_relative_to(root.resolve()) and target not in entered:
+                if not (target.is_relative_to(home) or target in entered):
                     entered.add(target)
-                    folders.append(path)
+                    pushed.append((path, True))
+        folders.extend(reversed(pushed))  # popped in name order
     return sorted(entries)
 
 
@@ -562,8 +567,8 @@ def empty_upserts(corpus: LoadedCorpus) -> list[str]:
     """A problem for each document of `corpus` whose text is empty: an upsert that skipped it
     would leave its old text served, so it is refused, as the HTTP write routes refuse it."""
     return [
-        f"{where}: the document has no text; an upsert does not remove a document (delete its "
-        f"id instead)"
+        f"{where}: the document has no text; an upsert does not remove a document (give it "
+        f"text, or leave it out and delete its id)"
         for where in corpus.empty
     ]
 

@@ -207,7 +207,8 @@ def adaptive(
     if len(flags) != len(lists):
         raise ValueError(f"got {len(flags)} complete flags for {len(lists)} lists")
     firsts = [_first_scores(scored) for scored in lists]
-    spread = [len(f) > 0 and _std(list(f.values())) > 0 for f in firsts]
+    # no spread: all scores equal (compared exactly: a std of equal floats can be ~1e-16)
+    spread = [len(f) > 0 and max(f.values()) > min(f.values()) for f in firsts]
     # what the best entry of a list with a spread adds, before its weight
     best = [
         _top_z(values) * max(_z_above_min(values))

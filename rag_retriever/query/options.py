@@ -267,7 +267,7 @@ def check_filter(flt: SearchFilter | None, opened: OpenCollection) -> None:
                     " (digits are text in JSON quotes: --filter "
                     f'\'{{"field": "{name}", "equals": "{wrong[0]}"}}\'; --where reads them as '
                     "an integer)"
-                    if kind == "str"
+                    if kind == "keyword"
                     and isinstance(wrong[0], int)
                     and not isinstance(wrong[0], bool)
                     else ""

@@ -334,7 +334,7 @@ def _add_search_routes(app: FastAPI, retriever: Retriever, settings: Settings) -
         access = access_of(request)
         alias = body.collection or retriever.default_collection
         access.check_collection(parsed[0] if (parsed := parse_collection_name(alias)) else alias)
-        if parsed and not access.unrestricted:
+        if parsed and body.collection and not access.unrestricted:
             # an older version may hold documents deleted since, or moved out of the key's
             # groups: a limited key reads what its alias serves now
             raise Forbidden(

@@ -474,7 +474,7 @@ class EdgeStore(Store):
 
     @staticmethod
     def _new_shard_id(name: str) -> str:
-        return f"{name.split('__', 1)[0]}--{uuid.uuid4().hex[:12]}"
+        return f"{_alias_of(name)}--{uuid.uuid4().hex[:12]}"
 
     def _create_shard(self, segment: str, dim: int, quantization: Quantization) -> None:
         edge = self._edge
@@ -641,7 +641,7 @@ class EdgeStore(Store):
         )
         self._put_manifest(name, Manifest(compacted, None, bases=bases))
         if compacted != segments:  # this version's own shard may be merged away: not kept
-            self.collect_garbage(name.split("__", 1)[0])
+            self.collect_garbage(_alias_of(name))
 
     def _close_shard(self, segment: str, *, flush: bool = False) -> None:
         """Close an open shard (its memory goes; `flush`: written to disk first); it opens
@@ -694,7 +694,7 @@ class EdgeStore(Store):
         left as they are. Returns the shards and how many of them are the base."""
         if len(segments) <= bases:
             return segments, bases
-        running = self.running_compaction(name.split("__", 1)[0])
+        running = self.running_compaction(_alias_of(name))
         frozen = set(running.get("segments", ())) if running is not None else set()
         if merge_base and running is None and outgrown(segments, bases):
             log.info(
@@ -984,8 +984,7 @@ class EdgeStore(Store):
         except FileNotFoundError:
             return
         shutil.rmtree(trash, ignore_errors=True)
-        parsed = parse_collection_name(name)
-        self.collect_garbage(parsed[0] if parsed else name)
+        self.collect_garbage(_alias_of(name))
 
     def collect_garbage(self, alias: str) -> list[str]:
         """Delete the shards of `alias` that no version's manifest names; returns their ids."""
@@ -1069,12 +1068,15 @@ class EdgeStore(Store):
         freed) and their manifests for as long as it ran. Called under _lock when a shard is
         opened. A search still using a dropped shard keeps its own reference; the engine
         releases the shard when the last one goes."""
-        for segment in [s for s in self._shards if not self._segment_dir(s).is_dir()]:
+        for segment in [s for s in list(self._shards) if not self._segment_dir(s).is_dir()]:
             self._shards.pop(segment, None)
             self._widths.pop(segment, None)
-        for name in [n for n in self._manifests if not self._dir(n).is_dir()]:
+        # other threads add manifests and tombstones without the lock: iterate over copies
+        gone = {n for n in list(self._manifests) if not self._dir(n).is_dir()}
+        for name in gone:
             self._manifests.pop(name, None)
-            self._excluded = {k: v for k, v in self._excluded.items() if k[0] != name}
+        if gone:
+            self._excluded = {k: v for k, v in list(self._excluded.items()) if k[0] not in gone}
 
     def count(self, name: str) -> int:
         edge = self._edge
@@ -1402,6 +1404,13 @@ class EdgeStore(Store):
             shards, self._shards = self._shards, {}
         for shard in shards.values():
             shard.close()
+
+
+def _alias_of(name: str) -> str:
+    """The alias a version name belongs to (the name itself when it is not a version's): what
+    its shards are named after and collected by (kb_'s versions are kb___SLUG__vN)."""
+    parsed = parse_collection_name(name)
+    return parsed[0] if parsed else name
 
 
 def _edge_quantization(edge: Any, quantization: Quantization) -> Any:

@@ -42,7 +42,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from rag_retriever.errors import ConfigError
+from rag_retriever.errors import ConfigError, RagError
 from rag_retriever.eval.evaluation import EvalRun, evaluate, primary_mode
 from rag_retriever.eval.judge import judge
 from rag_retriever.eval.questions import Question, file_sha256, load_questions
@@ -296,6 +296,19 @@ class Improve:
         )
         return _figures(run)
 
+    def _compacted_from(self, name: str, live: str) -> bool:
+        """Whether version `name` is a compaction (of a compaction...) of `live`."""
+        seen = 0
+        while name != live and seen < 10:
+            try:
+                lineage = self.store.record(name).lineage
+            except RagError:
+                return False
+            if not lineage.compacted or lineage.base is None:
+                return False
+            name, seen = lineage.base, seen + 1
+        return name == live
+
     def _update_record(self, name: str, **changes: Any) -> None:
         """Replace what is tuned for version `name` (its fusion, its reranker)."""
         self.store.put_record(name, dataclasses.replace(self.store.record(name), **changes))
@@ -531,6 +544,8 @@ class Improve:
             # candidate was built from: a write during the run (hours) would be lost otherwise
             with IngestLock(self.settings.data_dir, self.alias, wait_s=self.settings.lock_wait_s):
                 moved = self.store.aliases().get(self.alias)
+                if moved is not None and moved != live and self._compacted_from(moved, live):
+                    moved = live  # the same points in fewer shards: nothing written since
                 if moved == live:
                     point_alias(self.store, self.alias, name)
                     apply_retention(
@@ -542,6 +557,8 @@ class Improve:
             promote = moved == live
         if promote:
             verdict = f"promoted: {self.alias} -> {name} (rollback restores {live})"
+        elif moved is None and kept and judged.better and not judged.regressed:
+            verdict = f"not promoted: {self.alias} no longer exists; {name} is kept unpromoted"
         elif moved is not None:
             verdict = (
                 f"not promoted: {self.alias} moved from {live} to {moved} during the run, and "
