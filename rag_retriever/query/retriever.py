@@ -1,4 +1,4 @@
-"""The query path: dense + BM25 -> reciprocal rank fusion -> optional cross-encoder -> hits.
+"""The query path: dense + BM25 -> fusion (RAG_FUSION) -> optional cross-encoder -> hits.
 
 Example:
     >>> retriever = Retriever.from_settings(Settings.from_env())               # doctest: +SKIP
@@ -7,16 +7,21 @@ Example:
     ('Normans', StageScore(rank=1, score=0.71), StageScore(rank=2, score=14.2))
 
 Modes: `dense` (Qdrant cosine), `bm25` (the version's BM25 sparse vectors in the same Qdrant
-collection), `hybrid` (RRF of both; the two lists come from one batched engine call),
+collection), `hybrid` (the version's fusion of both, adaptive by default; the two lists come
+from one batched engine call),
 `rerank` (hybrid, then the cross-encoder scores the top `rerank_candidates`; with
 `rerank_fusion="rrf"` their final order is the RRF of the cross-encoder order and their hybrid
 order, with `"none"` the cross-encoder order alone; hits beyond them follow in fused order, with
-no rerank stage and their hybrid RRF score). Filters apply to
+no rerank stage and their fused score). Filters apply to
 both branches before fusion. The collection's stored model fingerprint must equal the encoder's
 for any mode that embeds the query. Each hit says what every stage that saw it said; timings
 per stage come with the result. The serving process holds no chunk table: hits are read from the
 engine's payloads (a bounded cache keeps recent ones), and the alias is resolved on every call,
 so a new version is served as soon as it is promoted. This module does not write collections.
+
+Why one module: `Retriever` is one object whose stages (validation, the cache, the engine call,
+fusion, rerank, shaping the hits) share a query's trace and the versions it keeps open; what
+stands alone is in query/options.py, fusion.py, cache.py, context.py and diversity.py.
 """
 
 from __future__ import annotations
