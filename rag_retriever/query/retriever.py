@@ -103,10 +103,11 @@ EXPAND_FIRST_REACH = 2
 # A version's metadata is read again after this many seconds, so a fusion tuned by another
 # process is served without a restart.
 METADATA_TTL_S = 1.0
-# Versions whose record and BM25 document frequencies a retriever keeps open: the served ones
-# and a few more. A serving process sees a new version at every write (20,000 edits a day is a
-# version every few seconds); it used to keep each one's frequencies for as long as it ran.
-OPENED_KEPT = 8
+# Versions whose record and BM25 document frequencies a retriever keeps open: the ones served
+# (a collection per tenant is several) and a few more. A serving process sees a new version at
+# every write (20,000 edits a day is a version every few seconds); it used to keep each one's
+# frequencies for as long as it ran.
+OPENED_KEPT = 32
 
 
 class Retriever:
