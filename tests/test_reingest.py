@@ -44,6 +44,26 @@ def questions(tmp_path: Path) -> Path:
     )
 
 
+def gate_of(
+    store: Store,
+    encoder: Encoder,
+    tmp_path: Path,
+    *,
+    min_recall: float = 0.0,
+    max_regression: float = 0.01,
+):
+    """The gate of the GOOD questions at recall@1."""
+    return make_gate(
+        questions(tmp_path),
+        settings=Settings(data_dir=tmp_path),
+        encoder=encoder,
+        store=store,
+        k=1,
+        min_recall=min_recall,
+        max_regression=max_regression,
+    )
+
+
 def ingest(store: Store, encoder: Encoder, root: Path, docs, **kw):
     kw.setdefault("full", True)  # a new version to judge, even of the same corpus
     return ingest_documents(
@@ -58,15 +78,7 @@ def ingest(store: Store, encoder: Encoder, root: Path, docs, **kw):
 def test_gate_promotes_an_equal_version_and_refuses_a_worse_one(
     store: Store, tiny_encoder: Encoder, tmp_path: Path
 ) -> None:
-    settings = Settings(data_dir=tmp_path)
-    gate = make_gate(
-        questions(tmp_path),
-        settings=settings,
-        encoder=tiny_encoder,
-        store=store,
-        k=1,
-        max_regression=0.0,
-    )
+    gate = gate_of(store, tiny_encoder, tmp_path, max_regression=0.0)
     v1 = ingest(store, tiny_encoder, tmp_path, GOOD, gate=gate)  # no live version: judged alone
     assert v1.promoted and v1.gate is not None and "new 1.0000" in v1.gate.summary
     v2 = ingest(store, tiny_encoder, tmp_path, GOOD, gate=gate)
@@ -86,14 +98,7 @@ def test_gate_promotes_an_equal_version_and_refuses_a_worse_one(
 
 
 def test_gate_min_recall(store: Store, tiny_encoder: Encoder, tmp_path: Path) -> None:
-    gate = make_gate(
-        questions(tmp_path),
-        settings=Settings(data_dir=tmp_path),
-        encoder=tiny_encoder,
-        store=store,
-        k=1,
-        min_recall=0.9,
-    )
+    gate = gate_of(store, tiny_encoder, tmp_path, min_recall=0.9)
     worse = [
         Document(d.id, "Untitled", "Nothing here.") if i % 2 else d for i, d in enumerate(GOOD)
     ]
@@ -108,14 +113,7 @@ def test_gate_counts_a_gold_document_a_version_lacks_as_a_miss(
     """A corpus that adds the document a gate question needs is what a gate should pass, and one
     that drops it what it should refuse: the version without the gold document scores that
     question as a miss (the eval's missing-gold error once stopped both ingests)."""
-    gate = make_gate(
-        questions(tmp_path),
-        settings=Settings(data_dir=tmp_path),
-        encoder=tiny_encoder,
-        store=store,
-        k=1,
-        max_regression=0.0,
-    )
+    gate = gate_of(store, tiny_encoder, tmp_path, max_regression=0.0)
     v1 = ingest(store, tiny_encoder, tmp_path, GOOD[:-1], gate=gate)  # d7 not yet written
     assert v1.promoted and v1.gate.details["new_without_gold"] == 1
     assert "new 0.8750 (1 questions' gold not in it: misses)" in v1.gate.summary
