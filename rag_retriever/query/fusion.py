@@ -104,8 +104,7 @@ def dbsf(
             seen.add(item)
             normalised = 0.5 if span == 0 else min(1.0, max(0.0, (score - low) / span))
             scores[item] = scores.get(item, 0.0) + weight * normalised
-    order = {item: i for i, item in enumerate(scores)}
-    return sorted(scores.items(), key=lambda kv: (-kv[1], order[kv[0]]))
+    return _best_first(scores)
 
 
 def _scored_fusion(
@@ -126,8 +125,7 @@ def _scored_fusion(
         factor = weight * (1.0 if confidence is None else confidence(values))
         for item, normalised in zip(first, normalise(values), strict=True):
             scores[item] = scores.get(item, 0.0) + factor * normalised
-    order = {item: i for i, item in enumerate(scores)}
-    return sorted(scores.items(), key=lambda kv: (-kv[1], order[kv[0]]))
+    return _best_first(scores)
 
 
 def _min_max(values: Sequence[float]) -> list[float]:
@@ -227,6 +225,11 @@ def adaptive(
             factor, normalised = (weight * lone if whole else 0.0), [1.0] * len(values)
         for item, z in zip(first, normalised, strict=True):
             scores[item] = scores.get(item, 0.0) + factor * z
+    return _best_first(scores)
+
+
+def _best_first(scores: dict[Id, float]) -> list[tuple[Id, float]]:
+    """The fused (id, score) pairs, highest first; equal scores in order of first appearance."""
     order = {item: i for i, item in enumerate(scores)}
     return sorted(scores.items(), key=lambda kv: (-kv[1], order[kv[0]]))
 

@@ -125,8 +125,8 @@ def promote_version(store: Store, alias: str, version: int) -> str:
 
 
 def rollback(store: Store, alias: str) -> str:
-    """Point `alias` back at the version it served before: the newest complete version older
-    than the one it serves now that was served once (never one that was only built: a gate's
+    """Point `alias` back: at the newest (highest-numbered) complete version older than the one
+    it serves now that was served once (never one that was only built: a gate's
     refusal, `--no-promote`) and that no rollback has left since (a second rollback goes
     further back, not forth). A compaction and the version it compacted count as one."""
     served = store.aliases().get(alias)
@@ -134,7 +134,7 @@ def rollback(store: Store, alias: str) -> str:
         raise CollectionNotFound(f"alias {alias!r} does not exist; nothing to roll back")
     infos = store.versions(alias)
     current = next((i.version for i in infos if i.name == served), None)
-    same = _same_points(infos, served)
+    same = same_points(infos, served)
     older = [
         i
         for i in infos
@@ -159,8 +159,9 @@ def rollback(store: Store, alias: str) -> str:
     return target.name
 
 
-def _same_points(infos: Sequence[CollectionInfo], name: str) -> set[str]:
-    """`name` and the versions it holds the same points as: the ones compacted into it."""
+def same_points(infos: Sequence[CollectionInfo], name: str) -> set[str]:
+    """`name` and the versions it holds the same points as: the ones compacted into it (a
+    compaction of a compaction... of them)."""
     records = {i.name: i.record for i in infos}
     same = {name}
     record = records.get(name)

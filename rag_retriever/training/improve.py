@@ -42,7 +42,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from rag_retriever.errors import ConfigError, RagError
+from rag_retriever.errors import ConfigError
 from rag_retriever.eval.evaluation import EvalRun, evaluate, primary_mode
 from rag_retriever.eval.judge import judge
 from rag_retriever.eval.questions import Question, file_sha256, load_questions
@@ -57,7 +57,7 @@ from rag_retriever.query.chunk_table import ChunkTable
 from rag_retriever.query.retriever import RetrievalConfig, Retriever
 from rag_retriever.settings import Settings
 from rag_retriever.store import Store, open_store
-from rag_retriever.store.catalog import apply_retention, point_alias
+from rag_retriever.store.catalog import apply_retention, point_alias, same_points
 from rag_retriever.training.common import PeakMemory, write_question_subset
 from rag_retriever.training.embedder import EmbedderTrainingConfig, train_embedder
 from rag_retriever.training.fusion import (
@@ -296,19 +296,6 @@ class Improve:
         )
         return _figures(run)
 
-    def _compacted_from(self, name: str, live: str) -> bool:
-        """Whether version `name` is a compaction (of a compaction...) of `live`."""
-        seen = 0
-        while name != live and seen < 10:
-            try:
-                lineage = self.store.record(name).lineage
-            except RagError:
-                return False
-            if not lineage.compacted or lineage.base is None:
-                return False
-            name, seen = lineage.base, seen + 1
-        return name == live
-
     def _update_record(self, name: str, **changes: Any) -> None:
         """Replace what is tuned for version `name` (its fusion, its reranker)."""
         self.store.put_record(name, dataclasses.replace(self.store.record(name), **changes))
@@ -537,15 +524,18 @@ class Improve:
             guard="recall@10",
             max_regression=self.options.max_regression,
         )
-        promote = bool(kept) and judged.better and not judged.regressed
+        wanted = bool(kept) and judged.better and not judged.regressed
         moved = None
-        if promote:
+        if wanted:
             # under the alias's write lock, and only if the alias still serves the version the
-            # candidate was built from: a write during the run (hours) would be lost otherwise
+            # candidate was built from, or a compaction of it (the same points): a write during
+            # the run (hours) would be lost otherwise
             with IngestLock(self.settings.data_dir, self.alias, wait_s=self.settings.lock_wait_s):
                 moved = self.store.aliases().get(self.alias)
-                if moved is not None and moved != live and self._compacted_from(moved, live):
-                    moved = live  # the same points in fewer shards: nothing written since
+                if moved is not None and live in same_points(
+                    self.store.versions(self.alias), moved
+                ):
+                    moved = live
                 if moved == live:
                     point_alias(self.store, self.alias, name)
                     apply_retention(
@@ -554,12 +544,12 @@ class Improve:
                         self.settings.keep_versions,
                         grace_s=self.settings.retention_grace_s,
                     )
-            promote = moved == live
+        promote = wanted and moved == live
         if promote:
             verdict = f"promoted: {self.alias} -> {name} (rollback restores {live})"
-        elif moved is None and kept and judged.better and not judged.regressed:
+        elif wanted and moved is None:
             verdict = f"not promoted: {self.alias} no longer exists; {name} is kept unpromoted"
-        elif moved is not None:
+        elif wanted:
             verdict = (
                 f"not promoted: {self.alias} moved from {live} to {moved} during the run, and "
                 f"{name} was built from {live}'s documents (serving it would drop the writes "
