@@ -11,9 +11,10 @@ import numpy as np
 import pytest
 
 from rag_retriever.cli import main
-from rag_retriever.errors import ConfigError, InvalidRequest
+from rag_retriever.errors import ConfigError, IngestLocked, InvalidRequest
 from rag_retriever.eval.questions import Question, load_questions
 from rag_retriever.ingest.loaders import LoadedCorpus
+from rag_retriever.ingest.lock import IngestLock
 from rag_retriever.ingest.writer import ingest_documents
 from rag_retriever.models.bm25 import sparse_dot
 from rag_retriever.models.encoder import Encoder
@@ -275,3 +276,24 @@ def test_synthetic_lists_take_the_sentence_out_of_the_corpus(
         assert dict(dense)[q.row] == pytest.approx(float(np.dot(qv, pv)), abs=1e-4)
         for ranked in (dense, bm25):
             assert [s for _, s in ranked] == sorted((s for _, s in ranked), reverse=True)
+
+
+def test_a_tuned_fusion_is_stored_under_the_alias_lock(
+    retriever: Retriever, tmp_path: Path
+) -> None:
+    """The record is rewritten under the alias's write lock, read inside it: racing an update's
+    alias move, a rewrite of a record read before would undo the move's `retired_at` stamp."""
+    questions, _ = load_questions(questions_file(tmp_path))
+    locks = tmp_path / "locks-dir"
+    served = retriever.store.aliases()["kb"]
+    with IngestLock(locks, "kb"):
+        with pytest.raises(IngestLocked, match="another write of 'kb'"):
+            tune_fusion(retriever, questions, collection="kb", lock_dir=locks)
+    assert retriever.store.record(served).fusion is None
+    # a stamp written just before the store is kept (the record is read under the lock)
+    stamped = dataclasses.replace(retriever.store.record(served), retired_at=123.0)
+    retriever.store.put_record(served, stamped)
+    report = tune_fusion(retriever, questions, collection="kb", lock_dir=locks)
+    assert report.stored
+    record = retriever.store.record(served)
+    assert record.fusion is not None and record.retired_at == 123.0

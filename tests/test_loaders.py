@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from rag_retriever.errors import DocumentError
-from rag_retriever.ingest.loaders import load_documents
+from rag_retriever.ingest.loaders import HIDDEN, load_documents
 from tests.conftest import shared_data, write_jsonl
 
 
@@ -496,3 +496,28 @@ def test_a_jsonl_suffix_in_capitals_is_a_jsonl_file(tmp_path: Path) -> None:
     """A folder's suffixes are read in any case; a file's .JSONL is too."""
     path = write_jsonl(tmp_path / "DATA.JSONL", [{"id": "a", "text": "alpha"}])
     assert [d.id for d in load_documents(path).documents] == ["a"]
+
+
+def test_hidden_files_and_folders_are_skipped_and_counted_unless_included(tmp_path: Path) -> None:
+    root = tmp_path / "docs"
+    (root / ".git").mkdir(parents=True)
+    (root / ".git" / "notes.txt").write_text("git internals", encoding="utf-8")
+    (root / ".venv" / "lib").mkdir(parents=True)
+    (root / ".venv" / "lib" / "LICENSE.md").write_text("# MIT\n\nlicence", encoding="utf-8")
+    (root / "guide").mkdir()
+    (root / "guide" / "a.md").write_text("# A\n\nalpha", encoding="utf-8")
+    (root / "guide" / ".draft.md").write_text("# Draft\n\nunfinished", encoding="utf-8")
+    corpus = load_documents(root)
+    assert [d.id for d in corpus.documents] == ["guide/a.md"]
+    # a hidden folder counts once: its files are not walked
+    assert corpus.skipped_files == {HIDDEN: 3}
+    included = load_documents(root, include_hidden=True)
+    assert [d.id for d in included.documents] == [
+        ".git/notes.txt",
+        ".venv/lib/LICENSE.md",
+        "guide/.draft.md",
+        "guide/a.md",
+    ]
+    assert HIDDEN not in included.skipped_files
+    # the folder named is read even when its own name is hidden
+    assert [d.id for d in load_documents(root / ".venv").documents] == ["lib/LICENSE.md"]

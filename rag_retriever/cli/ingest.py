@@ -47,7 +47,10 @@ def cmd_ingest(args: argparse.Namespace) -> int:
     check_unlocked(settings.data_dir, settings.collection)  # before seconds of model loading
     # validated fully before anything is written
     corpus = load_documents(
-        args.path, max_chars=settings.max_document_chars, follow_symlinks=args.follow_symlinks
+        args.path,
+        max_chars=settings.max_document_chars,
+        follow_symlinks=args.follow_symlinks,
+        include_hidden=args.include_hidden,
     )
     store = open_store(settings)
     # a re-ingest keeps the collection's model unless the settings name one
@@ -144,7 +147,12 @@ def cmd_update(args: argparse.Namespace) -> int:
             "nothing to do: give --upsert FILE_OR_FOLDER, --delete ID or --delete-ids FILE"
         )
     # every input is read and validated before anything is loaded or written
-    upserts = read_upserts(args.upsert, max_chars=settings.max_document_chars, root=args.root)
+    upserts = read_upserts(
+        args.upsert,
+        max_chars=settings.max_document_chars,
+        root=args.root,
+        include_hidden=args.include_hidden,
+    )
     deletes = [*args.delete, *(read_delete_ids(args.delete_ids) if args.delete_ids else [])]
     validate_delete_ids(deletes, source="--delete")  # argv may hold undecodable bytes
     documents = _in_tenant(upserts.documents, args.tenant)
@@ -288,6 +296,15 @@ def _print_ingest(report: dict[str, Any], as_json: bool) -> None:
     print(f"time        {stages}")
 
 
+def include_hidden_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--include-hidden",
+        action="store_true",
+        help="read a folder's hidden files and folders too (a name starting with a dot: .git, "
+        ".venv, .github; skipped and counted by default)",
+    )
+
+
 def add_ingest(sub: Any) -> None:
     """`ingest PATH`: a new version of a collection."""
     p = sub.add_parser(
@@ -314,6 +331,7 @@ def add_ingest(sub: Any) -> None:
         help="ingest files and folders that a folder links to outside itself (a linked file is "
         "refused by default, a linked folder skipped and counted)",
     )
+    include_hidden_flag(p)
     p.add_argument(
         "--full",
         action="store_true",
@@ -353,6 +371,7 @@ def add_update(sub: Any) -> None:
         "passed); give the folder the collection was ingested from, e.g. --upsert kb/policies "
         "--root kb",
     )
+    include_hidden_flag(p)
     group = p.add_mutually_exclusive_group()
     group.add_argument(
         "--delete", action="append", default=[], metavar="ID", help="a document id to delete"

@@ -201,6 +201,8 @@ def cmd_tune_fusion(args: argparse.Namespace) -> int:
         seed=args.seed,
         store=not args.dry_run,
         progress=not args.no_progress,
+        lock_dir=settings.data_dir,
+        lock_wait_s=settings.lock_wait_s,
     )
     if args.json:
         print(json.dumps(report.to_json(), indent=2))

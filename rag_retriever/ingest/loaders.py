@@ -66,10 +66,12 @@ def load_documents(
     max_chars: int = MAX_DOCUMENT_CHARS,
     follow_symlinks: bool = False,
     root: Path | None = None,
+    include_hidden: bool = False,
 ) -> LoadedCorpus:
     """Load a `.jsonl` file or a directory; raise DocumentError listing every problem found.
     A directory's ids are its files' paths relative to `root` (a folder that holds it; default:
-    the directory itself)."""
+    the directory itself). A directory's hidden files and folders (`.git`, `.venv`, `.github`:
+    a name that starts with a dot) are skipped and counted unless `include_hidden`."""
     if not path.exists():
         raise DocumentError(f"{path} does not exist; expected a .jsonl file or a directory")
     if path.is_dir():
@@ -77,6 +79,7 @@ def load_documents(
             path,
             max_chars=max_chars,
             follow_symlinks=follow_symlinks,
+            include_hidden=include_hidden,
             prefix=id_prefix(path, root) if root is not None else "",
         )
     elif path.suffix.lower() == ".jsonl":
@@ -432,6 +435,7 @@ READERS: dict[str, Reader] = {
 SUFFIXES = tuple(READERS)
 # Kind of a skipped entry that is a link to a folder outside the ingested one (not followed).
 LINKED_FOLDER = "link to a folder outside"
+HIDDEN = "hidden (a name starting with a dot)"
 
 
 def describe_suffixes() -> str:
@@ -439,11 +443,14 @@ def describe_suffixes() -> str:
     return "/".join(SUFFIXES)
 
 
-def _entries(root: Path, *, follow_outside: bool, problems: list[str]) -> list[Path]:
+def _entries(
+    root: Path, *, follow_outside: bool, problems: list[str], hidden: list[Path] | None = None
+) -> list[Path]:
     """Every entry under `root`, sorted, as `root.rglob("*")` lists them (links to folders are
     listed, not entered), except that a folder that cannot be read is a problem, not silently
     left out (its documents would be deleted by a re-ingest); with `follow_outside`, a link to a
-    folder outside `root` is entered too. No folder is read twice: a followed folder, or a
+    folder outside `root` is entered too. With a `hidden` list, an entry whose name starts with
+    a dot is put there instead, and a hidden folder is not entered. No folder is read twice: a followed folder, or a
     folder inside one, that is `root`'s own or one already read (a link to a parent, a loop) is
     not entered; of two links to one folder, the first by name is."""
     entries: list[Path] = []
@@ -463,6 +470,9 @@ def _entries(root: Path, *, follow_outside: bool, problems: list[str]) -> list[P
             continue
         pushed: list[tuple[Path, bool]] = []
         for path, is_folder in found:
+            if hidden is not None and path.name.startswith("."):
+                hidden.append(path)
+                continue
             entries.append(path)
             if is_folder and not outside:
                 pushed.append((path, False))  # root's own tree: each folder once already
@@ -476,14 +486,18 @@ def _entries(root: Path, *, follow_outside: bool, problems: list[str]) -> list[P
 
 
 def _load_directory(
-    root: Path, *, max_chars: int, follow_symlinks: bool, prefix: str = ""
+    root: Path, *, max_chars: int, follow_symlinks: bool, include_hidden: bool, prefix: str = ""
 ) -> LoadedCorpus:
     problems: list[str] = []
     documents: list[Document] = []
     empty: list[str] = []
     skipped_files: Counter[str] = Counter()
     files = []
-    for path in _entries(root, follow_outside=follow_symlinks, problems=problems):
+    hidden: list[Path] | None = None if include_hidden else []
+    found = _entries(root, follow_outside=follow_symlinks, problems=problems, hidden=hidden)
+    if hidden:
+        skipped_files[HIDDEN] = len(hidden)
+    for path in found:
         if path.is_symlink() and path.is_dir() and not _inside(path, root):
             if not follow_symlinks:  # not entered: counted
                 skipped_files[LINKED_FOLDER] += 1
@@ -537,7 +551,11 @@ class Upserts:
 
 
 def read_upserts(
-    paths: Sequence[Path], *, max_chars: int = MAX_DOCUMENT_CHARS, root: Path | None = None
+    paths: Sequence[Path],
+    *,
+    max_chars: int = MAX_DOCUMENT_CHARS,
+    root: Path | None = None,
+    include_hidden: bool = False,
 ) -> Upserts:
     """The documents of every `--upsert` path (each a .jsonl or a folder, as `load_documents`,
     a folder's ids relative to `root`), all read and checked first: DocumentError lists the
@@ -548,7 +566,9 @@ def read_upserts(
     where: list[tuple[DocKey, str]] = []
     for path in paths:
         try:
-            corpus = load_documents(path, max_chars=max_chars, root=root)
+            corpus = load_documents(
+                path, max_chars=max_chars, root=root, include_hidden=include_hidden
+            )
         except DocumentError as exc:
             problems.append(str(exc))
             continue

@@ -12,6 +12,7 @@ hosts ingesting the same alias into one Qdrant server are not serialised by it.
 
 from __future__ import annotations
 
+import dataclasses
 import fcntl
 import os
 import tempfile
@@ -22,6 +23,7 @@ from typing import Any
 
 from rag_retriever.errors import ConfigError, IngestLocked, InvalidRequest
 from rag_retriever.records import check_alias
+from rag_retriever.store.base import parse_collection_name
 
 # How often a waiting writer tries the lock again.
 _POLL_S = 0.05
@@ -37,6 +39,19 @@ def default_lock_dir(store: Any) -> Path:
     of its root, as the CLI's RAG_DATA_DIR), else the temp dir."""
     root = getattr(store, "root", None)
     return Path(root).parent if root is not None else Path(tempfile.gettempdir()) / "rag-retriever"
+
+
+def update_record(
+    store: Any, name: str, *, lock_dir: Path | None = None, wait_s: float = 0.0, **changes: Any
+) -> None:
+    """Replace fields of version `name`'s record (its tuned fusion, its reranker) under its
+    alias's write lock, reading the record inside it: a rewrite racing an update's alias move
+    would undo the `retired_at` stamp the move gave the version it left, and retention would
+    then delete that version with no grace."""
+    parsed = parse_collection_name(name)
+    alias = parsed[0] if parsed else name
+    with IngestLock(lock_dir or default_lock_dir(store), alias, wait_s=wait_s):
+        store.put_record(name, dataclasses.replace(store.record(name), **changes))
 
 
 def check_unlocked(data_dir: Path, alias: str) -> None:

@@ -19,11 +19,11 @@ Not handled: fusions of more than the two lists, and learning-to-rank.
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import random
 from collections.abc import Hashable, Iterator, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from rag_retriever.errors import InvalidRequest
@@ -31,6 +31,7 @@ from rag_retriever.eval.evaluation import gold_items
 from rag_retriever.eval.judge import judge
 from rag_retriever.eval.metrics import mrr_at_k, recall_at_k
 from rag_retriever.eval.questions import Question
+from rag_retriever.ingest.lock import update_record
 from rag_retriever.progress import progress as progress_of
 from rag_retriever.query.chunk_table import ChunkTable
 from rag_retriever.query.fusion import K_DEFAULT, METHODS, Fusion
@@ -168,9 +169,12 @@ def tune_fusion(
     seed: int = 0,
     store: bool = True,
     progress: bool = False,
+    lock_dir: Path | None = None,
+    lock_wait_s: float = 0.0,
 ) -> TuningReport:
     """Fit the fusion of `collection` on `questions`; store it only when it beats the default on
-    the held-out part (see the module docstring)."""
+    the held-out part (see the module docstring). It is stored under the alias's write lock in
+    `lock_dir` (the CLI's data dir; default: the store's), waiting up to `lock_wait_s`."""
     opened = retriever.open_collection(collection, "hybrid")
     table = ChunkTable.load(retriever.store, opened.name)
     usable = usable_questions(questions, table, opened.name)
@@ -201,7 +205,10 @@ def tune_fusion(
     )
     wins = report.held_out["best"].beats(report.held_out["default"])
     if store and wins and best != default:
-        _store_fusion(retriever, report)
+        fusion = {**report.best.to_json(), "tuning": report.to_json()}
+        update_record(
+            retriever.store, opened.name, lock_dir=lock_dir, wait_s=lock_wait_s, fusion=fusion
+        )
         report.stored = True
     return report
 
@@ -250,13 +257,6 @@ def _best_fusion(
         bar.update(1)
     bar.close()
     return best, best_figures
-
-
-def _store_fusion(retriever: Retriever, report: TuningReport) -> None:
-    """Record the best fusion, with the report that chose it, in the version's metadata."""
-    record = retriever.store.record(report.collection)
-    fusion = {**report.best.to_json(), "tuning": report.to_json()}
-    retriever.store.put_record(report.collection, dataclasses.replace(record, fusion=fusion))
 
 
 def _first_stage_lists(

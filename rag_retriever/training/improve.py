@@ -32,7 +32,6 @@ that cannot fit is skipped. Models are kept under `<data dir>/models/<alias>/<ru
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
 import time
@@ -46,7 +45,7 @@ from rag_retriever.errors import ConfigError
 from rag_retriever.eval.evaluation import EvalRun, evaluate, primary_mode
 from rag_retriever.eval.judge import judge
 from rag_retriever.eval.questions import Question, file_sha256, load_questions
-from rag_retriever.ingest.lock import IngestLock
+from rag_retriever.ingest.lock import IngestLock, update_record
 from rag_retriever.ingest.versions import documents_of
 from rag_retriever.ingest.writer import IngestReport, ingest_documents
 from rag_retriever.models.device import training_thread
@@ -298,7 +297,13 @@ class Improve:
 
     def _update_record(self, name: str, **changes: Any) -> None:
         """Replace what is tuned for version `name` (its fusion, its reranker)."""
-        self.store.put_record(name, dataclasses.replace(self.store.record(name), **changes))
+        update_record(
+            self.store,
+            name,
+            lock_dir=self.settings.data_dir,
+            wait_s=self.settings.lock_wait_s,
+            **changes,
+        )
         self._forget(name)
 
     # -- steps --------------------------------------------------------------------------------
