@@ -217,3 +217,38 @@ def test_rerank_mode_without_reranker_is_an_error(retriever: Retriever, tmp_path
         ]
     )
     assert run(args, retriever) == 2
+
+
+def test_a_span_no_chunk_holds_is_a_missed_item_not_dropped(
+    retriever: Retriever, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Two spans, one in a chunk of its own document and one the length of a document of
+    several chunks: recall@k is at most 1/2 (the second can never be found), and the run says
+    why. Dropping the uncovered span scored the question 1.0."""
+    wine = DOCS[1].text
+    start = wine.index("Paris")
+    path = write_jsonl(
+        tmp_path / "two.jsonl",
+        [
+            {
+                "id": "q1",
+                "question": "red wine Paris France",
+                "gold_doc_ids": ["wine", "kings"],
+                "gold_spans": [
+                    {"doc_id": "wine", "start": start, "end": start + 5},
+                    {"doc_id": "kings", "start": 0, "end": len(LONG)},
+                ],
+            }
+        ],
+    )
+    out = tmp_path / "out"
+    args = build_parser().parse_args(
+        ["--questions", str(path), "--collection", "kb", "--out", str(out), "--no-progress"]
+    )
+    assert run(args, retriever) == 0
+    assert "line 1: 1 of 2 gold spans lie in no chunk" in capsys.readouterr().err
+    summary = json.loads((out / "summary.json").read_text())
+    row = json.loads((out / "per_question.jsonl").read_text())
+    assert row["failure_class"] != "chunking_miss"
+    for mode, figures in summary["modes"].items():
+        assert figures["recall@10"] == 0.5, (mode, figures)

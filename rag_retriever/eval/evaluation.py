@@ -214,7 +214,13 @@ class _Plan:
                     plan.skipped["unknown_gold_doc"] += 1
                     continue
             items = gold_items(q, index, rows_of_doc, level)
-            if not items:
+            uncovered = sum(1 for item in items if not item)
+            if uncovered and uncovered < len(items):
+                plan.problems.append(
+                    f"line {q.line}: {uncovered} of {len(items)} gold spans lie in no chunk of "
+                    f"{name} (partial chunking miss: counted as missed items)"
+                )
+            if not any(items):
                 plan.problems.append(
                     f"line {q.line}: no chunk of {name} contains the gold span (chunking miss)"
                 )
@@ -258,20 +264,20 @@ def _score_runnable(
 def gold_items(
     q: Question, index: ChunkTable, rows_of_doc: dict[str, list[int]], level: Level
 ) -> list[set[Hashable]]:
-    """The gold items of a question as sets of keys (chunk rows, or doc ids at doc level)."""
+    """The gold items of a question as sets of keys (chunk rows, or doc ids at doc level). A
+    span that no chunk contains whole (it crosses a chunk boundary) is an empty item: never
+    satisfied, it counts as a miss rather than vanishing from the question's recall."""
     if level == "doc":
         return [{d} for d in q.gold_doc_ids if d in rows_of_doc]
     if q.gold_spans:
-        items: list[set[Hashable]] = []
-        for span in q.gold_spans:
-            rows: set[Hashable] = {
+        return [
+            {
                 r
                 for r in rows_of_doc.get(span.doc_id, [])
                 if index.chunks[r].start <= span.start and span.end <= index.chunks[r].end
             }
-            if rows:
-                items.append(rows)
-        return items
+            for span in q.gold_spans
+        ]
     return [set(rows_of_doc[d]) for d in q.gold_doc_ids if d in rows_of_doc]
 
 

@@ -227,7 +227,7 @@ def usable_questions(
         q
         for q in questions
         if all(d in table.rows_of_doc for d in q.gold_doc_ids)
-        and gold_items(q, table, table.rows_of_doc, "chunk")
+        and any(gold_items(q, table, table.rows_of_doc, "chunk"))
     ]
     if len(usable) < minimum:
         hint = (
