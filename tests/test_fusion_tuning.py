@@ -286,9 +286,8 @@ def test_a_tuned_fusion_is_stored_under_the_alias_lock(
     questions, _ = load_questions(questions_file(tmp_path))
     locks = tmp_path / "locks-dir"
     served = retriever.store.aliases()["kb"]
-    with IngestLock(locks, "kb"):
-        with pytest.raises(IngestLocked, match="another write of 'kb'"):
-            tune_fusion(retriever, questions, collection="kb", lock_dir=locks)
+    with IngestLock(locks, "kb"), pytest.raises(IngestLocked, match="another write of 'kb'"):
+        tune_fusion(retriever, questions, collection="kb", lock_dir=locks)
     assert retriever.store.record(served).fusion is None
     # a stamp written just before the store is kept (the record is read under the lock)
     stamped = dataclasses.replace(retriever.store.record(served), retired_at=123.0)

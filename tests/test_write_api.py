@@ -886,3 +886,42 @@ def test_a_negative_write_interval_is_refused_at_start_up() -> None:
     with pytest.raises(ConfigError, match="RAG_WRITE_INTERVAL_MS"):
         Settings.from_env({"RAG_WRITE_INTERVAL_MS": "-1"})
     assert cli.main(["serve", "--port", "0", "--write-interval-ms", "-5"]) == 2
+
+
+def test_waiting_writes_hold_no_worker_thread(tmp_path: Path, tiny_encoder: Encoder) -> None:
+    """Writes that wait for their version wait on the event loop: with the worker threads cut to
+    2, four waiting requests (the first a write, the others polls of it) leave /healthz and a
+    search answering while they still wait. Waiting in a worker thread, they held the pool that
+    every search and probe shares."""
+    import anyio.to_thread
+
+    client, _ = make_app(tmp_path, tiny_encoder, write_window_ms=8000)
+    with client as http:
+
+        async def two_threads() -> None:
+            anyio.to_thread.current_default_thread_limiter().total_tokens = 2
+
+        assert http.portal is not None
+        http.portal.call(two_threads)
+        first = http.put(
+            "/v1/collections/kb/documents",
+            json={"documents": [{"id": "late", "text": "kilo lima"}], "wait": 0},
+            headers=auth(WRITE),
+        )
+        poll = first.json()["poll"]
+        answers: list[int] = []
+
+        def wait_for_it() -> None:
+            answers.append(http.get(f"{poll}?wait=4", headers=auth(WRITE)).status_code)
+
+        waiters = [threading.Thread(target=wait_for_it) for _ in range(4)]
+        for t in waiters:
+            t.start()
+        time.sleep(0.5)  # the four are waiting
+        assert http.get("/healthz").status_code == 200
+        found = http.post("/v1/search", json={"query": "river"}, headers=auth(READ))
+        assert found.status_code == 200
+        assert any(t.is_alive() for t in waiters), "the probes answered only after the waits"
+        for t in waiters:
+            t.join()
+        assert answers == [202] * 4

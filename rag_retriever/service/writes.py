@@ -24,6 +24,7 @@ idempotent).
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import math
 import os
@@ -42,6 +43,7 @@ from fastapi.responses import JSONResponse
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 from pydantic import BaseModel, ConfigDict, Field
+from starlette.concurrency import run_in_threadpool
 
 from rag_retriever import tracing
 from rag_retriever.access import Scope
@@ -321,6 +323,8 @@ def merge(group: Sequence[Change]) -> tuple[dict[DocKey, Document], set[DocKey]]
 # How long a write request waits for its version by default, and at most.
 DEFAULT_WAIT_S = 30.0
 MAX_WAIT_S = 300.0
+# How often a waiting write route looks at its change (a write takes seconds).
+WAIT_POLL_S = 0.02
 
 
 # The alias of a write's path, documented as the names check_alias accepts; checked there (one
@@ -463,8 +467,8 @@ def add_write_routes(app: FastAPI, retriever: Retriever, settings: Settings) -> 
         access.check_collection(alias)
         return access
 
-    def answer(change: Change, wait: float, access: Scope) -> JSONResponse:
-        change.done.wait(wait)
+    async def answer(change: Change, wait: float, access: Scope) -> JSONResponse:
+        await until_set(change.done, wait)
         if change.done.is_set() and change.error is not None:
             raise change.error
         return JSONResponse(
@@ -483,38 +487,53 @@ def add_write_routes(app: FastAPI, retriever: Retriever, settings: Settings) -> 
         summary="Upsert documents (a new version made from the live one plus the change)",
         responses=_WRITE_ERRORS,
     )
-    def upsert(alias: AliasParameter, body: UpsertBody, request: Request) -> JSONResponse:
+    async def upsert(alias: AliasParameter, body: UpsertBody, request: Request) -> JSONResponse:
         name = alias_of(alias)
         access = scoped(request, name)
         docs = [in_scope(d, access) for d in body.documents]
-        return answer(committer.submit(name, docs, (), scope=access.name), body.wait, access)
+        # validated in a worker thread (a large body), waited for on the event loop
+        found = await run_in_threadpool(committer.submit, name, docs, (), scope=access.name)
+        return await answer(found, body.wait, access)
 
     @app.post(
         "/v1/collections/{alias}/documents:delete",
         summary="Delete documents by id (a new version without them)",
         responses=_WRITE_ERRORS,
     )
-    def delete(alias: AliasParameter, body: DeleteBody, request: Request) -> JSONResponse:
+    async def delete(alias: AliasParameter, body: DeleteBody, request: Request) -> JSONResponse:
         name = alias_of(alias)
         access = scoped(request, name)
         tenant = access.write_tenant(tenant_name(body.tenant))
         keys = [(tenant, i) for i in body.ids]
-        return answer(committer.submit(name, (), keys, scope=access.name), body.wait, access)
+        found = await run_in_threadpool(committer.submit, name, (), keys, scope=access.name)
+        return await answer(found, body.wait, access)
 
     @app.get(
         "/v1/changes/{change_id}",
         summary="A write's state: committed (its version), pending, or failed",
         responses=_WRITE_ERRORS,
     )
-    def change(change_id: str, request: Request, wait: float = 0.0) -> JSONResponse:
+    async def change(change_id: str, request: Request, wait: float = 0.0) -> JSONResponse:
         # a key sees its own changes only (another key's is "not known here")
         access = access_of(request)
         if not access.write:
             raise Forbidden(f"key {access.name!r} cannot write")
         found = committer.get(change_id, scope=access.name)
-        return answer(found, min(max(wait, 0.0), MAX_WAIT_S), access)
+        return await answer(found, min(max(wait, 0.0), MAX_WAIT_S), access)
 
     return committer
+
+
+async def until_set(event: threading.Event, timeout: float) -> None:
+    """Wait up to `timeout` for `event` on the event loop, polled: a write route that waited in
+    a worker thread held one of the pool that searches and the probes share (40 waiting writes
+    stopped every tenant's searches and /healthz for up to MAX_WAIT_S)."""
+    deadline = time.monotonic() + timeout
+    while not event.is_set():
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return
+        await asyncio.sleep(min(WAIT_POLL_S, left))
 
 
 def http_commit(
