@@ -369,6 +369,8 @@ def test_metrics_in_the_prometheus_format_behind_the_read_key(
         http.post("/v1/search", json={"query": "apples", "mode": "hybrid"}, headers=key)
         http.post("/v1/search", json={"query": "apples", "k": 1000}, headers=key)  # a 422
         http.post("/v1/search", json={"query": "apples"})  # a 401
+        for made_up in ("X1", "X2", "BREW"):  # the HTTP parser takes any token as a method
+            http.request(made_up, "/healthz")
         assert http.get("/metrics").status_code == 401
         text = http.get("/metrics", headers=key).text
     samples = {
@@ -383,6 +385,11 @@ def test_metrics_in_the_prometheus_format_behind_the_read_key(
     assert value("rag_requests_total", route="/v1/search", method="POST", status="200") == 1
     assert value("rag_requests_total", route="/v1/search", method="POST", status="422") == 1
     assert value("rag_requests_total", route="unmatched", method="POST", status="401") == 1
+    assert not {m for (n, labels), _ in samples.items() for k, m in labels if k == "method"} - {
+        "GET",
+        "POST",
+        "other",
+    }
     assert value("rag_queries_total", mode="hybrid") == 1
     assert value("rag_stage_duration_seconds_count", stage="encode") == 1
     assert value("rag_stage_duration_seconds_count", stage="total") == 1

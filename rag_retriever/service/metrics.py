@@ -6,7 +6,8 @@ Example:
 
 What is measured, with bounded label sets (routes are the app's route templates, never a query
 text or an id):
-- `rag_requests_total{route, method, status}` and `rag_request_duration_seconds{route}`: every
+- `rag_requests_total{route, method, status}` (a method outside GET, HEAD, POST, PUT, DELETE,
+  OPTIONS, PATCH is "other") and `rag_request_duration_seconds{route}`: every
   request, errors included;
 - `rag_queries_total{mode}`, `rag_stage_duration_seconds{stage}` (encode, search = the dense and
   BM25 lists in one engine call, fuse, rerank, total), `rag_hits_returned` (per query),
@@ -52,6 +53,10 @@ CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 # Seconds: from a cached BM25 query (~1 ms) to a reranked batch on a CPU (seconds).
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
 HITS_BUCKETS = (0, 1, 3, 5, 10, 20, 50, 100)
+
+
+# The methods counted by name in rag_requests_total.
+HTTP_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "DELETE", "OPTIONS", "PATCH"})
 
 
 class Metrics:
@@ -123,6 +128,9 @@ class Metrics:
                 self.truncated.inc()
 
     def count_request(self, route: str, method: str, status: int, seconds: float) -> None:
+        # any token is a method to the HTTP parser, before any key is checked: one series each
+        # would grow the registry without bound, so other methods share "other"
+        method = method if method in HTTP_METHODS else "other"
         self.requests.labels(route, method, str(status)).inc()
         self.request_seconds.labels(route).observe(seconds)
 
