@@ -150,6 +150,11 @@ def _range(field: str, bounds: Any, at: str) -> Range:
     for name, value in bounds.items():
         if isinstance(value, bool) or not isinstance(value, int | float):
             raise ValueError(f"{at}.{name}: a number, got {type(value).__name__}")
+        if isinstance(value, int) and abs(value) > MAX_EXACT_INT:  # past a float: OverflowError
+            raise ValueError(
+                f"{at}.{name}: integers lie within ±{MAX_EXACT_INT}, got one of "
+                f"{value.bit_length()} bits (write a float)"
+            )
         if not math.isfinite(value):
             raise ValueError(f"{at}.{name}: a finite number, got {value}")
     if ("gt" in bounds and "gte" in bounds) or ("lt" in bounds and "lte" in bounds):
