@@ -59,6 +59,7 @@ def test_chunks_tile_the_document_and_offsets_round_trip(text: str, counter) -> 
     for a, b in itertools.pairwise(chunks):
         assert b.start <= a.end, "a gap between chunks"
         assert b.start > a.start, "no progress"
+        assert b.end > a.end, "a chunk of repeated text alone"
     covered: set[int] = set()
     for c in chunks:
         covered.update(range(c.start, c.end))
@@ -99,6 +100,19 @@ def test_overlap_between_chunks_of_one_long_paragraph() -> None:
         assert shared, "consecutive chunks of one paragraph must overlap"
         assert shared.endswith("."), "the overlap is whole sentences"
         assert 1 <= shared.count(".") <= 2
+
+
+def test_an_overlap_leaves_room_for_new_text() -> None:
+    """Sentences of 4, 4, 4, 4, 4, 18 and 4 words in one paragraph, a budget of 20 and an
+    overlap of 8: the two sentences repeated before the 18-word one left it no room, and two
+    chunks held only text the first one had."""
+    lengths = [4, 4, 4, 4, 4, 18, 4]
+    text = " ".join("Word " + " ".join(["w"] * (n - 2)) + " end." for n in lengths)
+    cfg = ChunkingConfig(chunk_tokens=20, overlap_tokens=8, max_seq_length=40, special_tokens=2)
+    chunks = chunks_of(text, title="", cfg=cfg)
+    for a, b in itertools.pairwise(chunks):
+        assert b.end > a.end, [(c.start, c.end) for c in chunks]
+    assert chunks[-1].end == len(text)
 
 
 def test_sentence_longer_than_budget_is_cut_at_words() -> None:

@@ -454,4 +454,8 @@ class Chunker:
             # The next paragraph fits whole: only overlap as much as still leaves room for it.
             while best and sum(u.tokens for u in units[j - best : j]) + next_para > budget:
                 best -= 1
+        # The next chunk holds at least the unit after this one: an overlap that left no room
+        # for it made a chunk of repeated text alone (a duplicate hit, an embedding wasted).
+        while best and sum(u.tokens for u in units[j - best : j]) + units[j].tokens > budget:
+            best -= 1
         return best
