@@ -377,7 +377,9 @@ def test_cross_encoder_loads_scores_and_counts_truncation(tiny_reranker_dir: Pat
         assert reranker.score("apples", [p]).scores[0] == pytest.approx(out.scores[i], abs=1e-4)
 
 
-def test_two_label_reranker_uses_the_positive_class(tmp_path: Path) -> None:
+def test_two_label_reranker_scores_the_positive_class_log_odds(tmp_path: Path) -> None:
+    """A two-label cross-encoder ranks by P(label 1) = softmax: its log-odds l1 - l0, in the
+    same order. The raw positive logit is not: (5, 3) would rank above (0, 2)."""
     from transformers import BertForSequenceClassification
 
     from tests.conftest import build_tiny_bert
@@ -386,10 +388,15 @@ def test_two_label_reranker_uses_the_positive_class(tmp_path: Path) -> None:
     config = json.loads((directory / "config.json").read_text())
     model = BertForSequenceClassification.from_pretrained(directory)
     reranker = CrossEncoderReranker.load(directory, device="cpu", dtype="fp32")
-    batch, _ = reranker.encode_pairs("q", ["apples"])
+    passages = ["apples", "red wine", "the river city", "kings and queens", "b"]
+    batch, _ = reranker.encode_pairs("q", passages)
     with torch.no_grad():
         logits = model.eval()(**batch).logits
-    assert reranker.score("q", ["apples"]).scores[0] == pytest.approx(float(logits[0, 1]), abs=1e-4)
+    scores = reranker.score("q", passages).scores
+    expected = (logits[:, 1] - logits[:, 0]).numpy()
+    assert scores == pytest.approx(expected, abs=1e-4)
+    positive = torch.softmax(logits, dim=1)[:, 1].numpy()
+    assert list(np.argsort(-scores, kind="stable")) == list(np.argsort(-positive, kind="stable"))
     assert config["architectures"] == ["BertForSequenceClassification"]
 
 

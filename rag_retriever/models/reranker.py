@@ -6,7 +6,7 @@ Example:
     array([ 4.1, -3.2], dtype=float32)
 
 The model is any `AutoModelForSequenceClassification` with one logit (its score) or two (the
-positive class's logit). Each pair is tokenised once; pairs are scored in batches sorted by
+positive class's log-odds, label 1's logit minus label 0's). Each pair is tokenised once; pairs are scored in batches sorted by
 token length (to cut padding), on CUDA with fp16 weights when present (the scores stay on the
 device until one copy at the end), else on the CPU (bf16 autocast where the CPU has native bf16).
 Pairs longer than `max_length` are truncated on the chunk side and counted. The scores only
@@ -172,9 +172,11 @@ class CrossEncoderReranker:
         )
 
     def logits(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-        """The relevance score of each pair in a tokenised batch (differentiable)."""
+        """The relevance score of each pair in a tokenised batch (differentiable): the logit of
+        a one-label model; of a two-label one, the positive class's log-odds l1 - l0 (ordered as
+        its softmax probability; the raw l1 is not: (5, 3) is less likely than (0, 2))."""
         out = self.model(**batch).logits.float()
-        return out[:, 0] if self.num_labels == 1 else out[:, 1]
+        return out[:, 0] if self.num_labels == 1 else out[:, 1] - out[:, 0]
 
     def encode_pairs(
         self, query: str, passages: Sequence[str]
