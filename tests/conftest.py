@@ -11,6 +11,7 @@ import json
 import os
 import signal
 import string
+import sys
 import tempfile
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -296,3 +297,23 @@ def spans() -> Iterator[InMemorySpanExporter]:
     yield exporter
     tracing.shutdown()
     provider.shutdown()
+
+
+class OutOfMemoryAbove(torch.nn.Module):
+    """The tiny model, except that a batch of more than `rows` texts raises the out-of-memory
+    error CUDA raises. Only the error is simulated; the forward pass is the real model's."""
+
+    def __init__(self, model: torch.nn.Module, rows: int) -> None:
+        super().__init__()
+        self.inner, self.rows, self.config = model, rows, model.config
+        self.calls: list[int] = []
+        # whether an exception was being handled at each call: a retry inside the `except`
+        # block runs while the traceback holds the failed pass's activations
+        self.in_handler: list[bool] = []
+
+    def forward(self, **batch: torch.Tensor) -> Any:
+        self.calls.append(len(batch["input_ids"]))
+        self.in_handler.append(sys.exc_info()[0] is not None)
+        if len(batch["input_ids"]) > self.rows:
+            raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
+        return self.inner(**batch)

@@ -24,7 +24,7 @@ from rag_retriever.models.encoder import (
     embed_batch,
     tokenize,
 )
-from tests.conftest import WORDS
+from tests.conftest import WORDS, OutOfMemoryAbove
 
 TEXTS = st.lists(
     st.lists(st.sampled_from([*WORDS, "naïve", "x" * 30, "!"]), min_size=0, max_size=90).map(
@@ -123,22 +123,6 @@ def test_minilm_lengths_and_truncation_counts_are_unchanged(minilm: Encoder) -> 
     assert tokens.truncated == 2
 
 
-class OutOfMemoryAbove(torch.nn.Module):
-    """The tiny model, except that a batch of more than `rows` texts raises the out-of-memory
-    error CUDA raises. Only the error is simulated; the forward pass is the real model's."""
-
-    def __init__(self, model: torch.nn.Module, rows: int) -> None:
-        super().__init__()
-        self.inner, self.rows, self.config = model, rows, model.config
-        self.calls: list[int] = []
-
-    def forward(self, **batch: torch.Tensor) -> Any:
-        self.calls.append(len(batch["input_ids"]))
-        if len(batch["input_ids"]) > self.rows:
-            raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
-        return self.inner(**batch)
-
-
 def _encoder_around(tiny: Encoder, model: torch.nn.Module, batch_size: int) -> Encoder:
     return Encoder(
         model,  # type: ignore[arg-type]
@@ -164,6 +148,7 @@ def test_an_out_of_memory_halves_the_batch_once_with_one_warning(
     np.testing.assert_allclose(again.vectors, result.vectors, atol=1e-6)
     assert wrapped.calls[:3] == [8, 4, 2]  # 8 failed, 4 failed, 2 ran
     assert max(wrapped.calls[3:]) == 2  # and stayed halved, in this call and the next
+    assert not any(wrapped.in_handler)  # each retry after the failed pass was let go
     warnings = [r for r in caplog.records if "out of memory" in r.getMessage()]
     assert len(warnings) == 1
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import re
 import shutil
 from collections.abc import Sequence
@@ -32,7 +33,7 @@ from rag_retriever.query.retriever import RetrievalConfig, Retriever
 from rag_retriever.records import Document, FusionMethod, SearchFilter
 from rag_retriever.settings import Settings
 from rag_retriever.store import EdgeStore, Store
-from tests.conftest import collection_retriever
+from tests.conftest import OutOfMemoryAbove, collection_retriever
 
 TOPICS = ["apples", "pears", "wine", "river", "mountain", "city", "king", "queen", "war", "peace"]
 DOCS = tuple(
@@ -375,6 +376,32 @@ def test_cross_encoder_loads_scores_and_counts_truncation(tiny_reranker_dir: Pat
     # Scores do not depend on batch composition or order (padding is masked).
     for i, p in enumerate(passages):
         assert reranker.score("apples", [p]).scores[0] == pytest.approx(out.scores[i], abs=1e-4)
+
+
+def test_a_reranker_out_of_memory_halves_its_batch_once_with_one_warning(
+    tiny_reranker_dir: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Only the error is simulated (a batch of more than 2 pairs raises CUDA's out-of-memory);
+    the scores are the real model's, in the passages' order."""
+    reranker = CrossEncoderReranker.load(
+        tiny_reranker_dir, device="cpu", dtype="fp32", batch_size=8
+    )
+    passages = ["red apples", "the king and the queen", "river", "blue wine", "a", "b c"]
+    reference = reranker.score("apples", passages).scores
+    small = OutOfMemoryAbove(reranker.model, rows=2)
+    reranker.model = small  # type: ignore[assignment]
+    with caplog.at_level(logging.WARNING, logger="rag_retriever.models.reranker"):
+        out = reranker.score("apples", passages)
+        again = reranker.score("apples", passages)
+    assert out.scores == pytest.approx(reference, abs=1e-5)
+    assert again.scores == pytest.approx(reference, abs=1e-5)
+    calls = small.calls
+    assert calls[:2] == [6, 4] and max(calls[2:]) == 2 and reranker.batch_size == 2
+    assert not any(small.in_handler)
+    assert len([r for r in caplog.records if "out of memory" in r.getMessage()]) == 1
+    small.rows, reranker.batch_size = 0, 1
+    with pytest.raises(torch.OutOfMemoryError):
+        reranker.score("apples", ["river"])
 
 
 def test_two_label_reranker_scores_the_positive_class_log_odds(tmp_path: Path) -> None:

@@ -277,20 +277,14 @@ class Encoder:
 
     def _forward(self, batch: TokenBatch) -> torch.Tensor:
         """The batch's unit vectors, on the device. A CUDA out-of-memory halves the batch for
-        the rest of this encoder's life, with one warning, and the batch runs in halves."""
-        size = min(self._max_rows, len(batch.rows))
-        try:
-            parts = [
-                embed_tokens(
-                    self.model,
-                    batch.slice(at, at + size).to(self.precision.device),
-                    self.profile.pooling,
-                )
-                for at in range(0, len(batch.rows), size)
-            ]
-        except torch.OutOfMemoryError:
-            if size == 1:
-                raise
+        the rest of this encoder's life, with one warning, and the batch runs in halves. The
+        retry runs after the failed pass is let go (a retry inside the `except` block ran while
+        its traceback still held that pass's activations)."""
+        while True:
+            size = min(self._max_rows, len(batch.rows))
+            parts = self._embed_in(batch, size)
+            if parts is not None:
+                return parts[0] if len(parts) == 1 else torch.cat(parts)
             self._max_rows = max(1, size // 2)
             if self.precision.device.type == "cuda":
                 torch.cuda.empty_cache()
@@ -303,8 +297,23 @@ class Encoder:
                     self._max_rows,
                 )
                 self._warned_oom = True
-            return self._forward(batch)
-        return parts[0] if len(parts) == 1 else torch.cat(parts)
+
+    def _embed_in(self, batch: TokenBatch, size: int) -> list[torch.Tensor] | None:
+        """The batch's vectors in slices of `size` rows; None when the device ran out of memory
+        (raised at one row: nothing smaller to try)."""
+        try:
+            return [
+                embed_tokens(
+                    self.model,
+                    batch.slice(at, at + size).to(self.precision.device),
+                    self.profile.pooling,
+                )
+                for at in range(0, len(batch.rows), size)
+            ]
+        except torch.OutOfMemoryError:
+            if size == 1:
+                raise
+            return None
 
 
 # Batches tokenised ahead of the one on the device (the prefetch queue's bound).

@@ -108,6 +108,7 @@ class CrossEncoderReranker:
         self.precision = precision
         self.batch_size = batch_size_for(precision.device, batch_size, AUTO_RERANK_BATCH_SIZE)
         self.num_labels = int(model.config.num_labels or 1)
+        self._warned_oom = False
         window = int(getattr(model.config, "max_position_embeddings", max_length))
         self.max_length = min(max_length, window)
 
@@ -203,18 +204,47 @@ class CrossEncoderReranker:
         )
 
     def score(self, query: str, passages: Sequence[str]) -> PairScores:
+        """The pairs' scores in `passages`' order. A CUDA out-of-memory halves the batch size
+        for the rest of this reranker's life, with one warning, and the query is scored again
+        (after the failed pass is let go), as the encoder does."""
         if not passages:
             return PairScores(np.zeros(0, dtype=np.float32), 0)
         tokens = self.tokenize_pairs(query, passages)
+        while True:
+            size = self.batch_size
+            scores = self._scores_in(tokens, len(passages), size)
+            if scores is not None:
+                return PairScores(scores, tokens.truncated)
+            self.batch_size = max(1, size // 2)
+            if self.precision.device.type == "cuda":
+                torch.cuda.empty_cache()
+            if not self._warned_oom:
+                log.warning(
+                    "reranker out of memory at %d pairs per batch on %s; using %d (set "
+                    "RAG_RERANK_BATCH_SIZE lower to start there)",
+                    size,
+                    self.precision.describe(),
+                    self.batch_size,
+                )
+                self._warned_oom = True
+
+    def _scores_in(self, tokens: Tokens, n: int, size: int) -> np.ndarray | None:
+        """The scores of `tokens`' pairs in batches of `size`; None when the device ran out of
+        memory (raised at one pair: nothing smaller to try)."""
         rows: list[np.ndarray] = []
         logits: list[torch.Tensor] = []
         pin = self.precision.device.type == "cuda"
-        for batch in tokens.batches(self.batch_size, pin=pin):
-            rows.append(batch.rows)
-            on_device = batch.to(self.precision.device)
-            pass_ = partial(self.logits, on_device)
-            logits.append(forward(self.precision, self.model, pass_, tokens=batch.n_padded))
-        scores = np.empty(len(passages), dtype=np.float32)
+        try:
+            for batch in tokens.batches(size, pin=pin):
+                rows.append(batch.rows)
+                on_device = batch.to(self.precision.device)
+                pass_ = partial(self.logits, on_device)
+                logits.append(forward(self.precision, self.model, pass_, tokens=batch.n_padded))
+        except torch.OutOfMemoryError:
+            if size == 1:
+                raise
+            return None
+        scores = np.empty(n, dtype=np.float32)
         # one device-to-host copy (one wait for the device) per call, not one per batch
         scores[np.concatenate(rows)] = torch.cat(logits).cpu().numpy()
-        return PairScores(scores, tokens.truncated)
+        return scores
