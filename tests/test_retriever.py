@@ -389,7 +389,7 @@ def test_a_reranker_out_of_memory_halves_its_batch_once_with_one_warning(
     passages = ["red apples", "the king and the queen", "river", "blue wine", "a", "b c"]
     reference = reranker.score("apples", passages).scores
     small = OutOfMemoryAbove(reranker.model, rows=2)
-    reranker.model = small  # type: ignore[assignment]
+    reranker.model = small
     with caplog.at_level(logging.WARNING, logger="rag_retriever.models.reranker"):
         out = reranker.score("apples", passages)
         again = reranker.score("apples", passages)
