@@ -238,21 +238,18 @@ def check_filter(flt: SearchFilter | None, opened: OpenCollection) -> None:
     """Every field the filter names is a metadata field of the version's documents, used as
     its values allow (a range on numbers, a match with values of the field's kind): a filter
     that can match nothing is a mistake to report, not 0 hits. Versions that do not record
-    their fields (written before 0.3) are not checked."""
+    their fields (written before 0.3) are not checked, nor is the filter of a key limited to
+    tenants or groups: the fields are the whole version's, so a 422 listing them (or answering
+    for a field only another tenant's documents hold, and its kind) would tell one tenant what
+    the others' documents hold; such a filter gets no hits, as the engine answers it."""
     fields = opened.record.fields
-    if flt is None or fields is None:
+    scope = current()
+    if flt is None or fields is None or (scope is not None and not scope.unrestricted):
         return
     problems = []
-    scope = current()
-    # the fields the serving key's access filter names: its filter is not the request's, so it
-    # is not checked as one (a version without the field answers no hit, not a 422 that would
-    # name the key's hidden condition)
-    keyed = (
-        {name for name, _, _ in conditions.fields(scope.where)} if scope and scope.where else set()
-    )
     for name, use, values in flt.field_uses():
         kind = fields.get(name)
-        if kind is None and (name in ACCESS_FIELDS or name in keyed):
+        if kind is None and name in ACCESS_FIELDS:
             continue  # a key's scope names them in every search: no such document, no hit
         if kind is None:
             problems.append(f"no document of {opened.name} has the field {name!r}")
