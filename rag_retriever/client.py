@@ -11,9 +11,11 @@ id `feedback(hits.query_id, chunk_id=..., relevant=True)` names; `retrieve` the 
 `SearchResult`.
 
 `RetrieverClient` (sync) and `AsyncRetrieverClient` (asyncio) have the same methods. Searches
-are read-only, so every request (POST /v1/search included) is retried after a transport error
+are read-only, so a read (POST /v1/search included) is retried after a transport error
 (connection refused or reset, timeout) and after 502/503/504, with exponential backoff; a 4xx
-or a 500 is never retried. Errors carry the server's code and message:
+or a 500 is never retried. A call that must not happen twice (a document write, feedback) is
+retried only when it cannot have reached the server (no connection made); after a timeout or a
+5xx it raises, and a write's answer says whether it was taken (`change_status` by its id). Errors carry the server's code and message:
 
     ClientError                     base of everything raised here (a RagError)
       RetrieverHTTPError            the server answered an error: .status, .error, .detail
@@ -47,6 +49,8 @@ from rag_retriever.records import Document, Mode, SearchFilter, SearchResult
 T = TypeVar("T")
 # Statuses that mean "a proxy or the server could not answer just now"; a retry may succeed.
 RETRY_STATUSES = frozenset({502, 503, 504})
+# Transport errors after which the server cannot have seen the request (no connection made).
+NOTHING_SENT = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout)
 # The longest single wait between two attempts, whatever `backoff` and the attempt number.
 MAX_BACKOFF_S = 10.0
 
@@ -217,6 +221,9 @@ class _Call(Generic[T]):
     # seconds the server may hold the answer (a write waiting for its version): added to the
     # client's timeout for this call
     wait_s: float = 0.0
+    # not safe to send twice (a write makes a version, feedback is a judgement): retried only
+    # when the request cannot have reached the server
+    once: bool = False
 
 
 def _read(call: _Call[T], response: httpx.Response) -> T:
@@ -315,7 +322,7 @@ def _upsert_documents(
 ) -> _Call[ChangeStatus]:
     body = {"documents": _documents_json(documents), "wait": wait}
     path = f"/v1/collections/{quote(collection, safe='')}/documents"
-    return _Call("PUT", path, _change_status, body, write=True, wait_s=wait)
+    return _Call("PUT", path, _change_status, body, write=True, wait_s=wait, once=True)
 
 
 def _delete_documents(
@@ -325,7 +332,7 @@ def _delete_documents(
     body: dict[str, Any] = {"ids": list(ids), "wait": wait}
     if tenant is not None:
         body["tenant"] = tenant
-    return _Call("POST", path, _change_status, body, write=True, wait_s=wait)
+    return _Call("POST", path, _change_status, body, write=True, wait_s=wait, once=True)
 
 
 def _feedback(
@@ -333,7 +340,7 @@ def _feedback(
 ) -> _Call[dict[str, Any]]:
     body = {"query_id": query_id, "relevant": relevant, "chunk_id": chunk_id, "doc_id": doc_id}
     body = {k: v for k, v in body.items() if v is not None}
-    return _Call("POST", "/v1/feedback", lambda r: dict(r.json()), body)
+    return _Call("POST", "/v1/feedback", lambda r: dict(r.json()), body, once=True)
 
 
 def _change(change_id: str, wait: float) -> _Call[ChangeStatus]:
@@ -371,17 +378,20 @@ def _judge(
     request: tuple[str, str],
     response: httpx.Response | None,
     error: httpx.TransportError | None,
+    *,
+    once: bool = False,
 ) -> httpx.Response | None:
     """The retry policy, shared by both clients: the response to return, or None to wait
-    `_delay(backoff, attempt)` and try again; raises when the policy says stop."""
+    `_delay(backoff, attempt)` and try again; raises when the policy says stop. A call `once`
+    (not safe to send twice) is retried only after an error that sent nothing."""
     if error is not None:
-        if attempt == retries:
+        if attempt == retries or (once and not isinstance(error, NOTHING_SENT)):
             raise _unavailable(request[0], request[1], attempt + 1, error) from error
         return None
     assert response is not None
     if response.is_success:
         return response
-    if response.status_code not in RETRY_STATUSES or attempt == retries:
+    if response.status_code not in RETRY_STATUSES or attempt == retries or once:
         raise http_error(response)
     return None
 
@@ -541,7 +551,14 @@ class RetrieverClient(_Client):
                 )
             except httpx.TransportError as exc:
                 error = exc
-            done = _judge(attempt, self.retries, (call.method, self._url(call)), response, error)
+            done = _judge(
+                attempt,
+                self.retries,
+                (call.method, self._url(call)),
+                response,
+                error,
+                once=call.once,
+            )
             if done is not None:
                 return _read(call, done)
             time.sleep(_delay(self.backoff, attempt))
@@ -647,7 +664,14 @@ class AsyncRetrieverClient(_Client):
                 )
             except httpx.TransportError as exc:
                 error = exc
-            done = _judge(attempt, self.retries, (call.method, self._url(call)), response, error)
+            done = _judge(
+                attempt,
+                self.retries,
+                (call.method, self._url(call)),
+                response,
+                error,
+                once=call.once,
+            )
             if done is not None:
                 return _read(call, done)
             await asyncio.sleep(_delay(self.backoff, attempt))

@@ -30,7 +30,7 @@ from rag_retriever.client import (
 from rag_retriever.errors import RagError
 from rag_retriever.models.encoder import Encoder
 from rag_retriever.query.retriever import Retriever
-from rag_retriever.records import SearchFilter, SearchResult
+from rag_retriever.records import Document, SearchFilter, SearchResult
 from rag_retriever.settings import Settings
 from tests.test_server import build_retriever, live_server
 
@@ -484,3 +484,48 @@ def test_the_two_clients_offer_the_same_methods_with_the_same_arguments() -> Non
         twin = getattr(AsyncRetrieverClient, renamed.get(name, name))
         assert inspect.iscoroutinefunction(twin), name
         assert inspect.signature(twin) == inspect.signature(method), name
+
+
+def _change_json() -> dict[str, Any]:
+    return {"change_id": "c1", "status": "committed", "collection": "kb", "version": 2}
+
+
+@pytest.mark.parametrize(
+    ("failure", "sent"),
+    [
+        (httpx.ReadTimeout("timed out"), 1),  # the server may have taken it: not sent again
+        (httpx.ReadError("connection reset by peer"), 1),
+        (error(503, "writer_unavailable", "restart the service to write"), 1),
+        (error(502, "http_502", "bad gateway"), 1),
+        (httpx.ConnectError("connection refused"), 3),  # nothing reached the server: retried
+    ],
+)
+def test_writes_and_feedback_are_sent_twice_only_when_nothing_was_sent(
+    failure: Exception, sent: int
+) -> None:
+    """A retried write after a timeout made a second change (a version), retried feedback a
+    second judgement; a 503 writer_unavailable lasts until the service restarts."""
+    calls: list[tuple[str, Any]] = [
+        ("upsert", lambda c: c.upsert_documents([Document("d", "t", "x")], collection="kb")),
+        ("delete", lambda c: c.delete_documents(["d"], collection="kb")),
+        ("feedback", lambda c: c.feedback("q1", chunk_id="c1", relevant=True)),
+    ]
+    for name, call in calls:
+        answer = {"ok": True} if name == "feedback" else _change_json()
+        recorder = Recorder(failure, failure, httpx.Response(200, json=answer))
+        with client_for(recorder, retries=2, write_api_key="w") as client:
+            if sent == 3:
+                call(client)  # the third attempt answers
+            else:
+                with pytest.raises((RetrieverUnavailable, RetrieverHTTPError)):
+                    call(client)
+        assert len(recorder.requests) == sent, name
+
+    async def run() -> int:
+        recorder = Recorder(httpx.ReadTimeout("timed out"), httpx.Response(200, json={}))
+        async with async_client_for(recorder, retries=2) as aclient:
+            with pytest.raises(RetrieverUnavailable):
+                await aclient.feedback("q1", chunk_id="c1", relevant=True)
+        return len(recorder.requests)
+
+    assert asyncio.run(run()) == 1
