@@ -161,8 +161,8 @@ def test_fail_under_and_compare(
     unknown_mode = build_parser().parse_args(
         [*base, "--out", str(second), "--fail-under", "rerank:recall@10=0.1"]
     )
-    assert run(unknown_mode, retriever) == 1  # a mode that did not run fails loudly
-    assert "unknown mode or metric" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="mode 'rerank' is not evaluated"):
+        run(unknown_mode, retriever)  # a mode that will not run: refused before the run
 
 
 def test_unknown_gold_documents_fail_the_run_unless_allowed(
@@ -252,3 +252,39 @@ def test_a_span_no_chunk_holds_is_a_missed_item_not_dropped(
     assert row["failure_class"] != "chunking_miss"
     for mode, figures in summary["modes"].items():
         assert figures["recall@10"] == 0.5, (mode, figures)
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--fail-under", "recall@10=nan"], "finite number"),  # nothing is below NaN
+        (["--fail-under", "recall@10=high"], "must be a number"),
+        (["--fail-under", "hybird:recall@10=0.5"], "mode 'hybird' is not evaluated"),
+        (["--fail-under", "hybrid:recall@10=0.5"], "mode 'hybrid' is not evaluated"),
+        (["--compare", "OUT"], "is this run's --out"),  # compared with itself: 0 regressed
+        (["--compare", "MISSING"], "no per_question.jsonl there"),
+    ],
+)
+def test_arguments_that_would_make_a_check_lie_are_refused_before_the_run(
+    retriever: Retriever, tmp_path: Path, extra: list[str], message: str
+) -> None:
+    out = tmp_path / "out"
+    (out).mkdir()
+    (out / "per_question.jsonl").write_text("", encoding="utf-8")
+    paths = {"OUT": str(out), "MISSING": str(tmp_path / "missing")}
+    args = build_parser().parse_args(
+        [
+            "--questions",
+            str(questions_file(tmp_path)),
+            "--collection",
+            "kb",
+            "--modes",
+            "bm25",
+            "dense",
+            "--out",
+            str(out),
+            *(paths.get(a, a) for a in extra),
+        ]
+    )
+    with pytest.raises(ValueError, match=message):
+        run(args, retriever)

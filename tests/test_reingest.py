@@ -351,3 +351,34 @@ def test_an_ingest_stopped_by_sigterm_logs_no_failure(
     assert status == 143, rest
     assert "stopped by SIGTERM" in rest
     assert not [line for line in rest.splitlines() if line.startswith("ERROR")], rest
+
+
+@pytest.mark.parametrize(
+    ("k", "min_recall", "max_regression", "message"),
+    [
+        (0, 0.0, 0.01, "--gate-k must be a positive integer"),  # raised after the build before
+        (1, 0.0, float("nan"), "must lie in"),  # NaN: the gate never saw a regression
+        (1, float("nan"), 0.01, "must lie in"),
+        (1, 1.5, 0.01, "must lie in"),
+        (1, 0.0, -0.1, "must lie in"),
+    ],
+)
+def test_a_gate_that_could_not_judge_is_refused_before_anything_is_written(
+    store: Store,
+    tiny_encoder: Encoder,
+    tmp_path: Path,
+    k: int,
+    min_recall: float,
+    max_regression: float,
+    message: str,
+) -> None:
+    with pytest.raises(ConfigError, match=message):
+        make_gate(
+            questions(tmp_path),
+            settings=Settings(data_dir=tmp_path),
+            encoder=tiny_encoder,
+            store=store,
+            k=k,
+            min_recall=min_recall,
+            max_regression=max_regression,
+        )

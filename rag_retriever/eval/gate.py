@@ -58,8 +58,14 @@ def make_gate(
         )
     if not questions:
         raise ConfigError(f"--gate {questions_path}: no questions; nothing was written")
-    if not 0.0 <= min_recall <= 1.0 or max_regression < 0:
-        raise ConfigError("--min-recall must be in [0, 1] and --max-regression non-negative")
+    # `not (a <= b)`: NaN fails every comparison (a NaN --max-regression turned the gate off)
+    if not (0.0 <= min_recall <= 1.0) or not (0.0 <= max_regression <= 1.0):
+        raise ConfigError(
+            f"--min-recall and --max-regression must lie in [0, 1], got {min_recall} and "
+            f"{max_regression}; nothing was written"
+        )
+    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+        raise ConfigError(f"--gate-k must be a positive integer, got {k}; nothing was written")
     if reranker is None:
         reranker = CrossEncoderReranker.from_settings(settings)
     return _RecallGate(

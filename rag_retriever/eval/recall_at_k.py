@@ -77,15 +77,30 @@ def check_arguments(args: argparse.Namespace) -> None:
     if args.sample is not None and args.sample <= 0:
         raise ValueError(f"--sample must be positive, got {args.sample}")
     for spec in args.fail_under:
-        _, metric, _ = parse_threshold(spec, "hybrid")
+        mode, metric, _ = parse_threshold(spec, "hybrid")
         known = [f"recall@{k}" for k in sorted(set(args.k))] + ["mrr@10", "ndcg@10"]
         if metric not in [*known, "candidate_recall"]:
             raise ValueError(
                 f"--fail-under {spec!r}: unknown metric {metric!r}; this run computes "
                 f"{', '.join(known)} and candidate_recall (recall@K needs K in --k)"
             )
+        allowed = args.modes or MODES
+        if ":" in spec.partition("=")[0] and mode not in allowed:
+            raise ValueError(
+                f"--fail-under {spec!r}: mode {mode!r} is not evaluated in this run "
+                f"({', '.join(allowed)})"
+            )
     if not args.questions.is_file():
         raise ValueError(f"--questions {args.questions} is not a file")
+    if args.compare is not None:
+        earlier = args.compare / "per_question.jsonl"
+        if args.compare.resolve() == args.out.resolve():
+            raise ValueError(
+                f"--compare {args.compare} is this run's --out: its rows would be overwritten "
+                f"before the comparison; move the earlier run or pass another --out"
+            )
+        if not earlier.is_file():
+            raise ValueError(f"--compare {args.compare}: no {earlier.name} there (an --out dir)")
 
 
 def run(args: argparse.Namespace, retriever: Retriever | None = None) -> int:

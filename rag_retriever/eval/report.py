@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -158,7 +159,13 @@ def parse_threshold(spec: str, default_mode: str) -> tuple[str, str, float]:
     mode, colon, metric = target.partition(":")
     if not colon:
         mode, metric = default_mode, target
-    return mode, metric, float(raw)
+    try:
+        minimum = float(raw)
+    except ValueError:
+        raise ValueError(f"--fail-under {spec!r}: the minimum must be a number") from None
+    if not math.isfinite(minimum):  # nothing is below NaN: the check would never fail
+        raise ValueError(f"--fail-under {spec!r}: the minimum must be a finite number")
+    return mode, metric, minimum
 
 
 def check_thresholds(summary: dict[str, Any], specs: Sequence[str]) -> list[str]:
