@@ -318,8 +318,13 @@ def test_latency_is_not_extrapolated_downwards() -> None:
 
 
 def test_bad_briefs_and_constants_are_clear_errors(tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match="--qps must be > 0"):
+    with pytest.raises(ConfigError, match="--qps must be a finite number > 0"):
         make_plan(Brief(chunks=10, qps=0), CASE)
+    for brief in (Brief(chunks=10, qps=math.nan), Brief(chunks=10, qps=math.inf)):
+        with pytest.raises(ConfigError, match="--qps must be a finite number > 0"):
+            make_plan(brief, CASE)  # a ValueError / OverflowError at math.ceil before
+    with pytest.raises(ConfigError, match="--memory-gb must be a finite number"):
+        make_plan(Brief(chunks=10, memory_gb=math.nan), CASE)
     bad = tmp_path / "c.json"
     bad.write_text("{")
     with pytest.raises(ConfigError, match="is not JSON"):
@@ -329,6 +334,20 @@ def test_bad_briefs_and_constants_are_clear_errors(tmp_path: Path) -> None:
         load_constants(bad)
     with pytest.raises(ConfigError, match="cannot read"):
         load_constants(tmp_path / "missing.json")
+    point = figures(100_000, 100.0, 4.0, 8.0)
+    for broken, message in (
+        ({k: v for k, v in point.items() if k != "write_s"}, "point 1 lacks write_s"),
+        ({k: v for k, v in point.items() if k != "rss_mb"}, "point 1 lacks rss_mb"),
+        ({**point, "chunks": "many"}, "chunks must be a number"),
+        ({**point, "disk_mb": None}, "disk_mb must be a number"),
+        ({**point, "chunks": 0}, "chunks must be > 0"),
+    ):
+        bad.write_text(json.dumps({"settings": {"none": [broken]}}))
+        with pytest.raises(ConfigError, match=message):
+            load_constants(bad)  # a KeyError or ValueError deep in a fit before
+    bad.write_text(json.dumps({"settings": {"none": [point]}, "served": {"chunks": 10}}))
+    with pytest.raises(ConfigError, match="served lacks single_p50_ms"):
+        load_constants(bad)
 
 
 def test_the_benchmark_writes_what_the_plan_reads(tmp_path: Path) -> None:
@@ -431,8 +450,9 @@ def test_the_plan_says_when_the_deployment_builds_graphs_of_another_width(
 @pytest.mark.parametrize(
     ("flags", "message"),
     [
-        (["--memory-gb", "0"], "--memory-gb must be > 0"),  # not this machine's memory instead
-        (["--cores", "0"], "--cores must be > 0"),
+        (["--memory-gb", "0"], "--memory-gb must be a finite number > 0"),  # not this machine's
+        (["--cores", "0"], "--cores must be a finite number > 0"),
+        (["--qps", "nan"], "--qps must be a finite number > 0"),
         (["--documents", "-5"], "--documents must be > 0; got -5"),  # the flag given, named
         (["--recall-at10", "1.5"], "--recall-at10 must be in (0, 1]; got 1.5"),
         (["--recall-at10", "0"], "--recall-at10 must be in (0, 1]; got 0"),
@@ -613,3 +633,31 @@ def test_points_searched_otherwise_than_today_are_named() -> None:
     plan = make_plan(Brief(chunks=1_000_000), dict(CASE, settings=dict(settings, binary=wider)))
     assert plan.settings[1].other_search == [(100_000, "ef 16x, oversampling 2", False)]
     assert "its latency there is not today's" in "\n".join(describe(plan))
+
+
+def test_machines_are_added_until_the_p95_is_met_where_one_machine_alone_can_meet_it() -> None:
+    """At 1M chunks a query takes 14 ms p50 and 18 ms p95 (with its 10 ms encoding): 1,000
+    queries/s are a load of 7 machines, 10 at 70% use (p95 18 / (1 - 0.7) = 60 ms). A p95 of 25
+    ms needs r >= 7 / (1 - 18/25) = 25 machines: 24 give 25.4 ms. The plan counted the 10 and
+    said no setting met the p95."""
+    none = make_plan(Brief(chunks=1_000_000, qps=1000, p95_ms=25), CASE).settings[0]
+    assert none.machines_for_qps == 25 and none.meets["p95"]
+    assert none.p95_replicated_ms == pytest.approx(18 / (1 - 7 / 25), rel=1e-6)
+    assert 18 / (1 - 7 / 24) > 25
+    # a target below one query's own p95: no number of machines meets it, none added
+    tight = make_plan(Brief(chunks=1_000_000, qps=1000, p95_ms=15), CASE).settings[0]
+    assert tight.machines_for_qps == math.ceil(1000 / (2000 / 14 * 0.7)) and not tight.meets["p95"]
+
+
+def test_a_setting_measured_to_a_smaller_size_than_the_others_is_said_extrapolated() -> None:
+    constants = dict(
+        CASE,
+        settings={
+            "none": CASE["settings"]["none"],
+            "binary": [figures(100_000, 25.0, 2.0, 4.0)],
+        },
+    )
+    text = "\n".join(describe(make_plan(Brief(chunks=500_000), constants)))
+    assert "within the measured sizes (largest 1,000,000 chunks)" in text
+    assert "EXTRAPOLATED: binary was measured up to 100,000 chunks: 5.0x that" in text
+    assert "EXTRAPOLATED: none" not in text

@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
@@ -92,10 +92,11 @@ class Brief:
             "cores",
             "dim",
         ):
-            if getattr(self, name) <= 0:
-                raise ConfigError(f"--{name.replace('_', '-')} must be > 0")
-        if self.edits_per_day < 0:
-            raise ConfigError("--edits-per-day must be >= 0")
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value > 0):  # NaN passed `<= 0`
+                raise ConfigError(f"--{name.replace('_', '-')} must be a finite number > 0")
+        if not (math.isfinite(self.edits_per_day) and self.edits_per_day >= 0):
+            raise ConfigError("--edits-per-day must be a finite number >= 0")
         if not 0 < self.recall_at10 <= 1:
             raise ConfigError(f"--recall-at10 must be in (0, 1]; got {self.recall_at10:g}")
 
@@ -170,6 +171,8 @@ class SettingPlan:
     checked: dict[str, float] = field(default_factory=dict)
     # past this size (chunks, MB measured there) memory grows at least in proportion
     memory_linear_from: tuple[int, float] = (0, 0.0)
+    # the largest size this setting was measured at (any shards)
+    largest_measured: int = 0
     meets: dict[str, bool] = field(default_factory=dict)
     # (chunks, how its searches were asked, whether no wider than today's) of the points
     # measured with other search parameters than the product asks today
@@ -243,9 +246,37 @@ def load_constants(path: Path | None = None) -> dict[str, Any]:
             f"--quantization {' '.join(QUANTIZATIONS)} --constants-out {path}`"
         )
     for name, points in data["settings"].items():
-        if not points or not all(isinstance(p, dict) and p.get("chunks") for p in points):
+        if not isinstance(points, list) or not points:
             raise ConfigError(f"{path}: setting {name!r} has no measured size")
+        for i, point in enumerate(points):
+            _check_point(point, f"{path}: setting {name!r}, point {i + 1}")
+    served = data.get("served")
+    if served and served.get("service_p50_ms") is None:
+        _check_point(served, f"{path}: served", ("chunks", "single_p50_ms"))
     return data
+
+
+# What a measured point must hold for the plan's fits (numbers, the chunks a positive count).
+POINT_KEYS: Final = ("chunks", "disk_mb", "write_s", "seal_s", "hybrid_p50_ms", "hybrid_p95_ms")
+
+
+def _check_point(point: Any, where: str, keys: Sequence[str] = POINT_KEYS) -> None:
+    """ConfigError naming what a point of the constants lacks (a KeyError or ValueError deep
+    in a fit before)."""
+    if not isinstance(point, dict):
+        raise ConfigError(f"{where}: a point is an object of measured figures")
+    memory = () if keys is not POINT_KEYS or "resident_mb" in point else ("rss_mb",)
+    missing = [k for k in (*keys, *memory) if k not in point]
+    if missing:
+        raise ConfigError(
+            f"{where} lacks {', '.join(missing)}: re-measure with `python -m bench.bench_engine`"
+        )
+    for key in (*keys, *memory):
+        value = point[key]
+        if isinstance(value, bool) or not isinstance(value, int | float) or math.isnan(value):
+            raise ConfigError(f"{where}: {key} must be a number, got {value!r}")
+    if not point["chunks"] > 0:
+        raise ConfigError(f"{where}: chunks must be > 0, got {point['chunks']!r}")
 
 
 def make_plan(
@@ -392,7 +423,12 @@ def _setting(
     # M/M/1-style stretch of the single-client p95 at this utilisation; None: overloaded
     p95_at_load = (p95.at(n) + encode_ms) / (1 - load) if load < 1 else None
     replicas = math.ceil(brief.qps / (machine_qps * TARGET_UTILISATION))
-    p95_replicated = (p95.at(n) + encode_ms) / (1 - load / replicas)
+    single_p95 = p95.at(n) + encode_ms
+    if single_p95 < brief.p95_ms:
+        # and as many more as the p95 needs (each takes less of the load): r >= load / (1 -
+        # p95 / target) makes p95 / (1 - load / r) <= target
+        replicas = max(replicas, math.ceil(load / (1 - single_p95 / brief.p95_ms)))
+    p95_replicated = single_p95 / (1 - load / replicas)
     node_chunks = n / brief.nodes
 
     def resident_gb(chunks: float) -> float:
@@ -443,6 +479,7 @@ def _setting(
             if c is not None and c.factor != 1.0
         },
         memory_linear_from=(memory.n, memory.y),
+        largest_measured=max(int(p["chunks"]) for p in every),
         other_search=_other_search(name, every),
     )
     plan.meets.update(

@@ -78,6 +78,12 @@ def describe(plan: Plan) -> list[str]:
         )
     else:
         lines.append(f"within the measured sizes (largest {plan.largest_measured:,} chunks)")
+    for s in plan.settings:
+        if b.chunks > s.largest_measured > 0 and s.largest_measured < plan.largest_measured:
+            lines.append(
+                f"EXTRAPOLATED: {s.quantization} was measured up to {s.largest_measured:,} "
+                f"chunks: {b.chunks / s.largest_measured:.1f}x that"
+            )
     if plan.ef_construct != plan.measured_ef_construct:
         lines.append(
             f"NOT MEASURED AT THIS WIDTH: graphs built at ef_construct {plan.ef_construct} "
