@@ -288,3 +288,30 @@ def test_arguments_that_would_make_a_check_lie_are_refused_before_the_run(
     )
     with pytest.raises(ValueError, match=message):
         run(args, retriever)
+
+
+def test_a_run_of_one_list_reports_no_candidate_recall_rather_than_zero(
+    retriever: Retriever, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "out"
+    args = build_parser().parse_args(
+        [
+            "--questions",
+            str(questions_file(tmp_path)),
+            "--collection",
+            "kb",
+            "--modes",
+            "dense",
+            "--out",
+            str(out),
+            "--no-progress",
+            "--allow-missing-gold",
+            "--fail-under",
+            "candidate_recall=0.1",
+        ]
+    )
+    assert run(args, retriever) == 1  # the threshold cannot be checked: it fails, saying why
+    captured = capsys.readouterr()
+    assert "no fused list in this run" in captured.out
+    assert "candidate_recall=0.1: no fused list in this run" in captured.err
+    assert json.loads((out / "summary.json").read_text())["candidate_recall"] is None

@@ -354,12 +354,15 @@ def summarize(
             figures[metric] = _mean(r.scores.get(mode, {}).get(metric, 0.0) for r in results)
         per_mode[mode] = {key: round(value, 4) for key, value in figures.items()}
     counts = Counter(r.failure_class for r in results)
-    candidate = [r.in_candidates for r in results]
+    # None where no fused list was traced (a run of dense or BM25 alone): no ceiling to report
+    candidate = [r.in_candidates for r in results if r.in_candidates is not None]
     return {
         "questions_evaluated": n,
         "modes": per_mode,
         "primary_mode": primary_mode(modes),
-        "candidate_recall": round(_mean(1.0 if c else 0.0 for c in candidate), 4),
+        "candidate_recall": round(_mean(1.0 if c else 0.0 for c in candidate), 4)
+        if candidate
+        else None,
         "failure_k": failure_k,
         "failure_classes": {c: counts.get(c, 0) for c in FAILURE_CLASSES},
     }

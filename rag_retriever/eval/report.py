@@ -99,10 +99,14 @@ def summary_table(summary: dict[str, Any]) -> str:
     skipped = sum(summary.get("questions_skipped", {}).values())
     if skipped:
         level += f"; {skipped} skipped: {summary['questions_skipped']}"
+    ceiling = (
+        f"; candidate recall (top-{summary['rerank_candidates']} fused, the reranker's ceiling) "
+        f"{summary['candidate_recall']:.4f}"
+        if summary["candidate_recall"] is not None
+        else "; no fused list in this run (no candidate recall)"
+    )
     lines.append(
-        f"questions {summary['questions_evaluated']} ({level}) in "
-        f"{summary['time_s']}s; candidate recall (top-{summary['rerank_candidates']} fused, the "
-        f"reranker's ceiling) {summary['candidate_recall']:.4f}"
+        f"questions {summary['questions_evaluated']} ({level}) in {summary['time_s']}s{ceiling}"
     )
     lines.append(
         f"failure classes at k={summary['failure_k']} ({summary['primary_mode']}): {classes}"
@@ -175,6 +179,9 @@ def check_thresholds(summary: dict[str, Any], specs: Sequence[str]) -> list[str]
         mode, metric, minimum = parse_threshold(spec, summary["primary_mode"])
         if metric == "candidate_recall":
             value = summary["candidate_recall"]
+            if value is None:
+                failures.append(f"{spec}: no fused list in this run, so no candidate recall")
+                continue
         else:
             figures = summary["modes"].get(mode)
             if figures is None or metric not in figures:
