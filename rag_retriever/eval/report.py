@@ -111,8 +111,6 @@ def summary_table(summary: dict[str, Any]) -> str:
     lines.append(
         f"failure classes at k={summary['failure_k']} ({summary['primary_mode']}): {classes}"
     )
-    if summary.get("questions_skipped"):
-        lines.append(f"skipped: {summary['questions_skipped']}")
     return "\n".join(lines)
 
 
