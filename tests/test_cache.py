@@ -149,6 +149,29 @@ def test_a_fusion_tuned_in_place_is_not_answered_from_the_cache(
     store.close()
 
 
+def test_a_retriever_of_another_configuration_is_not_answered_from_the_shared_cache(
+    tmp_path, tiny_encoder
+) -> None:
+    """`with_config` shares the cache: a retriever fusing otherwise was answered with the first
+    configuration's ranking (found by a review)."""
+    from rag_retriever.store import EdgeStore
+    from tests.conftest import collection_retriever
+    from tests.test_retriever import DOCS
+
+    store = EdgeStore(tmp_path / "edge")
+    retriever = collection_retriever(DOCS, store, tiny_encoder)
+    retriever.cache = SemanticCache(size=10, threshold=0.99)
+    first = retriever.retrieve("the king and the queen", k=3, mode="hybrid")
+    other = retriever.with_config(fusion="rrf")
+    assert other.cache is retriever.cache
+    again = other.retrieve("the king and the queen", k=3, mode="hybrid")
+    assert not any("cache" in n for n in again.notices)
+    assert again.fusion != first.fusion
+    same = retriever.retrieve("the king and the queen", k=3, mode="hybrid")
+    assert any("answered from the cache" in n for n in same.notices)
+    store.close()
+
+
 @pytest.mark.model
 @pytest.mark.data
 def test_no_false_hit_on_squad_questions_that_ask_different_things(minilm) -> None:

@@ -62,6 +62,7 @@ class CacheKey:
     # what is tuned for the version (its fusion and reranker): `tune-fusion` rewrites them in
     # place, and an answer ranked by the old ones must not be served after
     tuned: str = ""
+    config: str = ""  # the retriever's RetrievalConfig (its repr)
 
 
 @dataclass

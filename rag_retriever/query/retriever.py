@@ -361,6 +361,9 @@ class Retriever:
             json.dumps(flt.to_dict(), sort_keys=True) if flt else "",
             shape.key,
             json.dumps([record.fusion, record.reranker], sort_keys=True),
+            # the query path's knobs: `with_config` shares the cache (a fusion or depth of
+            # another configuration ranks otherwise)
+            repr(self.config),
         )
         out: list[SearchResult | None] = [self.cache.get_exact(key, q) for q in queries]
         vectors: dict[int, np.ndarray] = {}
