@@ -456,14 +456,24 @@ def _add_collections_route(app: FastAPI, retriever: Retriever) -> None:
         described = describe_collections(retriever.store)
         if access.collections is not None:  # a key lists the collections it opens
             described = {a: c for a, c in described.items() if a in access.collections}
-        if not access.unrestricted:  # counts of every tenant's documents: not for this key
+        if not access.unrestricted:
+            # the version it searches, without what tells of every tenant's documents (counts)
+            # or of their writes (each HTTP write is a version: when, how many since a build)
             for listing in described.values():
-                for version in listing["versions"]:
-                    version.pop("points", None)
-                    version.pop("documents", None)
+                listing["versions"] = [
+                    {k: v for k, v in version.items() if k not in TENANTS_OWN}
+                    for version in listing["versions"]
+                    if version["serving"]
+                ]
         return JSONResponse(
             {"default_collection": retriever.default_collection, "collections": described}
         )
+
+
+# What a version listing holds that tells of every tenant's documents or writes: dropped for a
+# key limited to tenants or groups (with every version but the one served, whose name every
+# search answer carries).
+TENANTS_OWN = frozenset({"points", "documents", "created_at", "lineage"})
 
 
 def _add_probes(app: FastAPI, retriever: Retriever, settings: Settings) -> None:
