@@ -146,6 +146,22 @@ def test_sentence_splitting_respects_abbreviations() -> None:
     ]
 
 
+@pytest.mark.parametrize(
+    ("text", "sentences"),
+    [
+        # full-width ends need no space after them (the docstring promised them; the pattern
+        # wanted a space and a Latin capital, so a Chinese paragraph was one sentence)
+        ("今天天气很好。我们去公园吧！你呢？", ["今天天气很好。", "我们去公园吧！", "你呢？"]),
+        # a number before the period, and ! or ? after a word that abbreviates, end sentences
+        ("The dose was 3.5. Then it rose.", ["The dose was 3.5.", "Then it rose."]),
+        ("Is it Jan? She said no.", ["Is it Jan?", "She said no."]),
+        ("It was Jan. 5 when we met.", ["It was Jan. 5 when we met."]),
+    ],
+)
+def test_sentence_ends_beyond_latin_periods(text: str, sentences: list[str]) -> None:
+    assert [text[s:e] for s, e in sentence_spans(text, 0, len(text))] == sentences
+
+
 def test_chunk_ids_are_stable_and_records_carry_provenance() -> None:
     doc = Document(id="d1", title="T", text="One. Two.\n\nThree.", metadata={"lang": "en"})
     (c,) = Chunker(words, CFG).chunk(doc)

@@ -49,10 +49,14 @@ log = logging.getLogger(__name__)
 TokenCounter = Callable[[Sequence[str]], list[int]]
 
 _PARAGRAPH_BREAK = re.compile(r"\n[ \t\r\f\v]*\n\s*")
-# A sentence ends at . ! ? (or their full-width forms), optionally followed by closing quotes or
-# brackets, then whitespace, then something that can start a sentence.
-_SENTENCE_END = re.compile(r"[.!?。！？][\"'”’)\]]*\s+(?=[\"'“‘(\[]?[A-Z0-9À-Ý])")
-_DOTTED = re.compile(r"(\w\.)+\w?")
+# A sentence ends at . ! ?, optionally followed by closing quotes or brackets, then whitespace,
+# then something that can start a sentence; or at a full-width 。！？ (and its closers), where
+# the next sentence follows with or without a space (Chinese and Japanese put none).
+_SENTENCE_END = re.compile(
+    r"[.!?][\"'”’)\]]*\s+(?=[\"'“‘(\[]?[A-Z0-9À-Ý])|[。！？][\"'”’)\]」』）]*\s*(?=\S)"
+)
+# Dotted abbreviations ("U.S.", "e.g."): letters only, so that "3.5." ends a sentence.
+_DOTTED = re.compile(r"([^\W\d]\.)+[^\W\d]?")
 # Words before a period that do not end a sentence.
 _ABBREVIATIONS = frozenset(
     [
@@ -167,7 +171,8 @@ def sentence_spans(text: str, start: int, end: int) -> list[tuple[int, int]]:
     pos = start
     for match in _SENTENCE_END.finditer(text, start, end):
         cut = match.start() + 1
-        if _is_abbreviation(_last_word(text, pos, cut)):
+        # only a period can follow an abbreviation ("Jan? She" ends a sentence)
+        if text[match.start()] == "." and _is_abbreviation(_last_word(text, pos, cut)):
             continue
         spans.append((pos, match.end()))
         pos = match.end()
