@@ -135,6 +135,14 @@ def test_long_titles_are_cut_to_leave_room_for_the_body() -> None:
     assert chunks[0].embed_text == embed_text(chunks[0].title, chunks[0].text)
 
 
+def test_a_title_of_one_word_too_long_keeps_its_head() -> None:
+    """(4 characters a token) A one-word title past the title's budget was dropped whole."""
+    title = "Supercalifragilisticexpialidocious-Handbook"
+    chunks = chunks_of("Body text here.", counter=chars, title=title)
+    kept = chunks[0].title
+    assert kept and title.startswith(kept) and chars([kept])[0] <= CFG.title_limit
+
+
 def test_sentence_splitting_respects_abbreviations() -> None:
     text = "Dr. Smith met J. R. Tolkien in the U.S. Army. Then they left! Did they? Yes."
     spans = [text[s:e] for s, e in sentence_spans(text, 0, len(text))]

@@ -299,9 +299,14 @@ class Chunker:
         if not title or self.count_tokens([title])[0] <= limit:
             return title
         words = title.split()
-        while words and self.count_tokens([" ".join(words)])[0] > limit:
-            words = words[: max(1, len(words) * 3 // 4)] if len(words) > 1 else []
-        return " ".join(words)
+        while len(words) > 1 and self.count_tokens([" ".join(words)])[0] > limit:
+            words = words[: max(1, len(words) * 3 // 4)]
+        kept = " ".join(words)
+        # one word longer than the limit (a long compound, a code): its head, cut as a word
+        # longer than the budget is cut in a body, rather than no title at all
+        while kept and self.count_tokens([kept])[0] > limit:
+            kept = kept[: len(kept) * 3 // 4]
+        return kept
 
     def _embedded_tokens(self, chunks: list[Chunk]) -> list[int]:
         """Tokens of each chunk's embedded text, body + title + prefix + special tokens."""
