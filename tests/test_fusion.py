@@ -248,6 +248,13 @@ def test_adaptive_ranks_the_one_chunk_bm25_matches_beside_the_embeddings_best() 
         "a": 1.0,
         "b": 1.0,
     }
+    # a tuned depth deeper than the fetch: a flat BM25 list of the 50 asked was cut by the
+    # fetch, not complete, and adds nothing (it was read as every match, each at dense's best)
+    deep = Fusion("adaptive", depths=(100, 200))
+    flat50 = [(f"b{i}", 2.0) for i in range(50)]
+    cut = deep.fuse(dense, flat50, asked=(100, 50))
+    assert [i for i, _ in cut[:100]] == [i for i, _ in dense]
+    assert [i for i, _ in deep.fuse(dense, flat50)[:2]] == ["d0", "b0"]  # not told: complete
 
 
 @pytest.mark.parametrize("method", ["minmax", "zscore", "adaptive"])

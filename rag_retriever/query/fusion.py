@@ -355,7 +355,10 @@ class Fusion:
             )
 
     def fuse(
-        self, dense: Sequence[tuple[Id, float]], bm25: Sequence[tuple[Id, float]]
+        self,
+        dense: Sequence[tuple[Id, float]],
+        bm25: Sequence[tuple[Id, float]],
+        asked: tuple[int, int] | None = None,
     ) -> list[tuple[Id, float]]:
         """The fused list of (id, score), best first: the fusion of each list's first `depths`
         entries, then every other id of the two lists, with score 0, by the best rank it reached
@@ -365,13 +368,21 @@ class Fusion:
 
         >>> [i for i, _ in Fusion(depths=(1, 1)).fuse([("a", .9), ("b", .8)], [("c", 7.), ("b", 5.)])]
         ['a', 'c', 'b']
+
+        `asked`: how many entries each list was asked of the engine (default: its depth). A list
+        shorter than both holds every match the engine has (`complete`): one shorter only than
+        a tuned depth larger than the fetch was cut by the fetch, not complete.
         """
+        cut = (
+            self.depths
+            if asked is None
+            else (min(self.depths[0], asked[0]), min(self.depths[1], asked[1]))
+        )
         head = METHODS[self.method].fuse(
             [dense[: self.depths[0]], bm25[: self.depths[1]]],
             k=self.k,
             weights=self.weights,
-            # a list shorter than its depth holds every match the engine found
-            complete=(len(dense) < self.depths[0], len(bm25) < self.depths[1]),
+            complete=(len(dense) < cut[0], len(bm25) < cut[1]),
         )
         if len(dense) <= self.depths[0] and len(bm25) <= self.depths[1]:
             return head

@@ -649,6 +649,7 @@ class Retriever:
             fused = fusion.fuse(
                 [(cid, s.score) for cid, s in trace.dense],
                 [(cid, s.score) for cid, s in trace.bm25],
+                asked=(self.config.dense_top_n, self.config.bm25_top_n),
             )
         trace.fused = [
             (cid, StageScore(rank, score)) for rank, (cid, score) in enumerate(fused, start=1)
