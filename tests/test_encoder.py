@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from rag_retriever.errors import ConfigError, ModelLoadError
-from rag_retriever.models.encoder import Encoder, hash_weights, masked_mean
+from rag_retriever.models.encoder import Encoder, hash_weights, masked_mean, pool
 from rag_retriever.models.profiles import ModelProfile, resolve_model, write_profile_file
 
 
@@ -22,6 +22,16 @@ def test_masked_mean_equals_hand_computed_mean() -> None:
     mask = torch.tensor([[1, 1, 0], [1, 0, 1]])
     expected = torch.tensor([[(1 + 3) / 2, (2 + 4) / 2], [(5 + 9) / 2, (6 + 9) / 2]])
     assert torch.allclose(masked_mean(hidden, mask), expected)
+
+
+def test_cls_pooling_takes_each_row_s_first_real_token_whichever_side_pads() -> None:
+    """Right padding: position 0; left padding: the first position the mask holds (position 0
+    was a pad token's state there, so a vector depended on its batch-mates)."""
+    hidden = torch.arange(12, dtype=torch.float32).reshape(2, 3, 2)
+    right = torch.tensor([[1, 1, 0], [1, 1, 1]])
+    left = torch.tensor([[0, 1, 1], [0, 0, 1]])
+    assert torch.equal(pool(hidden, right, "cls"), hidden[:, 0])
+    assert torch.equal(pool(hidden, left, "cls"), torch.stack([hidden[0, 1], hidden[1, 2]]))
 
 
 def test_pooling_uses_only_real_tokens(tiny_encoder: Encoder) -> None:

@@ -75,7 +75,10 @@ def masked_mean(hidden: torch.Tensor, attention_mask: torch.Tensor) -> torch.Ten
 
 def pool(hidden: torch.Tensor, attention_mask: torch.Tensor, pooling: str) -> torch.Tensor:
     if pooling == "cls":
-        return hidden[:, 0]
+        # each row's first real token: position 0 is padding where the tokenizer pads on the
+        # left (argmax returns the first 1 of the mask)
+        first = attention_mask.argmax(dim=1)
+        return hidden[torch.arange(hidden.shape[0], device=hidden.device), first]
     return masked_mean(hidden, attention_mask)
 
 
