@@ -15,6 +15,7 @@ import time
 import uuid
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
@@ -137,6 +138,51 @@ def test_files_rotate_by_size_and_the_total_is_bounded(logged: Retriever, tmp_pa
     assert sum(f.stat().st_size for f in files) <= 15_000 + 5_000 + line
     written = sum(len(f.read_text().splitlines()) for f in files)
     assert written < 60 and logged.query_log.written == 60  # the oldest were deleted
+
+
+def test_a_full_disk_drops_lines_but_never_stops_the_writer(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Every file is /dev/full: a file closed at its size fails to close. It stayed among the
+    open files, the next write raised ValueError on it and the writer thread died (flush then
+    waited its 5 s and answered False, and close could hang on a full queue)."""
+    log_ = QueryLog(tmp_path / "log", max_file_bytes=100)
+
+    def full_file(kind: str) -> Any:
+        if kind not in log_._files:
+            log_._files[kind] = Path("/dev/full").open("ab")  # noqa: SIM115 (the log closes it)
+        return log_._files[kind]
+
+    monkeypatch.setattr(log_, "_file", full_file)
+    with caplog.at_level(logging.WARNING, logger="rag_retriever.query.querylog"):
+        for i in range(20):
+            log_._put("queries", {"query_id": f"q{i}", "text": "x" * 60})
+        assert log_.flush(timeout=5)
+    assert log_._thread.is_alive()
+    assert log_.dropped > 0
+    assert sum("cannot be written" in r.message for r in caplog.records) == 1
+    log_.close()
+    assert not log_._thread.is_alive()
+
+
+def test_rotation_keeps_the_file_another_live_writer_writes(tmp_path: Path) -> None:
+    """Another process's newest file, however old, is not deleted while that process runs (it
+    would write on into a deleted file: lost, its space never freed); a gone writer's is."""
+    import socket
+
+    folder = tmp_path / "log"
+    folder.mkdir()
+    host = socket.gethostname()
+    live = folder / f"feedback-{host}-{os.getpid()}-abcd1234-1.jsonl"
+    gone = folder / f"feedback-{host}-999999999-abcd1234-1.jsonl"
+    for old in (live, gone):
+        old.write_bytes(b"x" * 4_000)
+        os.utime(old, (1, 1))
+    log_ = QueryLog(folder, max_file_bytes=100, max_total_bytes=1_000)
+    log_._put("queries", {"query_id": "q", "text": "y" * 200})
+    assert log_.flush()
+    log_.close()
+    assert live.exists() and not gone.exists()
 
 
 def test_feedback_checks_what_the_query_returned(logged: Retriever, tmp_path: Path) -> None:

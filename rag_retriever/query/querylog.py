@@ -50,7 +50,7 @@ import time
 import uuid
 import weakref
 from collections import OrderedDict
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -278,7 +278,9 @@ class QueryLog:
         self.flush()
         self._closed = True
         _OPEN.discard(self)
-        self._queue.put(None)
+        # a writer that cannot drain a full queue (a stalled disk) must not hang the shutdown
+        with contextlib.suppress(queue.Full):
+            self._queue.put(None, timeout=5)
         self._thread.join(timeout=5)
 
     def _put(self, kind: str, entry: dict[str, Any]) -> None:
@@ -300,15 +302,21 @@ class QueryLog:
                 self._close_files()
                 return
             kind, entry = item
-            if kind == "flush":
-                self._flush_files()
-                entry["event"].set()
-                continue
-            if kind != "tick":
-                self._write(kind, entry)
-            if time.monotonic() - last_flush >= FLUSH_S:
-                self._flush_files()
-                last_flush = time.monotonic()
+            try:
+                if kind == "flush":
+                    self._flush_files()
+                    continue
+                if kind != "tick":
+                    self._write(kind, entry)
+                if time.monotonic() - last_flush >= FLUSH_S:
+                    self._flush_files()
+                    last_flush = time.monotonic()
+            except Exception as exc:  # the thread must outlive any line: queries go on
+                self.dropped += kind not in ("flush", "tick")
+                self._warn(exc)
+            finally:
+                if kind == "flush":
+                    entry["event"].set()
 
     def _write(self, kind: str, entry: dict[str, Any]) -> None:
         line = (json.dumps(entry, ensure_ascii=False) + "\n").encode("utf-8")
@@ -318,19 +326,24 @@ class QueryLog:
             self._sizes[kind] += len(line)
             self.written += 1
             if self._sizes[kind] >= self.max_file_bytes:
-                fh.close()
+                # forgotten before it is closed: a close that fails (a full disk) left a closed
+                # file in place, and every later write raised until the writer thread died
                 del self._files[kind]
+                fh.close()
                 self._enforce_total()
         except OSError as exc:
             self.dropped += 1
-            if not self._warned:
-                self._warned = True
-                log.warning(
-                    "query log %s cannot be written (%s); queries go on, lines are dropped and "
-                    "counted (rag_query_log_dropped_total)",
-                    self.directory,
-                    exc,
-                )
+            self._warn(exc)
+
+    def _warn(self, exc: Exception) -> None:
+        if not self._warned:
+            self._warned = True
+            log.warning(
+                "query log %s cannot be written (%s); queries go on, lines are dropped and "
+                "counted (rag_query_log_dropped_total)",
+                self.directory,
+                exc,
+            )
 
     def _file(self, kind: str) -> Any:
         fh = self._files.get(kind)
@@ -344,8 +357,10 @@ class QueryLog:
 
     def _flush_files(self) -> None:
         for fh in self._files.values():
-            with contextlib.suppress(OSError):
+            try:
                 fh.flush()
+            except OSError as exc:  # the buffered lines are lost: said, once
+                self._warn(exc)
 
     def _close_files(self) -> None:
         for fh in self._files.values():
@@ -354,16 +369,55 @@ class QueryLog:
         self._files.clear()
 
     def _enforce_total(self) -> None:
-        files = sorted(self.directory.glob("*.jsonl"), key=lambda p: p.stat().st_mtime)
-        total = sum(p.stat().st_size for p in files)
-        open_paths = {Path(fh.name) for fh in self._files.values()}
-        for path in files:
+        """Delete the oldest files past `max_total_bytes`: not a file this process or another
+        live writer of this host still writes (each writer's newest file of a kind; its loss
+        would be silent and its space never freed), and a file another writer deleted
+        meanwhile is passed over."""
+        sized = []
+        for path in self.directory.glob("*.jsonl"):
+            with contextlib.suppress(FileNotFoundError):
+                info = path.stat()
+                sized.append((info.st_mtime, info.st_size, path))
+        sized.sort()
+        total = sum(size for _, size, _ in sized)
+        kept = {Path(fh.name) for fh in self._files.values()} | _written_by_live_writers(
+            [path for *_, path in sized]
+        )
+        for _, size, path in sized:
             if total <= self.max_total_bytes:
                 break
-            if path in open_paths:
+            if path in kept:
                 continue
-            total -= path.stat().st_size
+            total -= size
             path.unlink(missing_ok=True)
+
+
+def _written_by_live_writers(paths: Sequence[Path]) -> set[Path]:
+    """Of `<kind>-<host>-<pid>-<id>-<serial>.jsonl` files, each writer's newest file of a kind
+    where the writer is a process of this host that still runs."""
+    host = socket.gethostname()
+    newest: dict[tuple[str, str], tuple[int, Path]] = {}
+    for path in paths:
+        kind, _, rest = path.stem.partition("-")
+        writer, _, serial = rest.rpartition("-")
+        if serial.isdigit() and int(serial) > newest.get((kind, writer), (-1, path))[0]:
+            newest[(kind, writer)] = (int(serial), path)
+    live = set()
+    for (_, writer), (_, path) in newest.items():
+        parts = writer.rsplit("-", 2)  # the host name may hold dashes
+        if len(parts) == 3 and parts[0] == host and parts[1].isdigit() and _runs(int(parts[1])):
+            live.add(path)
+    return live
+
+
+def _runs(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
 
 
 # The logs of this process not closed yet: the writer thread is a daemon, so without this a
@@ -454,14 +508,25 @@ def _close_open_logs() -> None:
 # -- reading a log back -------------------------------------------------------------------------
 
 
+def _mtime(path: Path) -> float:
+    try:
+        return path.stat().st_mtime
+    except FileNotFoundError:
+        return 0.0
+
+
 def read_lines(directories: Iterable[Path], kind: str) -> Iterator[dict[str, Any]]:
     """Every line of every `<kind>-*.jsonl` file (all processes), oldest file first; a torn last
     line (a crash mid-write) is skipped."""
     for directory in directories:
         if not directory.is_dir():
             raise InvalidRequest(f"{directory} is not a query log directory (RAG_QUERY_LOG)")
-        for path in sorted(directory.glob(f"{kind}-*.jsonl"), key=lambda p: p.stat().st_mtime):
-            with path.open(encoding="utf-8", errors="replace") as fh:
+        for path in sorted(directory.glob(f"{kind}-*.jsonl"), key=_mtime):
+            try:
+                opened = path.open(encoding="utf-8", errors="replace")
+            except FileNotFoundError:  # deleted by a writer's rotation since it was listed
+                continue
+            with opened as fh:
                 for line in fh:
                     try:
                         yield json.loads(line)
