@@ -406,6 +406,23 @@ def test_feedback_log_metrics_and_listing_keep_to_the_scope(
     for tenant, questions in (("acme", 1), ("globex", 0)):
         rows, _ = questions_from_log([tmp_path / "log"], tenant=tenant)
         assert len(rows) == questions
+    # the same question asked by two tenants, each judging its own hit: two questions, each
+    # with its tenant's gold only (merged by text, one row named both tenants' documents)
+    r = http.post("/v1/search", json={"query": "alpha", "mode": "bm25"}, headers=auth("globex"))
+    theirs = {"query_id": r.json()["query_id"], "relevant": True}
+    theirs["chunk_id"] = r.json()["hits"][0]["chunk_id"]
+    assert http.post("/v1/feedback", json=theirs, headers=auth("globex")).status_code == 200
+    http.app.state.retriever.query_log.flush()  # type: ignore[attr-defined]
+    rows, report = questions_from_log([tmp_path / "log"])
+    assert report.tenants == 2
+    assert sorted((row["tenant"], row["question"]) for row in rows) == [
+        ("acme", "alpha"),
+        ("globex", "alpha"),
+    ]
+    assert {row["tenant"]: row["gold_doc_ids"] for row in rows} == {
+        "acme": [hit["doc_id"]],
+        "globex": [r.json()["hits"][0]["doc_id"]],
+    }
 
 
 def test_a_metric_label_holds_a_bounded_number_of_values() -> None:

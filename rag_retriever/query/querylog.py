@@ -602,8 +602,8 @@ def questions_from_log(
 ) -> tuple[list[dict[str, Any]], ExportReport]:
     """Labelled questions from logged queries with positive feedback (the last judgement of each
     chunk or document wins). A relevant chunk becomes a gold span (its document and offsets); a
-    relevant document a gold document. Queries of the same text (case and spaces ignored) are
-    merged into one question.
+    relevant document a gold document. Queries of the same text (case and spaces ignored) and
+    tenant are merged into one question, which names its tenant (`tenant`) where it has one.
 
     Only the queries of `alias` are read. Without it, the log must hold one alias (or none);
     InvalidRequest when it holds several, or none of the lines are of `alias`, naming the aliases
@@ -617,7 +617,7 @@ def questions_from_log(
     for fb in read_lines(dirs, "feedback"):
         target = ("chunk", fb["chunk_id"]) if fb.get("chunk_id") else ("doc", fb["doc_id"])
         verdicts.setdefault(fb["query_id"], {})[target] = bool(fb["relevant"])
-    merged: OrderedDict[str, dict[str, Any]] = OrderedDict()
+    merged: OrderedDict[tuple[str | None, str], dict[str, Any]] = OrderedDict()
     without_text = negative_only = 0
     for query_id, judged in verdicts.items():
         entry = queries.get(query_id)
@@ -629,7 +629,9 @@ def questions_from_log(
             without_text += 1
             continue
         hits = {h["chunk_id"]: h for h in entry["hits"]}
-        key = " ".join(entry["query"].lower().split())
+        # one question per text and tenant: merged across tenants, one row named each tenant's
+        # gold documents (another tenant's document ids in a tenant's labelled set)
+        key = (entry.get("tenant"), " ".join(entry["query"].lower().split()))
         row = merged.setdefault(
             key,
             {
@@ -637,7 +639,8 @@ def questions_from_log(
                 "question": entry["query"],
                 "gold_doc_ids": [],
                 "gold_spans": [],
-            },
+            }
+            | ({"tenant": entry["tenant"]} if "tenant" in entry else {}),
         )
         for kind, value in positive:
             if kind == "chunk":
