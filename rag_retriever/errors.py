@@ -105,6 +105,14 @@ class UpdateRefused(RagError, ValueError):
     code = "update_refused"
 
 
+class Busy(RagError):
+    """The work a request needs is running for another request (a scan of the query log for
+    feedback on an older query): retry in a moment."""
+
+    http_status = 429
+    code = "busy"
+
+
 class StoreUnavailable(RagError):
     """The Qdrant engine failed or cannot be reached; nothing of the engine's own error types
     leaves the store."""

@@ -185,6 +185,25 @@ def test_rotation_keeps_the_file_another_live_writer_writes(tmp_path: Path) -> N
     assert live.exists() and not gone.exists()
 
 
+def test_feedback_waits_a_bounded_time_for_another_scan_then_answers_busy(
+    logged: Retriever, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Feedback on an id this process does not remember scans the log files, one scan at a
+    time: made-up ids each waited for the lock without bound, a worker thread each, until the
+    searches queued behind them. Now a short wait, then 429 busy."""
+    from rag_retriever.errors import Busy
+
+    assert logged.query_log is not None
+    monkeypatch.setattr(querylog, "SCAN_WAIT_S", 0.05)
+    unknown = uuid.uuid4().hex
+    with querylog._SCAN_LOCK, pytest.raises(Busy, match="retry"):
+        logged.query_log.feedback(unknown, chunk_id="c", relevant=True)
+    with pytest.raises(QueryNotLogged) as caught:  # the lock free: scanned, not found
+        logged.query_log.feedback(unknown, chunk_id="c", relevant=True)
+    assert str(tmp_path) not in str(caught.value)  # no server path in an answer
+    assert Busy.http_status == 429
+
+
 def test_feedback_checks_what_the_query_returned(logged: Retriever, tmp_path: Path) -> None:
     assert logged.query_log is not None
     result = logged.retrieve("apples", k=2)

@@ -57,7 +57,7 @@ from pathlib import Path
 from typing import Any
 
 from rag_retriever import access, tracing
-from rag_retriever.errors import InvalidRequest, QueryNotLogged
+from rag_retriever.errors import Busy, InvalidRequest, QueryNotLogged
 from rag_retriever.records import SearchFilter, SearchResult
 
 log = logging.getLogger(__name__)
@@ -217,7 +217,7 @@ class QueryLog:
             raise QueryNotLogged(
                 f"no logged query {query_id!r} in this process (the last {REMEMBER_QUERIES:,} "
                 f"are remembered) nor in the newest {FEEDBACK_SCAN_BYTES // 2**20} MiB of query "
-                f"lines in {self.directory} (each process writes its lines every {FLUSH_S:g} s: "
+                f"lines of the query log (each process writes its lines every {FLUSH_S:g} s: "
                 f"feedback sent at once to another process may need a retry)"
             )
         if chunk_id is not None and chunk_id not in logged.chunks:
@@ -241,8 +241,17 @@ class QueryLog:
         if not _QUERY_ID.fullmatch(query_id):  # no query id this product makes: nothing to read
             return None
         needle = b'{"query_id": "' + query_id.encode("ascii") + b'",'
-        with _SCAN_LOCK:
+        # a bounded wait: feedback on made-up ids, each a scan, held a worker thread each until
+        # every search waited behind them
+        if not _SCAN_LOCK.acquire(timeout=SCAN_WAIT_S):
+            raise Busy(
+                f"another feedback is reading the query log for an older query; retry query "
+                f"{query_id!r} in a second"
+            )
+        try:
             line = _scan(self.directory, needle)
+        finally:
+            _SCAN_LOCK.release()
         if line is None:
             return None
         try:
@@ -429,6 +438,8 @@ _OPEN: weakref.WeakSet[QueryLog] = weakref.WeakSet()
 # One scan of the log directory at a time in a process: feedback on unknown ids cannot make
 # many threads read the same files at once.
 _SCAN_LOCK = threading.Lock()
+# How long feedback waits for another's scan before it answers Busy (429).
+SCAN_WAIT_S = 1.0
 
 
 def _scan(directory: Path, needle: bytes) -> bytes | None:
