@@ -167,7 +167,7 @@ class Keys:
         self.failed_reloads = 0
         self._lock = threading.Lock()
         self._checked = 0.0
-        self._stamp: tuple[int, int] | None = None
+        self._stamp: tuple[int, int, int] | None = None
         self._ring = KeyRing({})
         if keys_file is not None:
             self._ring, self._stamp = _read(keys_file)
@@ -221,12 +221,14 @@ class Keys:
             log.info("keys file %s reloaded: %d key(s)", self.keys_file, len(ring.by_hash))
 
 
-def _stamp(path: Path) -> tuple[int, int]:
+def _stamp(path: Path) -> tuple[int, int, int]:
+    """What tells a changed file: a file moved over it (a new inode) with the same time and
+    size included."""
     st = path.stat()
-    return st.st_mtime_ns, st.st_size
+    return st.st_mtime_ns, st.st_size, st.st_ino
 
 
-def _read(path: Path) -> tuple[KeyRing, tuple[int, int]]:
+def _read(path: Path) -> tuple[KeyRing, tuple[int, int, int]]:
     try:
         stamp = _stamp(path)
         text = path.read_text(encoding="utf-8")
