@@ -14,6 +14,9 @@ models (it only checks that the data dir is not a file).
 
 from __future__ import annotations
 
+import difflib
+import logging
+import math
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -28,6 +31,8 @@ from rag_retriever.errors import ConfigError
 from rag_retriever.records import FusionMethod, Quantization, check_collection
 from rag_retriever.tracing import TracingMode
 
+log = logging.getLogger(__name__)
+
 Device = Literal["auto", "cpu", "cuda"]
 LogLevel = Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"]
 Dtype = Literal["auto", "fp32", "bf16", "fp16"]
@@ -41,7 +46,7 @@ LOG_LEVELS: tuple[str, ...] = get_args(LogLevel)
 DTYPES: tuple[str, ...] = get_args(Dtype)
 RERANK_FUSIONS: tuple[RerankFusion, ...] = get_args(RerankFusion)
 
-_TWO_WEIGHTS = "must be two non-negative numbers, not both 0 (dense,bm25)"
+_TWO_WEIGHTS = "must be two finite non-negative numbers, not both 0 (dense,bm25)"
 # Read from the environment only: secrets (a flag would show them in the process list) and the
 # overrides of a model's profile (they belong with the model, not with one command).
 ENV_ONLY = frozenset(
@@ -331,7 +336,7 @@ class Settings(BaseSettings):
     @field_validator("rrf_weights", mode="after")
     @classmethod
     def _some_weight(cls, value: tuple[float, float]) -> tuple[float, float]:
-        if not all(w >= 0 for w in value) or not any(value):
+        if not all(math.isfinite(w) and w >= 0 for w in value) or not any(value):
             raise ValueError(_TWO_WEIGHTS)
         return value
 
@@ -387,7 +392,9 @@ class Settings(BaseSettings):
         unknown = sorted(set(overrides) - set(cls.model_fields))
         if unknown:
             raise ConfigError(f"unknown setting {unknown[0]!r}")
-        values = _Environment(cls, os.environ if environ is None else environ)()
+        environ = os.environ if environ is None else environ
+        _warn_unknown(environ)
+        values = _Environment(cls, environ)()
         values.update({key: value for key, value in overrides.items() if value is not None})
         return cls(**values)
 
@@ -488,6 +495,27 @@ class _Environment(EnvSettingsSource):
 
     def _load_env_vars(self) -> Mapping[str, str | None]:
         return self._environ
+
+
+# The RAG_* variables of this process's environment already warned about (once each).
+_WARNED_UNKNOWN: set[str] = set()
+
+
+def _warn_unknown(environ: Mapping[str, str]) -> None:
+    """A warning for each `RAG_*` variable that is no setting, with the nearest setting's name:
+    a misspelt one (`RAG_QUERYLOG_TEXT=false`) is otherwise ignored without a word, and the
+    setting it meant keeps its default (here: every query text logged)."""
+    known = {env_name(name) for name in Settings.model_fields}
+    for key in sorted(k for k in environ if k.startswith("RAG_") and k not in known):
+        if key in _WARNED_UNKNOWN:
+            continue
+        _WARNED_UNKNOWN.add(key)
+        near = difflib.get_close_matches(key, sorted(known), n=1, cutoff=0.75)
+        log.warning(
+            "%s is not a setting of rag-retriever and is ignored%s",
+            key,
+            f"; did you mean {near[0]}?" if near else "",
+        )
 
 
 def _flag_note(name: str) -> str:

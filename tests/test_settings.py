@@ -31,8 +31,10 @@ def test_environment_values_are_parsed() -> None:
     [
         ({"RAG_RRF_K": "sixty"}, "RAG_RRF_K='sixty' is invalid"),
         ({"RAG_RRF_K": "0"}, "RAG_RRF_K"),
-        ({"RAG_RRF_WEIGHTS": "1"}, "RAG_RRF_WEIGHTS='1' is invalid: must be two non-negative"),
-        ({"RAG_RRF_WEIGHTS": "1,-1"}, "RAG_RRF_WEIGHTS='1,-1' is invalid: must be two non-neg"),
+        ({"RAG_RRF_WEIGHTS": "1"}, "RAG_RRF_WEIGHTS='1' is invalid: must be two finite non-neg"),
+        ({"RAG_RRF_WEIGHTS": "1,-1"}, "RAG_RRF_WEIGHTS='1,-1' is invalid: must be two finite"),
+        ({"RAG_RRF_WEIGHTS": "inf,1"}, "RAG_RRF_WEIGHTS='inf,1' is invalid: must be two finite"),
+        ({"RAG_RRF_WEIGHTS": "1e400,1"}, "must be two finite"),
         ({"RAG_RRF_WEIGHTS": "0,0"}, "not both 0"),
         ({"RAG_RRF_WEIGHTS": "1,x"}, "RAG_RRF_WEIGHTS='1,x' is invalid"),
         ({"RAG_RERANK_FUSION": "max"}, "RAG_RERANK_FUSION must be one of none, rrf"),
@@ -91,3 +93,18 @@ def test_the_collection_setting_takes_an_alias_or_one_version_s_name() -> None:
     for bad in ("docs__v3", "../x__m__v1", "docs__m__v", "a" * 65 + "__m__v1", "x__m/..__v1"):
         with pytest.raises(ConfigError, match="RAG_COLLECTION"):
             Settings.from_env({"RAG_COLLECTION": bad})
+
+
+def test_a_misspelt_variable_is_warned_about_naming_the_setting_it_may_mean(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """RAG_QUERYLOG_TEXT=false was ignored without a word: every query text stayed logged."""
+    with caplog.at_level("WARNING", logger="rag_retriever.settings"):
+        settings = Settings.from_env({"RAG_QUERYLOG_TEXT_X": "false", "RAG_ZZZ_UNKNOWN": "1"})
+    assert settings.query_log_text is True
+    messages = [r.getMessage() for r in caplog.records]
+    assert (
+        "RAG_QUERYLOG_TEXT_X is not a setting of rag-retriever and is ignored; did you mean "
+        "RAG_QUERY_LOG_TEXT?"
+    ) in messages
+    assert "RAG_ZZZ_UNKNOWN is not a setting of rag-retriever and is ignored" in messages
