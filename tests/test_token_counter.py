@@ -135,7 +135,7 @@ def _main_sentence_spans(text: str, start: int, end: int) -> list[tuple[int, int
     for match in _SENTENCE_END.finditer(text, start, end):
         cut = match.start() + 1
         word = re.search(r"(\S+)$", text[pos:cut])
-        if word and _is_abbreviation(word.group(1)):
+        if text[match.start()] == "." and word and _is_abbreviation(word.group(1)):
             continue
         spans.append((pos, match.end()))
         pos = match.end()
