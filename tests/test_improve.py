@@ -135,6 +135,42 @@ def test_a_helpful_fusion_is_promoted_and_a_run_resumes(
     assert fusion["fitted_on"].endswith("(fusion part)" if embedder_kept else "fusion parts)")
 
 
+def test_a_run_stopped_while_a_fusion_is_judged_restores_the_one_before_it(
+    env: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Stopped after the fusion step wrote its fit into the candidate's record and before the
+    judgement (minutes), a resumed run took that unjudged fit as the fusion to restore: a fit
+    judged worse stayed in the version (and was promoted with any other step kept)."""
+    _ingest(tmp_path)
+    questions = _questions(tmp_path, filler=False)  # nothing helps: the fit is dropped
+    args = _improve(questions, "fusion")
+    evaluate = improve.Improve._evaluate
+    stopped: list[str] = []
+
+    def stop_while_judging(self: improve.Improve, name: str, **kw: object) -> dict:
+        fusion = self.store.record(name).fusion
+        if fusion and "tuning" in fusion and not stopped:
+            stopped.append(name)
+            raise KeyboardInterrupt
+        return evaluate(self, name, **kw)  # type: ignore[arg-type]
+
+    def stop_at_the_gate(self: improve.Improve) -> dict:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(improve.Improve, "_evaluate", stop_while_judging)
+    monkeypatch.setattr(improve.Improve, "_gate", stop_at_the_gate)
+    assert main(args) == 130 and stopped  # stopped judging the fit
+    assert main(args) == 130  # resumed, judged (dropped), stopped at the gate
+    store = EdgeStore(env / "edge")
+    try:
+        assert store.record(stopped[0]).fusion is None  # the fit judged worse is gone
+    finally:
+        store.close()
+    state = json.loads((env / "improve" / "kb" / "state.json").read_text())
+    assert not state["results"]["fusion"]["kept"]
+    assert state["before_step"] == {"fusion": None}
+
+
 def test_an_improve_does_not_promote_over_a_write_made_during_its_run(
     env: Path,
     tmp_path: Path,

@@ -208,6 +208,17 @@ class Improve:
         self._split(live)
         self._save()
 
+    def _before_step(self, step: str, name: str) -> Any:
+        """What version `name` held in the record field `step` changes (its fusion, its
+        reranker) before the step first changed it, noted in the state before the change: a run
+        stopped between the change and its judgement (minutes) resumed with the unjudged value
+        as the one to restore, and could keep and promote what was judged worse."""
+        noted = self.state.setdefault("before_step", {})
+        if step not in noted:
+            noted[step] = getattr(self.store.record(name), step)
+            self._save()
+        return noted[step]
+
     def _save(self) -> None:
         path = self.work_dir / STATE_FILE
         tmp = path.with_suffix(".tmp")
@@ -432,7 +443,7 @@ class Improve:
             progress=self.options.progress,
         )
         questions_fitted = f"{len(questions)} questions ({which})"
-        previous = self.store.record(name).fusion
+        previous = self._before_step("fusion", name)
         self._update_record(name, fusion={**report.best.to_json(), "tuning": report.to_json()})
         after = self._evaluate(name)
         kept = _better(after, before)
@@ -459,7 +470,7 @@ class Improve:
             return {"kept": False, "summary": "skipped: the time budget is too small"}
         out = self._models_dir() / "reranker"
         self._train_reranker(name, self._questions_file("train"), out, max_questions)
-        previous = self.store.record(name).reranker
+        previous = self._before_step("reranker", name)
         self._update_record(name, reranker={"source": str(out.resolve()), "trained_by": "improve"})
         after = self._evaluate(name, mode="rerank")
         kept = _better(after, before)
