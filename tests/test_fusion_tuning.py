@@ -5,10 +5,14 @@ version."""
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import given
+from hypothesis import settings as hypothesis_settings
+from hypothesis import strategies as st
 
 from rag_retriever.cli import main
 from rag_retriever.errors import ConfigError, IngestLocked, InvalidRequest
@@ -25,6 +29,7 @@ from rag_retriever.records import Document
 from rag_retriever.settings import Settings
 from rag_retriever.store import Store
 from rag_retriever.store.catalog import rollback
+from rag_retriever.training.folds import document_groups, folds_by_document
 from rag_retriever.training.fusion import (
     Lists,
     _best_fusion,
@@ -72,6 +77,36 @@ def test_split_keeps_each_document_on_one_side() -> None:
     train, held = split_by_document(qs, 0.3, seed=1)
     assert {q.gold_doc_ids for q in train}.isdisjoint({q.gold_doc_ids for q in held})
     assert len(train) + len(held) == 40 and 0.2 <= len(held) / 40 <= 0.5
+
+
+@hypothesis_settings(max_examples=60, deadline=None)
+@given(
+    golds=st.lists(
+        st.lists(st.sampled_from([f"d{i}" for i in range(12)]), min_size=0, max_size=3),
+        min_size=4,
+        max_size=40,
+    ),
+    seed=st.integers(0, 5),
+)
+def test_no_gold_document_lies_on_two_sides_of_a_split_or_in_two_folds(
+    golds: list[list[str]], seed: int
+) -> None:
+    """Questions with several gold documents (SciFact's claims cite several abstracts): grouped
+    by the first alone, the others landed on both sides (20 questions of golds (d_i, d_i+1)
+    put 7 documents on both sides)."""
+    qs = [Question(f"q{i}", "x", tuple(g), (), (), i) for i, g in enumerate(golds)]
+
+    def docs(part: list[Question]) -> set[str]:
+        return {d for q in part for d in q.gold_doc_ids}
+
+    train, held = split_by_document(qs, 0.3, seed=seed)
+    assert docs(train).isdisjoint(docs(held))
+    assert sorted(q.id for q in train + held) == sorted(q.id for q in qs)
+    groups = document_groups(qs)
+    if len(groups) >= 3:
+        folds = folds_by_document(qs, 3, seed=seed)
+        for a, b in itertools.combinations(folds, 2):
+            assert docs(a).isdisjoint(docs(b))
 
 
 def test_tuned_fusion_is_stored_served_shown_and_rolled_back(

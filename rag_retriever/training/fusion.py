@@ -36,6 +36,7 @@ from rag_retriever.progress import progress as progress_of
 from rag_retriever.query.chunk_table import ChunkTable
 from rag_retriever.query.fusion import K_DEFAULT, METHODS, Fusion
 from rag_retriever.query.retriever import Retriever
+from rag_retriever.training.folds import document_groups
 
 BATCH = 64
 # The grid: RRF's k from "top ranks dominate" to the paper's 60 and beyond; the BM25 list's
@@ -144,19 +145,18 @@ def score(fusion: Fusion, lists: Sequence[Lists]) -> Figures:
 def split_by_document(
     questions: Sequence[Question], held_out_fraction: float, seed: int
 ) -> tuple[list[Question], list[Question]]:
-    """Questions grouped by their first gold document; whole groups go to one side."""
+    """Questions grouped by document (`folds.document_groups`: no gold document on both sides);
+    whole groups go to one side."""
     if not 0.0 < held_out_fraction < 1.0:
         raise InvalidRequest(f"--held-out must be between 0 and 1, got {held_out_fraction}")
-    groups: dict[str, list[Question]] = {}
-    for q in questions:
-        groups.setdefault(q.gold_doc_ids[0] if q.gold_doc_ids else q.id, []).append(q)
+    groups = document_groups(questions)
     keys = sorted(groups)
     random.Random(seed).shuffle(keys)
     held: list[Question] = []
     train: list[Question] = []
     for key in keys:
         side = held if len(held) < held_out_fraction * len(questions) else train
-        side.extend(groups[key])
+        side.extend(questions[i] for i in groups[key])
     return train, held
 
 
