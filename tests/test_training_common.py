@@ -2,11 +2,19 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
+from rag_retriever.eval.questions import load_questions
 from rag_retriever.models.device import Precision
-from rag_retriever.training.common import OptimizerStep, training_precision, warmup_linear
+from rag_retriever.training.common import (
+    OptimizerStep,
+    training_precision,
+    warmup_linear,
+    write_question_subset,
+)
 
 
 def one_step(precision: Precision, scale: float) -> tuple[torch.Tensor, OptimizerStep]:
@@ -71,3 +79,23 @@ def test_peak_memory_sees_an_allocation_inside_the_block() -> None:
             time.sleep(0.01)
         del block
     assert during.mb is not None and during.mb > before.mb + 300
+
+
+def test_a_question_subset_copies_the_lines_the_loader_accepted(tmp_path: Path) -> None:
+    """A BOM, malformed JSON and a non-object line are problems to the loader; a second parse
+    here raised on them (after the model was saved, leaving it without its record)."""
+    rows = [
+        '\ufeff{"id": "a", "question": "alpha?", "gold_doc_ids": ["d1"]}',
+        "{not json",
+        "[1, 2]",
+        '{"id": "b", "question": "bravo?", "gold_doc_ids": ["d2"]}',
+        "",
+        '{"id": "c", "question": "charlie?", "gold_doc_ids": ["d3"]}\r',
+    ]
+    source = tmp_path / "q.jsonl"
+    source.write_text("\n".join(rows), encoding="utf-8")
+    out = tmp_path / "subset.jsonl"
+    assert write_question_subset(source, {"a", "c", "zzz"}, out) == 2
+    kept, problems = load_questions(out)
+    assert [q.id for q in kept] == ["a", "c"] and problems == []
+    assert not out.read_bytes().startswith(b"\xef\xbb\xbf")

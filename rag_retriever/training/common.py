@@ -222,13 +222,16 @@ VALIDATION_FILE = "validation_questions.jsonl"
 def write_question_subset(questions_path: Path, ids: set[str], out: Path) -> int:
     """Copy the lines of the held-out questions, so they can be evaluated on their own later
     (`eval/recall_at_k.py --questions OUT/validation_questions.jsonl`)."""
-    written = 0
-    with questions_path.open(encoding="utf-8") as src, out.open("w", encoding="utf-8") as dst:
-        for line in src:
-            if line.strip() and str(json.loads(line).get("id")) in ids:
-                dst.write(line if line.endswith("\n") else line + "\n")
-                written += 1
-    return written
+    # the lines the loader accepted, by its line numbers: a line it skips as a problem (a BOM,
+    # malformed JSON, not UTF-8) made a second parse here raise after the model was saved
+    questions, _ = load_questions(questions_path)
+    keep = {q.line for q in questions if q.id in ids}
+    lines = questions_path.read_bytes().split(b"\n")
+    with out.open("wb") as dst:
+        for lineno in sorted(keep):
+            line = lines[lineno - 1].rstrip(b"\r")
+            dst.write((line.removeprefix(b"\xef\xbb\xbf") if lineno == 1 else line) + b"\n")
+    return len(keep)
 
 
 def write_metadata(out: Path, filename: str, data: dict[str, Any]) -> None:
