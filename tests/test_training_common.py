@@ -99,3 +99,29 @@ def test_a_question_subset_copies_the_lines_the_loader_accepted(tmp_path: Path) 
     kept, problems = load_questions(out)
     assert [q.id for q in kept] == ["a", "c"] and problems == []
     assert not out.read_bytes().startswith(b"\xef\xbb\xbf")
+
+
+@pytest.mark.parametrize(
+    ("command", "flag", "value", "message"),
+    [
+        ("train-embedder", "--batch-size", "0", "must be at least 1"),  # hung forever
+        ("train-reranker", "--batch-size", "0", "must be at least 1"),  # ZeroDivisionError
+        ("train-embedder", "--val-fraction", "1", "must be at least 0 and below 1"),
+        ("train-reranker", "--max-length", "0", "must be at least 1"),
+        ("train-reranker", "--negatives", "0", "must be at least 1"),  # a loss of 0: no learning
+        ("train-embedder", "--temperature", "0", "finite number above 0"),  # a NaN loss
+        ("train-embedder", "--epochs", "0", "must be at least 1"),  # NaN in the record
+        ("train-reranker", "--max-questions", "-5", "must be at least 1"),  # dropped 5 silently
+        ("train-embedder", "--lr", "nan", "finite number above 0"),
+    ],
+)
+def test_training_flags_out_of_range_are_usage_errors(
+    command: str, flag: str, value: str, message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from rag_retriever.cli import main
+
+    args = [command, "--collection", "kb", "--questions", "q.jsonl", "--out", "o", flag, value]
+    with pytest.raises(SystemExit) as exit_:
+        main(args)
+    assert exit_.value.code == 2
+    assert f"argument {flag}: {message}" in capsys.readouterr().err

@@ -11,8 +11,11 @@ from typing import Any
 from rag_retriever.cli.common import (
     MODEL,
     STORE,
+    at_least,
     command_settings,
+    fraction,
     parse_duration,
+    positive_number,
     reads_files,
     setting_flags,
 )
@@ -244,12 +247,14 @@ def _training_args(p: argparse.ArgumentParser) -> None:
     )
     reads_files(p, "questions")
     p.add_argument("--out", type=Path, required=True, help="output model directory")
-    p.add_argument("--epochs", type=int, default=1, help="passes over the questions (1)")
-    p.add_argument("--max-questions", type=int, help="use only the first N questions")
-    p.add_argument("--val-fraction", type=float, default=0.1, help="held-out validation part (0.1)")
+    p.add_argument("--epochs", type=at_least(1), default=1, help="passes over the questions (1)")
+    p.add_argument("--max-questions", type=at_least(1), help="use only the first N questions")
+    p.add_argument(
+        "--val-fraction", type=fraction, default=0.1, help="held-out validation part (0.1)"
+    )
     p.add_argument(
         "--micro-batch",
-        type=int,
+        type=at_least(0),
         default=8,
         help="texts (embedder) or pairs (reranker) per forward pass with gradients; memory "
         "follows it, not --batch-size, and the gradient does not depend on it; 0 = the whole "
@@ -283,12 +288,18 @@ def add_train_embedder(sub: Any) -> None:
         "--passage-prefix", help="prefix learned for chunks (default: E5's passage prefix)"
     )
     p.add_argument(
-        "--hard-negatives", type=int, default=1, help="mined hard negatives per question (1)"
+        "--hard-negatives",
+        type=at_least(0),
+        default=1,
+        help="mined hard negatives per question (1)",
     )
-    p.add_argument("--batch-size", type=int, default=32, help="questions per step (32)")
-    p.add_argument("--lr", type=float, default=3e-5, help="learning rate (3e-05)")
+    p.add_argument("--batch-size", type=at_least(1), default=32, help="questions per step (32)")
+    p.add_argument("--lr", type=positive_number, default=3e-5, help="learning rate (3e-05)")
     p.add_argument(
-        "--temperature", type=float, default=0.05, help="contrastive loss temperature (0.05)"
+        "--temperature",
+        type=positive_number,
+        default=0.05,
+        help="contrastive loss temperature (0.05)",
     )
     p.add_argument(
         "--name", help="model name recorded in its profile (default <base>-ft-<collection>)"
@@ -306,16 +317,19 @@ def add_train_reranker(sub: Any) -> None:
     p.add_argument("--base", help=f"model to start from (default {shown_default('embed_model')})")
     # The same defaults as RerankerTrainingConfig (a test checks), without importing torch here.
     p.add_argument(
-        "--negatives", type=int, default=3, help="hybrid-mined negatives per question (3)"
+        "--negatives", type=at_least(1), default=3, help="hybrid-mined negatives per question (3)"
     )
-    p.add_argument("--batch-size", type=int, default=8, help="questions per step (8)")
-    p.add_argument("--lr", type=float, default=1e-4, help="body learning rate (0.0001)")
+    p.add_argument("--batch-size", type=at_least(1), default=8, help="questions per step (8)")
+    p.add_argument("--lr", type=positive_number, default=1e-4, help="body learning rate (0.0001)")
     p.add_argument(
-        "--head-lr", type=float, default=1e-3, help="pooler + classifier learning rate (0.001)"
+        "--head-lr",
+        type=positive_number,
+        default=1e-3,
+        help="pooler + classifier learning rate (0.001)",
     )
     p.add_argument(
         "--max-length",
-        type=int,
+        type=at_least(1),
         default=256,
         help="tokens of question + chunk (256 = RAG_RERANK_MAX_LENGTH's default)",
     )
@@ -327,7 +341,7 @@ def add_train_reranker(sub: Any) -> None:
         "is new and the base's pooler was never trained (sentence-transformers); keep: leave it",
     )
     p.add_argument(
-        "--depth", type=int, default=30, help="hybrid candidates mined per question (30)"
+        "--depth", type=at_least(1), default=30, help="hybrid candidates mined per question (30)"
     )
     p.add_argument(
         "--loss",
@@ -336,7 +350,7 @@ def add_train_reranker(sub: Any) -> None:
         help="listwise: softmax over each question's candidates (default); pointwise: BCE",
     )
     p.add_argument(
-        "--freeze-layers", type=int, default=0, help="freeze embeddings + first N layers"
+        "--freeze-layers", type=at_least(0), default=0, help="freeze embeddings + first N layers"
     )
     p.add_argument("--name", help="reranker name recorded with it")
     setting_flags(p, *MODEL, *STORE)
