@@ -109,10 +109,10 @@ def test_a_question_subset_copies_the_lines_the_loader_accepted(tmp_path: Path) 
         ("train-embedder", "--val-fraction", "1", "must be at least 0 and below 1"),
         ("train-reranker", "--max-length", "0", "must be at least 1"),
         ("train-reranker", "--negatives", "0", "must be at least 1"),  # a loss of 0: no learning
-        ("train-embedder", "--temperature", "0", "finite number above 0"),  # a NaN loss
+        ("train-embedder", "--temperature", "0", "must be a finite number above 0"),  # a NaN loss
         ("train-embedder", "--epochs", "0", "must be at least 1"),  # NaN in the record
         ("train-reranker", "--max-questions", "-5", "must be at least 1"),  # dropped 5 silently
-        ("train-embedder", "--lr", "nan", "finite number above 0"),
+        ("train-embedder", "--lr", "nan", "must be a finite number above 0"),
     ],
 )
 def test_training_flags_out_of_range_are_usage_errors(
