@@ -301,6 +301,11 @@ def test_a_write_that_outlasts_its_wait_is_202_then_committed(
         done = http.get(f"{r.json()['poll']}?wait=30", headers=auth(WRITE))
         assert done.status_code == 200 and done.json()["status"] == "committed"
         assert http.get("/v1/changes/unknown", headers=auth(WRITE)).status_code == 404
+        # a wait that is not a number of seconds within the bound is refused, not waited on
+        # (nan waited forever on the event loop)
+        for bad in ("nan", "inf", "-1", "301"):
+            refused = http.get(f"{r.json()['poll']}?wait={bad}", headers=auth(WRITE))
+            assert refused.status_code == 422, (bad, refused.text)
     assert "late" in served_docs(store)
 
 
@@ -925,3 +930,11 @@ def test_waiting_writes_hold_no_worker_thread(tmp_path: Path, tiny_encoder: Enco
         for t in waiters:
             t.join()
         assert answers == [202] * 4
+
+
+def test_until_set_returns_at_once_for_a_wait_that_is_no_positive_number() -> None:
+    event = threading.Event()
+    for timeout in (math.nan, 0.0, -1.0):
+        started = time.monotonic()
+        asyncio.run(writes.until_set(event, timeout))
+        assert time.monotonic() - started < 1.0

@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any
 
-from fastapi import FastAPI, Request
+from fastapi import FastAPI, Query, Request
 from fastapi import Path as PathParameter
 from fastapi.responses import JSONResponse
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -513,13 +513,17 @@ def add_write_routes(app: FastAPI, retriever: Retriever, settings: Settings) -> 
         summary="A write's state: committed (its version), pending, or failed",
         responses=_WRITE_ERRORS,
     )
-    async def change(change_id: str, request: Request, wait: float = 0.0) -> JSONResponse:
+    async def change(
+        change_id: str,
+        request: Request,
+        wait: Annotated[float, Query(ge=0, le=MAX_WAIT_S, allow_inf_nan=False)] = 0.0,
+    ) -> JSONResponse:
         # a key sees its own changes only (another key's is "not known here")
         access = access_of(request)
         if not access.write:
             raise Forbidden(f"key {access.name!r} cannot write")
         found = committer.get(change_id, scope=access.name)
-        return await answer(found, min(max(wait, 0.0), MAX_WAIT_S), access)
+        return await answer(found, wait, access)
 
     return committer
 
@@ -528,6 +532,8 @@ async def until_set(event: threading.Event, timeout: float) -> None:
     """Wait up to `timeout` for `event` on the event loop, polled: a write route that waited in
     a worker thread held one of the pool that searches and the probes share (40 waiting writes
     stopped every tenant's searches and /healthz for up to MAX_WAIT_S)."""
+    if not timeout > 0:  # NaN included: `left <= 0` is never true of it
+        return
     deadline = time.monotonic() + timeout
     while not event.is_set():
         left = deadline - time.monotonic()
