@@ -13,9 +13,10 @@ id `feedback(hits.query_id, chunk_id=..., relevant=True)` names; `retrieve` the 
 `RetrieverClient` (sync) and `AsyncRetrieverClient` (asyncio) have the same methods. Searches
 are read-only, so a read (POST /v1/search included) is retried after a transport error
 (connection refused or reset, timeout) and after 502/503/504, with exponential backoff; a 4xx
-or a 500 is never retried. A call that must not happen twice (a document write, feedback) is
-retried only when it cannot have reached the server (no connection made); after a timeout or a
-5xx it raises, and a write's answer says whether it was taken (`change_status` by its id). Errors carry the server's code and message:
+or a 500 is never retried, a 429 (`busy`: nothing was done) always is. A call that must not
+happen twice (a document write, feedback) is retried only when it cannot have reached the
+server (no connection made); after a timeout or a 5xx it raises, saying the server may have
+applied it. Errors carry the server's code and message:
 
     ClientError                     base of everything raised here (a RagError)
       RetrieverHTTPError            the server answered an error: .status, .error, .detail
@@ -49,6 +50,8 @@ from rag_retriever.records import Document, Mode, SearchFilter, SearchResult
 T = TypeVar("T")
 # Statuses that mean "a proxy or the server could not answer just now"; a retry may succeed.
 RETRY_STATUSES = frozenset({502, 503, 504})
+# Too many requests (`busy`): refused before anything was done, so every call is sent again.
+BUSY = 429
 # Transport errors after which the server cannot have seen the request (no connection made).
 NOTHING_SENT = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout)
 # The longest single wait between two attempts, whatever `backoff` and the attempt number.
@@ -364,10 +367,19 @@ def _delay(backoff: float, attempt: int) -> float:
     return min(backoff * 2**attempt, MAX_BACKOFF_S)
 
 
-def _unavailable(method: str, url: str, attempts: int, exc: Exception) -> RetrieverUnavailable:
+def _unavailable(
+    method: str, url: str, attempts: int, exc: Exception, *, once: bool = False
+) -> RetrieverUnavailable:
+    if once and not isinstance(exc, NOTHING_SENT):  # it reached the server: not sent again
+        hint = (
+            "the server may have applied it (not sent again: upserts and deletes by id are "
+            "idempotent, so sending the write again is safe; feedback sent again counts twice)"
+        )
+    else:
+        hint = "is the server running and the base URL right?"
     return RetrieverUnavailable(
         f"{method} {url} got no answer after {attempts} attempt(s): "
-        f"{type(exc).__name__}: {exc}; is the server running and the base URL right?",
+        f"{type(exc).__name__}: {exc}; {hint}",
         attempts,
     )
 
@@ -386,11 +398,13 @@ def _judge(
     (not safe to send twice) is retried only after an error that sent nothing."""
     if error is not None:
         if attempt == retries or (once and not isinstance(error, NOTHING_SENT)):
-            raise _unavailable(request[0], request[1], attempt + 1, error) from error
+            raise _unavailable(request[0], request[1], attempt + 1, error, once=once) from error
         return None
     assert response is not None
     if response.is_success:
         return response
+    if response.status_code == BUSY and attempt < retries:
+        return None  # the server did nothing: safe to send again, a write or feedback too
     if response.status_code not in RETRY_STATUSES or attempt == retries or once:
         raise http_error(response)
     return None

@@ -529,3 +529,17 @@ def test_writes_and_feedback_are_sent_twice_only_when_nothing_was_sent(
         return len(recorder.requests)
 
     assert asyncio.run(run()) == 1
+
+
+def test_a_busy_answer_is_sent_again_for_every_call_and_a_timeout_says_it_may_have_applied() -> None:
+    """429 `busy` is a refusal before anything was done: safe to send again, feedback too."""
+    recorder = Recorder(error(429, "busy", "retry in a second"), httpx.Response(200, json={}))
+    with client_for(recorder, retries=2) as client:
+        assert client.feedback("q1", chunk_id="c1", relevant=True) == {}
+    assert len(recorder.requests) == 2
+    timed_out = Recorder(httpx.ReadTimeout("timed out"))
+    with (
+        client_for(timed_out, retries=2, write_api_key="w") as client,
+        pytest.raises(RetrieverUnavailable, match="the server may have applied it"),
+    ):
+        client.upsert_documents([Document("d", "t", "x")], collection="kb")

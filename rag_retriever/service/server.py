@@ -276,6 +276,8 @@ def _errors(*statuses: int) -> dict[int | str, dict[str, Any]]:
         413: "body over RAG_MAX_BODY_BYTES",
         415: "the body was not sent as JSON (Content-Type: application/json)",
         422: "invalid request: names the field, the value and the fix",
+        429: "busy: the feedback's query is being looked up for another request; nothing was "
+        "done, send it again in a second",
         500: "an unexpected error (details only in the server log)",
         503: "Qdrant is unreachable",
     }
@@ -398,7 +400,7 @@ def _add_feedback_and_metrics(app: FastAPI, retriever: Retriever) -> None:
     @app.post(
         "/v1/feedback",
         summary="Judge a returned chunk or document of a logged query (needs RAG_QUERY_LOG)",
-        responses=_errors(400, 401, 403, 404, 413, 415, 422, 500),
+        responses=_errors(400, 401, 403, 404, 413, 415, 422, 429, 500),
     )
     def feedback(body: FeedbackBody, request: Request) -> JSONResponse:
         if retriever.query_log is None:
