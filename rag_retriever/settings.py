@@ -18,6 +18,7 @@ import difflib
 import logging
 import math
 import os
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal, get_args
@@ -499,6 +500,8 @@ class _Environment(EnvSettingsSource):
 
 # The RAG_* variables of this process's environment already warned about (once each).
 _WARNED_UNKNOWN: set[str] = set()
+# What Kubernetes puts in a pod's environment for a Service named `rag` (enableServiceLinks).
+_SERVICE_LINK = re.compile(r"RAG_(PORT|SERVICE_HOST|SERVICE_PORT)(_[A-Z0-9_]+)?")
 
 
 def _warn_unknown(environ: Mapping[str, str]) -> None:
@@ -506,8 +509,15 @@ def _warn_unknown(environ: Mapping[str, str]) -> None:
     a misspelt one (`RAG_QUERYLOG_TEXT=false`) is otherwise ignored without a word, and the
     setting it meant keeps its default (here: every query text logged)."""
     known = {env_name(name) for name in Settings.model_fields}
-    for key in sorted(k for k in environ if k.startswith("RAG_") and k not in known):
-        if key in _WARNED_UNKNOWN:
+    for key in sorted(environ):
+        # read without regard to case, as the settings are; Kubernetes' service links of a
+        # Service named `rag` (RAG_PORT, RAG_SERVICE_HOST, ...) are no misspellings
+        if (
+            not key.startswith("RAG_")
+            or key.upper() in known
+            or _SERVICE_LINK.fullmatch(key.upper())
+            or key in _WARNED_UNKNOWN
+        ):
             continue
         _WARNED_UNKNOWN.add(key)
         near = difflib.get_close_matches(key, sorted(known), n=1, cutoff=0.75)

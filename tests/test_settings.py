@@ -96,15 +96,27 @@ def test_the_collection_setting_takes_an_alias_or_one_version_s_name() -> None:
 
 
 def test_a_misspelt_variable_is_warned_about_naming_the_setting_it_may_mean(
-    caplog: pytest.LogCaptureFixture,
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """RAG_QUERYLOG_TEXT=false was ignored without a word: every query text stayed logged."""
+    from rag_retriever import settings as settings_module
+
+    monkeypatch.setattr(settings_module, "_WARNED_UNKNOWN", set())
+    environ = {
+        "RAG_QUERYLOG_TEXT_X": "false",
+        "RAG_ZZZ_UNKNOWN": "1",
+        "RAG_log_level": "ERROR",  # a setting in another case: read, not warned about
+        "RAG_PORT": "tcp://10.0.0.1:8000",  # Kubernetes' service links
+        "RAG_SERVICE_HOST": "10.0.0.1",
+        "RAG_PORT_8000_TCP_ADDR": "10.0.0.1",
+    }
     with caplog.at_level("WARNING", logger="rag_retriever.settings"):
-        settings = Settings.from_env({"RAG_QUERYLOG_TEXT_X": "false", "RAG_ZZZ_UNKNOWN": "1"})
-    assert settings.query_log_text is True
+        settings = Settings.from_env(environ)
+    assert settings.query_log_text is True and settings.log_level == "ERROR"
     messages = [r.getMessage() for r in caplog.records]
     assert (
         "RAG_QUERYLOG_TEXT_X is not a setting of rag-retriever and is ignored; did you mean "
         "RAG_QUERY_LOG_TEXT?"
     ) in messages
     assert "RAG_ZZZ_UNKNOWN is not a setting of rag-retriever and is ignored" in messages
+    assert len(messages) == 2, messages
