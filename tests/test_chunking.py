@@ -160,6 +160,7 @@ def test_sentence_splitting_respects_abbreviations() -> None:
         # full-width ends need no space after them (the docstring promised them; the pattern
         # wanted a space and a Latin capital, so a Chinese paragraph was one sentence)
         ("今天天气很好。我们去公园吧！你呢？", ["今天天气很好。", "我们去公园吧！", "你呢？"]),
+        ("本当？！すごい。待って。。。彼は", ["本当？！", "すごい。", "待って。。。", "彼は"]),
         # a number before the period, and ! or ? after a word that abbreviates, end sentences
         ("The dose was 3.5. Then it rose.", ["The dose was 3.5.", "Then it rose."]),
         ("Is it Jan? She said no.", ["Is it Jan?", "She said no."]),

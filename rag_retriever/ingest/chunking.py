@@ -53,7 +53,7 @@ _PARAGRAPH_BREAK = re.compile(r"\n[ \t\r\f\v]*\n\s*")
 # then something that can start a sentence; or at a full-width 。！？ (and its closers), where
 # the next sentence follows with or without a space (Chinese and Japanese put none).
 _SENTENCE_END = re.compile(
-    r"[.!?][\"'”’)\]]*\s+(?=[\"'“‘(\[]?[A-Z0-9À-Ý])|[。！？][\"'”’)\]」』）]*\s*(?=\S)"
+    r"[.!?][\"'”’)\]]*\s+(?=[\"'“‘(\[]?[A-Z0-9À-Ý])|[。！？]+[\"'”’)\]」』）]*\s*(?=\S)"
 )
 # Dotted abbreviations ("U.S.", "e.g."): letters only, so that "3.5." ends a sentence.
 _DOTTED = re.compile(r"([^\W\d]\.)+[^\W\d]?")
