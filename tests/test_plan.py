@@ -345,6 +345,10 @@ def test_bad_briefs_and_constants_are_clear_errors(tmp_path: Path) -> None:
         bad.write_text(json.dumps({"settings": {"none": [broken]}}))
         with pytest.raises(ConfigError, match=message):
             load_constants(bad)  # a KeyError or ValueError deep in a fit before
+    resident_only = {k: v for k, v in point.items() if k != "rss_mb"} | {"resident_mb": 50.0}
+    bad.write_text(json.dumps({"settings": {"none": [resident_only, point]}}))
+    with pytest.raises(ConfigError, match="point 1 lacks rss_mb"):
+        load_constants(bad)  # the fit reads rss_mb of every point where one lacks resident_mb
     bad.write_text(json.dumps({"settings": {"none": [point]}, "served": {"chunks": 10}}))
     with pytest.raises(ConfigError, match="served lacks single_p50_ms"):
         load_constants(bad)
@@ -644,6 +648,10 @@ def test_machines_are_added_until_the_p95_is_met_where_one_machine_alone_can_mee
     assert none.machines_for_qps == 25 and none.meets["p95"]
     assert none.p95_replicated_ms == pytest.approx(18 / (1 - 7 / 25), rel=1e-6)
     assert 18 / (1 - 7 / 24) > 25
+    # a target just above one query's own p95: 18 / 18.5 asks 7 / (1 - 0.973) = 260 machines,
+    # each 3% used: not added, the p95 not met (the plan recommended hundreds of idle machines)
+    near = make_plan(Brief(chunks=1_000_000, qps=1000, p95_ms=18.5), CASE).settings[0]
+    assert near.machines_for_qps == math.ceil(1000 / (2000 / 14 * 0.7)) and not near.meets["p95"]
     # a target below one query's own p95: no number of machines meets it, none added
     tight = make_plan(Brief(chunks=1_000_000, qps=1000, p95_ms=15), CASE).settings[0]
     assert tight.machines_for_qps == math.ceil(1000 / (2000 / 14 * 0.7)) and not tight.meets["p95"]

@@ -55,6 +55,8 @@ from rag_retriever.store.shards import BASE_SHARD_POINTS, base_shards
 CONSTANTS: Final = Path(__file__).with_name("capacity.json")
 # The utilisation a machine is planned at: queues stay short below it.
 TARGET_UTILISATION: Final = 0.7
+# The least use of each machine the plan adds machines for, to bring the p95 under its target.
+MIN_UTILISATION: Final = 0.25
 # The share of a machine's memory the index may use (the rest: models, the OS, the page cache).
 MEMORY_SHARE: Final = 0.8
 SECONDS_A_DAY: Final = 86_400
@@ -248,8 +250,15 @@ def load_constants(path: Path | None = None) -> dict[str, Any]:
     for name, points in data["settings"].items():
         if not isinstance(points, list) or not points:
             raise ConfigError(f"{path}: setting {name!r} has no measured size")
+        # the memory fit reads resident_mb where every point has it, else rss_mb of every point
+        everywhere = all(isinstance(p, dict) and "resident_mb" in p for p in points)
         for i, point in enumerate(points):
             _check_point(point, f"{path}: setting {name!r}, point {i + 1}")
+            if not everywhere and "rss_mb" not in point:
+                raise ConfigError(
+                    f"{path}: setting {name!r}, point {i + 1} lacks rss_mb (the setting's other "
+                    f"points lack resident_mb): re-measure with `python -m bench.bench_engine`"
+                )
     served = data.get("served")
     if served and served.get("service_p50_ms") is None:
         _check_point(served, f"{path}: served", ("chunks", "single_p50_ms"))
@@ -426,8 +435,11 @@ def _setting(
     single_p95 = p95.at(n) + encode_ms
     if single_p95 < brief.p95_ms:
         # and as many more as the p95 needs (each takes less of the load): r >= load / (1 -
-        # p95 / target) makes p95 / (1 - load / r) <= target
-        replicas = max(replicas, math.ceil(load / (1 - single_p95 / brief.p95_ms)))
+        # p95 / target) makes p95 / (1 - load / r) <= target; not past MIN_UTILISATION a
+        # machine (a p95 just under the target asked for hundreds of idle machines)
+        needed = math.ceil(load / (1 - single_p95 / brief.p95_ms))
+        if load / needed >= MIN_UTILISATION:
+            replicas = max(replicas, needed)
     p95_replicated = single_p95 / (1 - load / replicas)
     node_chunks = n / brief.nodes
 
