@@ -166,23 +166,32 @@ def test_a_full_disk_drops_lines_but_never_stops_the_writer(
 
 
 def test_rotation_keeps_the_file_another_live_writer_writes(tmp_path: Path) -> None:
-    """Another process's newest file, however old, is not deleted while that process runs (it
-    would write on into a deleted file: lost, its space never freed); a gone writer's is."""
-    import socket
+    """Another writer's newest file, however old, is not deleted while that writer holds its
+    lock (it would write on into a deleted file: lost, its space never freed); a writer whose
+    lock nobody holds (it died; a restarted container's earlier run, PID 1 again) loses its
+    file and its lock file."""
+    import fcntl
 
     folder = tmp_path / "log"
     folder.mkdir()
-    host = socket.gethostname()
-    live = folder / f"feedback-{host}-{os.getpid()}-abcd1234-1.jsonl"
-    gone = folder / f"feedback-{host}-999999999-abcd1234-1.jsonl"
+    live = folder / "feedback-otherhost-1-abcd1234-1.jsonl"
+    gone = folder / "feedback-otherhost-1-dead0000-1.jsonl"
     for old in (live, gone):
         old.write_bytes(b"x" * 4_000)
         os.utime(old, (1, 1))
-    log_ = QueryLog(folder, max_file_bytes=100, max_total_bytes=1_000)
-    log_._put("queries", {"query_id": "q", "text": "y" * 200})
-    assert log_.flush()
-    log_.close()
-    assert live.exists() and not gone.exists()
+    stale = folder / ".writer-otherhost-1-dead0000.lock"
+    stale.touch()
+    with (folder / ".writer-otherhost-1-abcd1234.lock").open("w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)  # another writer, alive
+        log_ = QueryLog(folder, max_file_bytes=100, max_total_bytes=1_000)
+        log_._put("queries", {"query_id": "q", "text": "y" * 200})
+        assert log_.flush()
+        assert list(folder.glob(".writer-*-*-*.lock")) != []
+        log_.close()
+    assert live.exists() and not gone.exists() and not stale.exists()
+    assert sorted(p.name for p in folder.glob(".writer-*.lock")) == [
+        ".writer-otherhost-1-abcd1234.lock"  # its own lock removed when it closed
+    ]
 
 
 def test_feedback_waits_a_bounded_time_for_another_scan_then_answers_busy(

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import fcntl
 import hashlib
 import heapq
 import json
@@ -119,6 +120,7 @@ class QueryLog:
         self._warned = False
         # one writer per file: host, process and this log object (several may share a process)
         self._prefix = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        self._alive: int | None = None  # the descriptor holding this writer's lock
         self._closed = False
         self._thread = threading.Thread(target=self._run, name="query-log", daemon=True)
         self._thread.start()
@@ -358,6 +360,8 @@ class QueryLog:
         fh = self._files.get(kind)
         if fh is None:
             self.directory.mkdir(parents=True, exist_ok=True)
+            if self._alive is None:  # held while this writer runs: another's rotation asks it
+                self._alive = _hold(self.directory / f"{WRITER_LOCK}{self._prefix}.lock")
             self._serial += 1
             path = self.directory / f"{kind}-{self._prefix}-{self._serial}.jsonl"
             fh = self._files[kind] = path.open("ab")
@@ -376,6 +380,11 @@ class QueryLog:
             with contextlib.suppress(OSError):
                 fh.close()
         self._files.clear()
+        if self._alive is not None:
+            with contextlib.suppress(OSError):
+                (self.directory / f"{WRITER_LOCK}{self._prefix}.lock").unlink()
+                os.close(self._alive)
+            self._alive = None
 
     def _enforce_total(self) -> None:
         """Delete the oldest files past `max_total_bytes`: not a file this process or another
@@ -390,7 +399,7 @@ class QueryLog:
         sized.sort()
         total = sum(size for _, size, _ in sized)
         kept = {Path(fh.name) for fh in self._files.values()} | _written_by_live_writers(
-            [path for *_, path in sized]
+            self.directory, [path for *_, path in sized]
         )
         for _, size, path in sized:
             if total <= self.max_total_bytes:
@@ -401,32 +410,49 @@ class QueryLog:
             path.unlink(missing_ok=True)
 
 
-def _written_by_live_writers(paths: Sequence[Path]) -> set[Path]:
-    """Of `<kind>-<host>-<pid>-<id>-<serial>.jsonl` files, each writer's newest file of a kind
-    where the writer is a process of this host that still runs."""
-    host = socket.gethostname()
+# A writer's lock file (`.writer-<host>-<pid>-<id>.lock`), held while it writes: a writer is
+# alive while its lock is held, whatever host or PID namespace it runs in (a PID test took a
+# restarted container's earlier runs, PID 1 each, for alive).
+WRITER_LOCK = ".writer-"
+
+
+def _hold(path: Path) -> int | None:
+    """An open descriptor holding an exclusive lock on `path` (None: it could not be made)."""
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        return None
+    return fd
+
+
+def _held(path: Path) -> bool:
+    """Whether another writer holds `path`'s lock; a lock nobody holds (its writer died) is
+    removed."""
+    fd = _hold(path)
+    if fd is None:
+        return path.exists()
+    with contextlib.suppress(OSError):
+        path.unlink()
+    os.close(fd)
+    return False
+
+
+def _written_by_live_writers(directory: Path, paths: Sequence[Path]) -> set[Path]:
+    """Of `<kind>-<writer>-<serial>.jsonl` files, each writer's newest file of a kind where the
+    writer still holds its lock (`WRITER_LOCK`)."""
     newest: dict[tuple[str, str], tuple[int, Path]] = {}
     for path in paths:
         kind, _, rest = path.stem.partition("-")
         writer, _, serial = rest.rpartition("-")
         if serial.isdigit() and int(serial) > newest.get((kind, writer), (-1, path))[0]:
             newest[(kind, writer)] = (int(serial), path)
-    live = set()
-    for (_, writer), (_, path) in newest.items():
-        parts = writer.rsplit("-", 2)  # the host name may hold dashes
-        if len(parts) == 3 and parts[0] == host and parts[1].isdigit() and _runs(int(parts[1])):
-            live.add(path)
-    return live
-
-
-def _runs(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's process
-        return True
-    return True
+    alive = {writer: _held(directory / f"{WRITER_LOCK}{writer}.lock") for _, writer in newest}
+    return {path for (_, writer), (_, path) in newest.items() if alive[writer]}
 
 
 # The logs of this process not closed yet: the writer thread is a daemon, so without this a
