@@ -20,6 +20,7 @@ Not handled: fusions of more than the two lists, and learning-to-rank.
 from __future__ import annotations
 
 import itertools
+import logging
 import random
 from collections.abc import Hashable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -37,6 +38,8 @@ from rag_retriever.query.chunk_table import ChunkTable
 from rag_retriever.query.fusion import K_DEFAULT, METHODS, Fusion
 from rag_retriever.query.retriever import Retriever
 from rag_retriever.training.folds import document_groups
+
+log = logging.getLogger(__name__)
 
 BATCH = 64
 # The grid: RRF's k from "top ranks dominate" to the paper's 60 and beyond; the BM25 list's
@@ -150,6 +153,14 @@ def split_by_document(
     if not 0.0 < held_out_fraction < 1.0:
         raise InvalidRequest(f"--held-out must be between 0 and 1, got {held_out_fraction}")
     groups = document_groups(questions)
+    largest = max((len(members) for members in groups.values()), default=0)
+    if largest > held_out_fraction * len(questions):
+        log.warning(
+            "%d of %d questions are one group of shared gold documents, more than the held-out "
+            "part: one side of the split by document holds most questions",
+            largest,
+            len(questions),
+        )
     keys = sorted(groups)
     random.Random(seed).shuffle(keys)
     held: list[Question] = []
