@@ -198,6 +198,24 @@ def test_a_fusion_that_loses_recall_at_depth_is_never_chosen() -> None:
     assert _best_fusion(default, [light], lists, progress=False)[0] == light
 
 
+def test_the_fusion_chosen_does_not_depend_on_the_grid_s_order(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A gains depth over the default, B has the higher objective and keeps the default's depth
+    but not A's: B must win in either order (against A's depth, B lost when A came first)."""
+    from rag_retriever.training import fusion as tuning
+
+    default, a, b = Fusion("rrf"), Fusion("rrf", k=10), Fusion("rrf", k=20)
+    figures = {
+        default: tuning.Figures(0.50, 0.40, 0.60, 10, 0.90, 0.95),
+        a: tuning.Figures(0.60, 0.50, 0.70, 10, 0.95, 0.97),
+        b: tuning.Figures(0.70, 0.60, 0.80, 10, 0.92, 0.96),
+    }
+    monkeypatch.setattr(tuning, "score", lambda fusion, lists: figures[fusion])
+    for grid in ([a, b], [b, a]):
+        assert _best_fusion(default, grid, [], progress=False)[0] == b
+
+
 def test_depths_chosen_by_tuning_leave_the_fused_list_whole(
     retriever: Retriever, tmp_path: Path
 ) -> None:

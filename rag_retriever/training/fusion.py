@@ -89,12 +89,15 @@ class Figures:
         """Recall@50 and @100 at least `other`'s: what comes after the fusion loses nothing."""
         return all(getattr(self, f) >= getattr(other, f) - DEPTH_TOLERANCE for f in DEEP)
 
-    def beats(self, other: Figures) -> bool:
-        """Better on the objective (MRR@10, ties: recall@1), and no loss at depth."""
-        better = judge(
+    def improves_on(self, other: Figures) -> bool:
+        """Better on the objective (MRR@10, ties: recall@1)."""
+        return judge(
             self.metrics(), other.metrics(), metric=OBJECTIVE[0], tie_break=OBJECTIVE[1]
         ).better
-        return better and self.keeps_depth_of(other)
+
+    def beats(self, other: Figures) -> bool:
+        """Better on the objective, and no loss at depth."""
+        return self.improves_on(other) and self.keeps_depth_of(other)
 
     def to_json(self) -> dict[str, float]:
         return {**{k: round(v, 4) for k, v in self.metrics().items()}, "questions": self.questions}
@@ -263,7 +266,10 @@ def _best_fusion(
     bar = progress_of(total=len(grid), desc="fusions", unit="fusion", enabled=progress)
     for fusion in grid:
         figures = score(fusion, train)
-        if figures.beats(best_figures) and figures.keeps_depth_of(default_figures):
+        # the objective against the best so far, the depth against the default only (against
+        # the best's depth too, a later fit with a higher objective was refused for losing
+        # depth another fit had gained: the choice followed the grid's order)
+        if figures.improves_on(best_figures) and figures.keeps_depth_of(default_figures):
             best, best_figures = fusion, figures
         bar.update(1)
     bar.close()
