@@ -531,7 +531,7 @@ def test_writes_and_feedback_are_sent_twice_only_when_nothing_was_sent(
     assert asyncio.run(run()) == 1
 
 
-def test_a_busy_answer_is_sent_again_for_every_call_and_a_timeout_says_it_may_have_applied() -> None:
+def test_a_busy_answer_is_sent_again_and_a_timed_out_write_may_have_applied() -> None:
     """429 `busy` is a refusal before anything was done: safe to send again, feedback too."""
     recorder = Recorder(error(429, "busy", "retry in a second"), httpx.Response(200, json={}))
     with client_for(recorder, retries=2) as client:

@@ -771,4 +771,3 @@ def test_doctor_lines_show_the_limit_they_were_judged_against(
     assert dup["value"] == pytest.approx(dup["figures"]["share"], abs=1e-4)
     assert dup["value"] > 0.05 and not dup["ok"]
     assert checks["noise floor"]["value"] is None and checks["noise floor"]["limit"] is None
-
