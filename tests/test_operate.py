@@ -771,3 +771,26 @@ def test_doctor_lines_show_the_limit_they_were_judged_against(
     assert dup["value"] == pytest.approx(dup["figures"]["share"], abs=1e-4)
     assert dup["value"] > 0.05 and not dup["ok"]
     assert checks["noise floor"]["value"] is None and checks["noise floor"]["limit"] is None
+
+
+def test_the_last_judgement_of_a_chunk_is_the_latest_by_time_not_by_file(
+    tmp_path: Path,
+) -> None:
+    """Judged relevant at 10:00 on one replica, not relevant at 09:00 on another whose file was
+    written to last: the 10:00 judgement wins (read in file order, the older one did)."""
+    from rag_retriever.query.querylog import questions_from_log
+
+    log = tmp_path / "log"
+    log.mkdir()
+    hit = {"chunk_id": "c1", "doc_id": "d1", "start": 0, "end": 5}
+    query = {"query_id": "a" * 32, "alias": "kb", "query": "what is it?", "hits": [hit]}
+    (log / "queries-h-1-x-1.jsonl").write_text(json.dumps(query) + "\n")
+    for name, time_, relevant, mtime in (
+        ("feedback-h-2-y-1.jsonl", "2026-12-08T10:00:00.000+00:00", True, 100),
+        ("feedback-h-3-z-1.jsonl", "2026-12-08T09:00:00.000+00:00", False, 200),
+    ):
+        line = {"query_id": "a" * 32, "time": time_, "chunk_id": "c1", "relevant": relevant}
+        (log / name).write_text(json.dumps(line) + "\n")
+        os.utime(log / name, (mtime, mtime))
+    rows, report = questions_from_log([log])
+    assert [row["gold_doc_ids"] for row in rows] == [["d1"]] and report.negative_only == 0

@@ -651,7 +651,10 @@ def questions_from_log(
     chosen = _one_alias(logged, ", ".join(str(d) for d in dirs))
     queries = {q["query_id"]: q for q in logged.lines}
     verdicts: dict[str, dict[tuple[str, str], bool]] = {}
-    for fb in read_lines(dirs, "feedback"):
+    # the last judgement by its time (UTC ISO 8601 sorts as text), not by its file's place: of
+    # two processes' files, the one written to last was read last, whatever it held
+    judgements = sorted(read_lines(dirs, "feedback"), key=lambda fb: str(fb.get("time", "")))
+    for fb in judgements:
         target = ("chunk", fb["chunk_id"]) if fb.get("chunk_id") else ("doc", fb["doc_id"])
         verdicts.setdefault(fb["query_id"], {})[target] = bool(fb["relevant"])
     merged: OrderedDict[tuple[str | None, str], dict[str, Any]] = OrderedDict()
