@@ -794,3 +794,14 @@ def test_the_last_judgement_of_a_chunk_is_the_latest_by_time_not_by_file(
         os.utime(log / name, (mtime, mtime))
     rows, report = questions_from_log([log])
     assert [row["gold_doc_ids"] for row in rows] == [["d1"]] and report.negative_only == 0
+
+
+def test_an_id_set_holds_its_ids_in_8_bytes_each() -> None:
+    from rag_retriever.query.querylog import IdSet
+
+    ids = [uuid.uuid4().hex for _ in range(100)]
+    held = IdSet(ids)
+    assert all(i in held for i in ids) and len(held) == 100
+    assert not any(uuid.uuid4().hex in held for _ in range(1000))
+    assert 3 not in held and "" not in held and "x" not in IdSet([])
+    assert held._hashes.nbytes == 800  # a frozenset of these strings: about 13 KB

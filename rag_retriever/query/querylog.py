@@ -57,6 +57,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from rag_retriever import access, tracing
 from rag_retriever.errors import Busy, InvalidRequest, QueryNotLogged
 from rag_retriever.records import SearchFilter, SearchResult
@@ -87,10 +89,32 @@ def new_query_id() -> str:
     return uuid.uuid4().hex
 
 
+class IdSet:
+    """Ids held as their sorted 64-bit hashes: 8 bytes an id where a frozenset held a string and
+    a slot (the 100,000 queries remembered for feedback took 3 KB each at k=10, 29 KB at 100:
+    2.9 GB a process). `in` is a binary search; a false match needs two ids of one 64-bit hash.
+    Hashes are this process's (str hashing is seeded per process): never stored."""
+
+    __slots__ = ("_hashes",)
+
+    def __init__(self, ids: Iterable[str]) -> None:
+        self._hashes = np.sort(np.fromiter((hash(i) for i in ids), dtype=np.int64))
+
+    def __contains__(self, value: object) -> bool:
+        if not isinstance(value, str):
+            return False
+        wanted = hash(value)
+        at = int(np.searchsorted(self._hashes, wanted))
+        return at < len(self._hashes) and int(self._hashes[at]) == wanted
+
+    def __len__(self) -> int:
+        return len(self._hashes)
+
+
 @dataclass(frozen=True)
 class _Logged:
-    chunks: frozenset[str]
-    docs: frozenset[str]
+    chunks: IdSet
+    docs: IdSet
     scope: str | None = None  # the name of the key that asked (access.current)
 
 
@@ -179,8 +203,8 @@ class QueryLog:
             self._keep(
                 result.query_id,
                 _Logged(
-                    frozenset(h.chunk_id for h in result.hits),
-                    frozenset(h.doc_id for h in result.hits),
+                    IdSet(h.chunk_id for h in result.hits),
+                    IdSet(h.doc_id for h in result.hits),
                     None if scope is None else scope.name,
                 ),
             )
@@ -260,8 +284,8 @@ class QueryLog:
             entry = json.loads(line)
             hits = entry["hits"]
             found = _Logged(
-                frozenset(str(h["chunk_id"]) for h in hits),
-                frozenset(str(h["doc_id"]) for h in hits),
+                IdSet(str(h["chunk_id"]) for h in hits),
+                IdSet(str(h["doc_id"]) for h in hits),
                 (entry.get("scope") or {}).get("key"),
             )
         except (ValueError, KeyError, TypeError, AttributeError):
