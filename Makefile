@@ -1,5 +1,5 @@
 # One virtual environment for everything; torch==2.13.0 is installed first so that pip never
-# pulls a multi-GB CUDA build of torch as a dependency (any torch >= 2.2 works otherwise).
+# pulls a multi-GB CUDA build of torch as a dependency (any torch >= 2.6 works otherwise).
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
@@ -43,4 +43,4 @@ bench: setup
 	$(BIN)/python -m bench --out bench-out
 
 clean:
-	rm -rf $(VENV) $(DEMO_DATA) bench-out .mypy_cache .ruff_cache .pytest_cache
+	rm -rf $(VENV) $(DEMO_DATA) bench-out .mypy_cache .ruff_cache .pytest_cache tour-data tour-eval faq.jsonl

@@ -21,7 +21,7 @@ offsets and chunk range.
 `invoke(query, k=..., mode=..., filter=..., ...)` overrides this retriever's options for that
 call only (the options of SearchOptions; any other keyword is a TypeError naming them).
 
-langchain-core is optional (`pip install 'rag-retriever[langchain]'`); nothing else in
+langchain-core is optional (`pip install -e '.[langchain]'` in the checkout); nothing else in
 rag_retriever imports this module. It does not build chains, prompts or vector stores.
 """
 
@@ -40,7 +40,7 @@ try:
 except ImportError as exc:  # pragma: no cover - exercised by a test that hides langchain_core
     raise ImportError(
         "rag_retriever.langchain needs langchain-core, which is not installed: "
-        "pip install 'rag-retriever[langchain]'"
+        "pip install -e '.[langchain]' in rag-retriever's checkout"
     ) from exc
 from pydantic import ConfigDict, InstanceOf, field_validator
 

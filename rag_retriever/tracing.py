@@ -18,7 +18,7 @@ single check of a module global: 0.3-0.7 µs a `with` block, 2.5 µs for a searc
 (docs/operating.md "Traces").
 
 The API (opentelemetry-api) is all that "on" needs; "console" and "otlp" need the SDK and the
-exporter, the optional extra `pip install 'rag-retriever[tracing]'`. Their provider is this
+exporter, the optional extra `pip install -e '.[tracing]'` (from the project's checkout). Their provider is this
 module's own: the global one stays the host's to set (it can be set only once per process), so
 `configure` may be called again. A collector that cannot be reached costs no query: exports run
 in the SDK's background thread, failures are counted (`failed_exports`), warned about once per
@@ -92,7 +92,7 @@ RETRY_AFTER_S = 30.0
 # exporter's own timeout (OTEL_EXPORTER_OTLP_TIMEOUT) and RETRY_AFTER_S do.
 FLUSH_TIMEOUT_S = 30.0
 
-EXTRA_HINT = "pip install 'rag-retriever[tracing]'"
+EXTRA_HINT = "pip install -e '.[tracing]' in rag-retriever's checkout"
 
 # The one no-op context manager `span` returns while tracing is off (nullcontext keeps no state).
 _OFF: AbstractContextManager[None] = nullcontext()

@@ -73,7 +73,7 @@ def test_the_module_imports_and_runs_off_without_opentelemetry(
         assert fresh.current_trace_id() is None
     with pytest.raises(ConfigError, match=r"needs opentelemetry-api.*RAG_TRACING=off"):
         fresh.configure("on")
-    with pytest.raises(ConfigError, match=r"pip install 'rag-retriever\[tracing\]'"):
+    with pytest.raises(ConfigError, match=r"pip install -e '\.\[tracing\]' in rag-retriever's checkout"):
         fresh.configure("otlp")
 
 
@@ -192,7 +192,7 @@ def test_a_missing_package_is_a_config_error_naming_the_extra(
         tracing.configure(mode)
     assert str(raised.value) == (
         f"RAG_TRACING={mode} needs {package}, which is not installed; "
-        "pip install 'rag-retriever[tracing]', or set RAG_TRACING=on to use the host "
+        "pip install -e '.[tracing]' in rag-retriever's checkout, or set RAG_TRACING=on to use the host "
         "application's OpenTelemetry setup"
     )
     _search("q1")  # the configuration before the error is kept
