@@ -282,3 +282,43 @@ def test_links_inside_the_data_dir_cannot_lead_writes_outside(tmp_path: Path) ->
     with pytest.raises(ConfigError, match="leads outside the data dir"), IngestLock(data, "kb"):
         pass
     assert list(outside.iterdir()) == []  # nothing was written there
+
+
+def test_a_complete_version_of_a_newer_schema_is_no_orphan(
+    store: Store, tiny_encoder: Encoder, tmp_path: Path
+) -> None:
+    """A version another (newer) rag-retriever completed is not left by an interrupted write:
+    it is kept until retention ages it out (it was deleted by the next write, before even an
+    update that then refused)."""
+    good = run(store, tiny_encoder, tmp_path)
+    newer = "kb__tiny-bert-32__v5"
+    store.create(newer, 32, bare_record(newer, dim=32, bm25=store.record(good.collection).bm25))
+    meta = store.read_meta(newer)
+    store.write_meta(newer, {**meta, "status": "complete", "schema": 99})
+    assert [i.status for i in store.versions("kb") if i.name == newer] == ["incompatible"]
+    report = run(store, tiny_encoder, tmp_path)
+    assert report.orphans_removed == () and store.exists(newer)
+
+
+def test_a_failed_write_deletes_only_a_version_it_made(
+    store: Store, tiny_encoder: Encoder, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A name already there when the write meant to make it (another writer's, or a case twin
+    on a case-insensitive disk) failed the write, whose failure handler then deleted it."""
+    good = run(store, tiny_encoder, tmp_path)
+    monkeypatch.setattr(store, "next_version", lambda alias: 1)  # the served version's number
+    with pytest.raises(Exception):  # noqa: B017 (whatever the engine raises on a second create)
+        run(store, tiny_encoder, tmp_path)
+    assert store.exists(good.collection) and store.aliases() == {"kb": good.collection}
+    assert store.count(good.collection) == good.chunks
+
+
+def test_an_alias_that_differs_from_another_only_in_case_is_refused(
+    store: Store, tiny_encoder: Encoder, tmp_path: Path
+) -> None:
+    """On a case-insensitive disk `Docs` and `docs` share folders: ingesting `docs` found `Docs`'s
+    served v1 where it meant to make its own v1, and deleted it on the failure."""
+    first = ingest_documents(corpus(DOCS), alias="Docs", encoder=tiny_encoder, store=store)
+    with pytest.raises(InvalidRequest, match="differs from the existing 'Docs' only in case"):
+        ingest_documents(corpus(DOCS), alias="docs", encoder=tiny_encoder, store=store)
+    assert store.aliases() == {"Docs": first.collection} and store.exists(first.collection)

@@ -64,6 +64,7 @@ from rag_retriever import tracing
 from rag_retriever.errors import (
     DocumentError,
     GateRejected,
+    InvalidRequest,
     UpdateRefused,
     VersionIncompatible,
 )
@@ -103,6 +104,7 @@ from rag_retriever.store import (
     collection_name,
     index_kind,
     metadata_path,
+    parse_collection_name,
 )
 from rag_retriever.store.catalog import apply_retention, point_alias, remove_orphans
 from rag_retriever.store.record import (
@@ -390,6 +392,22 @@ def _blocks(chunks: Sequence[Chunk], terms: Sequence[list[str]]) -> list[_Block]
     ]
 
 
+def _refuse_case_twin(store: Store, alias: str) -> None:
+    """InvalidRequest for an alias that differs from an existing one only in case: on a
+    case-insensitive disk (macOS's default) `docs` and `Docs` share their folders, aliases and
+    locks, and a write of one could reach the other's versions."""
+    names = {p[0] for n in store.collection_names() if (p := parse_collection_name(n))}
+    twins = sorted(
+        a for a in names | set(store.aliases()) if a != alias and a.lower() == alias.lower()
+    )
+    if twins:
+        raise InvalidRequest(
+            f"alias {alias!r} differs from the existing {twins[0]!r} only in case: on a "
+            f"case-insensitive disk they would share their files; write {twins[0]!r}, or name "
+            f"another alias"
+        )
+
+
 class _Job:
     """One write of an alias, as named steps; `timings` records each step's wall time."""
 
@@ -404,8 +422,12 @@ class _Job:
         # The encode stage reads reusable vectors while the write stage upserts: one store call
         # at a time (qdrant-client's local mode is not thread-safe).
         self._store_lock = threading.Lock()
+        # the versions this job made (a failure deletes only those: a name that was already
+        # there, another writer's or a case twin on a case-insensitive disk, is not its own)
+        self._made: set[str] = set()
         self.timings: dict[str, float] = {}
         self._clock = time.perf_counter()
+        _refuse_case_twin(store, alias)
         self.orphans = remove_orphans(store, alias)
         self.live_name = store.aliases().get(alias)
         self.live: VersionRecord | None = None
@@ -586,6 +608,7 @@ class _Job:
         reusable = {c.content_hash: c.id for c in gone}
         with self._building(name):
             self.store.derive(name, self.live_name, record, [c.id for c in gone])
+            self._made.add(name)
             self.lap("derive")
             blocks = iter(_blocks(new_chunks, new_terms))
             stats = self._write(
@@ -657,6 +680,7 @@ class _Job:
             record = self._new_record(version, bm25, Lineage(full_build=name), corpus.source)
             with self._store_lock:
                 self.store.create(name, self.encoder.fingerprint.dim, record)
+                self._made.add(name)
                 if chunked.tally.chunks >= WRITE_PROCESS_MIN_CHUNKS:
                     writing.enter_context(self.store.bulk_write(name))
             built.append((bm25, record))
@@ -781,19 +805,24 @@ class _Job:
 
     @contextlib.contextmanager
     def _building(self, name: str) -> Iterator[None]:
-        """Any exception (or Ctrl-C) inside deletes the partial version and is raised again."""
+        """Any exception (or Ctrl-C) inside deletes the partial version, if this job made it
+        (one it failed to make, half made, is an orphan the next write removes), and is raised
+        again."""
         try:
             yield
         except Exception:
             log.error("write of %s failed; removing the partial version %s", self.alias, name)
-            with self._store_lock:  # after the write stage's last store call
-                self.store.delete(name)
+            self._unmake(name)
             raise
         except BaseException:  # Ctrl-C, SIGTERM: a requested stop, not a failure
             log.info("write of %s stopped; removing the partial version %s", self.alias, name)
-            with self._store_lock:
-                self.store.delete(name)
+            self._unmake(name)
             raise
+
+    def _unmake(self, name: str) -> None:
+        with self._store_lock:  # after the write stage's last store call
+            if name in self._made:
+                self.store.delete(name)
 
     def _write(
         self,

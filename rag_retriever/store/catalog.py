@@ -29,7 +29,7 @@ from rag_retriever.store.base import (
     parse_collection_name,
     retired_for,
 )
-from rag_retriever.store.record import STATUS_COMPLETE, Lineage
+from rag_retriever.store.record import STATUS_BUILDING, STATUS_COMPLETE, Lineage
 
 log = logging.getLogger(__name__)
 
@@ -38,11 +38,13 @@ DEFAULT_RETENTION_GRACE_S: float = default_of("retention_grace_s")
 
 
 def remove_orphans(store: Store, alias: str) -> list[str]:
-    """Delete collections of `alias` that never completed and are not served."""
+    """Delete collections of `alias` that never completed and are not served. A complete
+    version this rag-retriever cannot read (a newer schema) is not one: retention ages it out
+    like the others."""
     served = set(store.aliases().values())
     removed = []
     for info in store.versions(alias):
-        if info.status != STATUS_COMPLETE and info.name not in served:
+        if info.status == STATUS_BUILDING and info.name not in served:
             log.warning("removing incomplete collection %s left by an interrupted write", info.name)
             store.delete(info.name)
             removed.append(info.name)
