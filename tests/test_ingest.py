@@ -322,3 +322,18 @@ def test_an_alias_that_differs_from_another_only_in_case_is_refused(
     with pytest.raises(InvalidRequest, match="differs from the existing 'Docs' only in case"):
         ingest_documents(corpus(DOCS), alias="docs", encoder=tiny_encoder, store=store)
     assert store.aliases() == {"Docs": first.collection} and store.exists(first.collection)
+
+
+def test_deleting_every_document_is_a_refusal_not_a_traceback(
+    store: Store, tiny_encoder: Encoder, tmp_path: Path
+) -> None:
+    from rag_retriever.errors import UpdateRefused
+    from rag_retriever.ingest.writer import update_documents
+
+    good = run(store, tiny_encoder, tmp_path)
+    with pytest.raises(UpdateRefused, match="cannot be left with zero documents"):
+        update_documents(
+            [], [d.id for d in DOCS], alias="kb", encoder=tiny_encoder, store=store,
+            lock_dir=tmp_path,
+        )  # fmt: skip
+    assert store.aliases() == {"kb": good.collection}

@@ -48,7 +48,7 @@ from typing import Any, Protocol
 import numpy as np
 import Stemmer
 
-from rag_retriever.errors import VersionIncompatible
+from rag_retriever.errors import DocumentError, UpdateRefused, VersionIncompatible
 
 TOKENIZER_NAME = "en-snowball-v1"
 # The term -> sparse index scheme (`term_index`): part of every version's statistics.
@@ -545,9 +545,9 @@ class BM25Counts:
 
     def model(self, *, k1: float = K1, b: float = B, epsilon: float = EPSILON) -> BM25Model:
         if self.n_docs == 0:
-            raise ValueError("cannot build BM25 over zero documents")
+            raise DocumentError("cannot build BM25 over zero documents")
         if self.total == 0:
-            raise ValueError(
+            raise DocumentError(
                 "cannot build BM25: no document has a searchable term (only stop words, "
                 "punctuation or nothing)"
             )
@@ -630,7 +630,10 @@ class BM25Model:
             total += len(document)
             step.update(set(document))
         if n_docs <= 0:
-            raise ValueError("a version cannot be left with zero documents")
+            raise UpdateRefused(
+                "a version cannot be left with zero documents: keep at least one, or ingest "
+                "the new corpus whole"
+            )
         doc_freqs = as_doc_freqs(self.doc_freqs)
         before = doc_freqs.lookup(list(step))
         now = {t: before.get(t, 0) + n for t, n in step.items() if n}
