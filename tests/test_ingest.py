@@ -337,3 +337,23 @@ def test_deleting_every_document_is_a_refusal_not_a_traceback(
             lock_dir=tmp_path,
         )  # fmt: skip
     assert store.aliases() == {"kb": good.collection}
+
+
+def test_an_alias_never_moves_before_the_version_it_leaves_is_stamped(
+    store: Store, tiny_encoder: Encoder, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Killed between the two, the version left looked never served: retention gave it no grace
+    and rollback passed it over. Now the stamp comes first: a failure there leaves the alias
+    where it was."""
+    from rag_retriever.store.catalog import point_alias
+
+    v1 = run(store, tiny_encoder, tmp_path)
+    v2 = run(store, tiny_encoder, tmp_path, promote=False)
+
+    def killed(name: str, record: object) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(store, "put_record", killed)
+    with pytest.raises(KeyboardInterrupt):
+        point_alias(store, "kb", v2.collection)
+    assert store.aliases() == {"kb": v1.collection}

@@ -254,7 +254,9 @@ def test_missing_langchain_core_gives_the_install_command(monkeypatch: pytest.Mo
         monkeypatch.setitem(sys.modules, name, None)
     monkeypatch.setitem(sys.modules, "langchain_core", None)
     monkeypatch.delitem(sys.modules, "rag_retriever.langchain")
-    with pytest.raises(ImportError, match=r"pip install -e '\.\[langchain\]' in rag-retriever's checkout"):
+    with pytest.raises(
+        ImportError, match=r"pip install -e '\.\[langchain\]' in rag-retriever's checkout"
+    ):
         importlib.import_module("rag_retriever.langchain")
 
 

@@ -73,7 +73,9 @@ def test_the_module_imports_and_runs_off_without_opentelemetry(
         assert fresh.current_trace_id() is None
     with pytest.raises(ConfigError, match=r"needs opentelemetry-api.*RAG_TRACING=off"):
         fresh.configure("on")
-    with pytest.raises(ConfigError, match=r"pip install -e '\.\[tracing\]' in rag-retriever's checkout"):
+    with pytest.raises(
+        ConfigError, match=r"pip install -e '\.\[tracing\]' in rag-retriever's checkout"
+    ):
         fresh.configure("otlp")
 
 

@@ -87,9 +87,11 @@ def apply_retention(
 
 def point_alias(store: Store, alias: str, name: str, *, rolled_back: Sequence[str] = ()) -> None:
     """Move `alias` to `name` and stamp the version it leaves as retired now (and the versions
-    `rolled_back` names as rolled back from, so that no later rollback returns to them)."""
+    `rolled_back` names as rolled back from, so that no later rollback returns to them). The
+    stamps are written before the move: a process killed between the two left the version it
+    moved off looking never served (no grace before retention, no rollback to it); stamped
+    early, a version still served keeps its stamp only until it is left for good."""
     previous = store.aliases().get(alias)
-    store.point_alias(alias, name)
     now = time.time()
     stamps: dict[str, dict[str, float]] = {r: {"rolled_back_at": now} for r in rolled_back}
     if previous is not None and previous != name:
@@ -101,6 +103,7 @@ def point_alias(store: Store, alias: str, name: str, *, rolled_back: Sequence[st
         with contextlib.suppress(CollectionNotFound, VersionIncompatible):
             record = store.record(left)
             store.put_record(left, dataclasses.replace(record, **changes))  # type: ignore[arg-type]
+    store.point_alias(alias, name)
     with contextlib.suppress(CollectionNotFound):
         record = store.record(name)
         if record.retired_at is not None or record.rolled_back_at is not None:
