@@ -968,3 +968,23 @@ def test_a_version_that_keeps_its_frequencies_in_one_file_is_read_and_updated(
     ).exists()
     assert_bm25_is_rank_bm25s(store, report.collection, corpus, rng)
     store.close()
+
+
+def test_a_re_base_never_switches_the_model_an_update_did_not_embed_with(
+    tiny_encoder: Encoder, tiny_encoder_dir: Path, store: Store, tmp_path: Path
+) -> None:
+    """A delete-only update under another model that crossed the drift limit re-based with that
+    model: `kb__other-bert__v2` served, where update refuses a model change."""
+    import shutil
+
+    from rag_retriever.models.profiles import ModelProfile, write_profile_file
+
+    rng = random.Random(7)
+    docs = [doc(i, rng, 4 + 8 * (i % 2)) for i in range(10)]
+    first = write(store, tiny_encoder, tmp_path, docs)
+    other_dir = Path(shutil.copytree(tiny_encoder_dir, tmp_path / "other"))
+    write_profile_file(other_dir, ModelProfile("other-bert", "", "", "mean", 64))
+    other = Encoder.load(str(other_dir), device="cpu", dtype="fp32")
+    with pytest.raises(UpdateRefused, match="was embedded with"):
+        update(store, other, tmp_path, [], ["d1", "d3", "d5"], rebase_drift=0.0)
+    assert store.aliases() == {"kb": first.collection}

@@ -589,6 +589,11 @@ class _Job:
                 f"(RAG_BM25_REBASE_DRIFT={self.opts.rebase_drift:g}): BM25 is re-based"
             )
             log.debug("%s: %s", self.alias, reason)  # the report's full_reason says it
+            # a re-base embeds every chunk with this job's encoder and chunking: an update whose
+            # own documents asked for no embedding (deletes, unchanged texts) would otherwise
+            # switch the version's model or chunking without a word (an ingest got here only
+            # with the live version's)
+            self._refuse_update(self._delta_refusal())
             whole = _apply(self._live_documents(), delta)
             rebuilt = LoadedCorpus(tuple(whole), corpus.skipped_empty, corpus.source)
             return self._full(rebuilt, reason=reason, delta=delta)
