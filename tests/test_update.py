@@ -988,3 +988,16 @@ def test_a_re_base_never_switches_the_model_an_update_did_not_embed_with(
     with pytest.raises(UpdateRefused, match="was embedded with"):
         update(store, other, tmp_path, [], ["d1", "d3", "d5"], rebase_drift=0.0)
     assert store.aliases() == {"kb": first.collection}
+
+
+def test_a_document_without_text_is_skipped_by_every_ingest(
+    tiny_encoder: Encoder, store: Store, tmp_path: Path
+) -> None:
+    """It made no chunk, so no ingest found it in the live version: each one wrote a new version
+    (documents 3, 4, 5 of a corpus of 2)."""
+    rng = random.Random(8)
+    docs = [doc(0, rng), doc(1, rng), Document("blank", "Blank", "  ")]
+    first = write(store, tiny_encoder, tmp_path, docs)
+    assert first.skipped_empty == 1 and store.record(first.collection).documents == 2
+    again = write(store, tiny_encoder, tmp_path, docs)
+    assert again.kind == "unchanged" and again.collection == first.collection

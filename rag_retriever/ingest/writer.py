@@ -171,8 +171,6 @@ def ingest_documents(
     the live version when its model and chunking are the same and `full` is not asked, else a
     full build. `encoder`, or `load_encoder` to load it when the write needs it. Options:
     `WriteOptions` fields, as keywords or as `options`."""
-    if not corpus.documents:
-        raise DocumentError(f"{corpus.source}: no document with text to ingest")
     opts = dataclasses.replace(options or WriteOptions(), **option_values)
     # a corpus built in code gets the checks a loaded file got (nothing reaches the engine that
     # it cannot store: issue 39)
@@ -182,6 +180,16 @@ def ingest_documents(
         allow_empty_text=True,
         max_chars=opts.max_document_chars,
     )
+    # a document without text is skipped, as the loaders skip it: kept, it made no chunk, so it
+    # was never found in the live version and each ingest wrote a new version counting it again
+    empty = sum(1 for d in corpus.documents if not d.text.strip())
+    if empty:
+        kept = tuple(d for d in corpus.documents if d.text.strip())
+        corpus = dataclasses.replace(
+            corpus, documents=kept, skipped_empty=corpus.skipped_empty + empty
+        )
+    if not corpus.documents:
+        raise DocumentError(f"{corpus.source}: no document with text to ingest")
     with tracing.span("rag.ingest", alias=alias, documents=len(corpus.documents), full=full):
         with IngestLock(opts.lock_dir or default_lock_dir(store), alias, wait_s=opts.lock_wait_s):
             job = _Job(alias, _EncoderSlot(encoder, load_encoder), store, opts)
