@@ -357,3 +357,20 @@ def test_an_alias_never_moves_before_the_version_it_leaves_is_stamped(
     with pytest.raises(KeyboardInterrupt):
         point_alias(store, "kb", v2.collection)
     assert store.aliases() == {"kb": v1.collection}
+
+
+def test_what_a_killed_delete_left_in_the_trash_is_swept(
+    store: Store, tiny_encoder: Encoder, tmp_path: Path
+) -> None:
+    """A delete renames a version (or a shard) to `.deleted-*`, then removes it: killed during
+    the removal, the folder stayed forever, and a shard's fixed trash name refused the next
+    rename of that shard."""
+    old = run(store, tiny_encoder, tmp_path)
+    edge = tmp_path / "edge"
+    left = [edge / "collections" / ".deleted-kb__x__v9-0000", edge / "segments" / ".deleted-kb--ab"]
+    for folder in left:
+        (folder / "inner").mkdir(parents=True)
+        (folder / "inner" / "data").write_bytes(b"x" * 100)
+    run(store, tiny_encoder, tmp_path)
+    store.delete(old.collection)  # a delete collects the alias's garbage
+    assert not any(folder.exists() for folder in left)

@@ -987,7 +987,9 @@ class EdgeStore(Store):
         self.collect_garbage(_alias_of(name))
 
     def collect_garbage(self, alias: str) -> list[str]:
-        """Delete the shards of `alias` that no version's manifest names; returns their ids."""
+        """Delete the shards of `alias` that no version's manifest names (and what deletes
+        killed midway left in the trash); returns their ids."""
+        self._sweep_trash()
         named: set[str] = set()
         for version in self.collection_names():
             with contextlib.suppress(CollectionNotFound):
@@ -1008,10 +1010,19 @@ class EdgeStore(Store):
                 removed.append(directory.name)
         return removed
 
+    def _sweep_trash(self) -> None:
+        """Remove the `.deleted-*` folders a delete renamed and did not finish removing (killed
+        during its rmtree: GBs of shards that nothing else would ever remove). Another process
+        removing one at the same time is harmless: both ignore what the other removed."""
+        for folder in (self._collections, self._segments):
+            for trash in folder.glob(".deleted-*"):
+                shutil.rmtree(trash, ignore_errors=True)
+
     def _remove_shard(self, segment: str) -> bool:
         """Close and delete a shard (renamed out of sight first); False when it is not there."""
         self._close_shard(segment)
-        trash = self._segments / f".deleted-{segment}"
+        # a unique name: one left by a delete killed midway would refuse the rename (not empty)
+        trash = self._segments / f".deleted-{segment}-{uuid.uuid4().hex[:8]}"
         try:
             self._segment_dir(segment).rename(trash)
         except FileNotFoundError:
