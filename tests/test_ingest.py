@@ -374,3 +374,30 @@ def test_what_a_killed_delete_left_in_the_trash_is_swept(
     run(store, tiny_encoder, tmp_path)
     store.delete(old.collection)  # a delete collects the alias's garbage
     assert not any(folder.exists() for folder in left)
+
+
+def test_a_compaction_never_served_does_not_stand_in_for_its_base(
+    store: Store, tiny_encoder: Encoder, tmp_path: Path
+) -> None:
+    """A compaction killed before its promotion: complete, never served. Retention counted its
+    base as compacted away and deleted it past RAG_KEEP_VERSIONS, though only the base was ever
+    served (a rollback target)."""
+    import dataclasses
+
+    from rag_retriever.ingest.writer import update_documents
+    from rag_retriever.store import Lineage
+    from rag_retriever.store.catalog import apply_retention
+
+    run(store, tiny_encoder, tmp_path)
+    edit = Document("extra", "Extra", "A new note about pears and the river.")
+    v2 = update_documents([edit], alias="kb", encoder=tiny_encoder, store=store, lock_dir=tmp_path)
+    v3 = "kb__tiny-bert-32__v3"
+    record = store.record(v2.collection)
+    store.create(v3, 32, bare_record(v3, dim=32, bm25=record.bm25))
+    compacted = Lineage(base=v2.collection, full_build=record.lineage.full_build, compacted=True)
+    store.put_record(v3, dataclasses.replace(record, version=3, lineage=compacted))
+    newer = Document("extra", "Extra", "A newer note about pears.")
+    update_documents([newer], alias="kb", encoder=tiny_encoder, store=store, lock_dir=tmp_path)
+    apply_retention(store, "kb", keep=3, grace_s=0)
+    assert store.exists(v2.collection)  # the version served before; v1, the oldest, went
+    assert [i.version for i in store.versions("kb")] == [2, 3, 4]

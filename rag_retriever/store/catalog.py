@@ -64,11 +64,15 @@ def apply_retention(
     # versions this rag-retriever cannot read (another schema) age out like complete ones
     complete = [i for i in store.versions(alias) if i.status in (STATUS_COMPLETE, INCOMPATIBLE)]
     # A compaction holds the same points as the version it compacted: the two count as one, so a
-    # compaction never pushes out an older version (a rollback target that differs).
+    # compaction never pushes out an older version (a rollback target that differs). Only a
+    # compaction that was served: one killed before its promotion is no stand-in for its base
+    # (the base was deleted past RAG_KEEP_VERSIONS, and nothing served could be rolled back to).
     compacted = {
         i.record.lineage.base
         for i in complete
-        if i.record is not None and i.record.lineage.compacted
+        if i.record is not None
+        and i.record.lineage.compacted
+        and (i.name in served or i.record.retired_at is not None)
     }
     counted = [i for i in complete if i.name not in compacted]
     candidates = counted[: max(0, len(counted) - keep)] + [
