@@ -224,6 +224,30 @@ def test_existing_output_is_not_overwritten(
     assert (out / "keep.txt").read_text() == "mine"
 
 
+def test_an_overwrite_keeps_the_old_output_until_the_new_model_is_whole(
+    retriever: Retriever, tiny_encoder_dir: Path, tmp_path: Path
+) -> None:
+    """--overwrite deleted the old output at the start: a training that then failed (here: too
+    few questions) or was stopped left nothing, and a base read from the output itself was gone
+    before it loaded. The new model now takes the old one's place only when it is whole."""
+    out = tmp_path / "taken"
+    out.mkdir()
+    (out / "keep.txt").write_text("mine")
+    with pytest.raises(ConfigError, match="usable training questions"):
+        train_embedder(
+            retriever,
+            question_rows(tmp_path, copies=1),
+            out,
+            collection="kb",
+            base=resolve_model(str(tiny_encoder_dir)),
+            config=EmbedderTrainingConfig(batch_size=64),
+            overwrite=True,
+            progress=False,
+        )
+    assert (out / "keep.txt").read_text() == "mine"
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".taken")) == []
+
+
 def test_too_few_questions_is_a_clear_error(
     retriever: Retriever, tiny_encoder_dir: Path, tmp_path: Path
 ) -> None:

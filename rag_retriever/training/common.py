@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import json
 import logging
@@ -10,7 +11,8 @@ import shutil
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+import uuid
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any, TypeVar
@@ -38,6 +40,37 @@ def prepare_output(out: Path, overwrite: bool) -> None:
             )
         shutil.rmtree(out)
     out.mkdir(parents=True, exist_ok=True)
+
+
+@contextlib.contextmanager
+def fresh_output(out: Path, overwrite: bool) -> Iterator[Path]:
+    """A new folder beside `out` that a training writes into, put in `out`'s place only when
+    the training returns: with --overwrite the old `out` stays until then (deleted at the start,
+    a failure or a stop lost it, and a base read from `out` itself was gone before it was
+    loaded), and a stopped run leaves no folder that loads as a model. ConfigError, as before,
+    for a non-empty `out` without `overwrite`."""
+    if out.exists() and (not out.is_dir() or any(out.iterdir())) and not overwrite:
+        raise ConfigError(
+            f"{out} exists and is not empty; choose another --out or pass --overwrite"
+        )
+    out.parent.mkdir(parents=True, exist_ok=True)
+    work = out.with_name(f".{out.name}.partial-{uuid.uuid4().hex[:8]}")
+    work.mkdir()
+    try:
+        yield work
+    except BaseException:
+        shutil.rmtree(work, ignore_errors=True)
+        raise
+    if out.exists():
+        old = out.with_name(f".{out.name}.replaced-{uuid.uuid4().hex[:8]}")
+        out.rename(old)
+        work.rename(out)
+        if old.is_dir():
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            old.unlink()
+    else:
+        work.rename(out)
 
 
 def start_training(

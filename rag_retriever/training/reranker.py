@@ -55,6 +55,7 @@ from rag_retriever.query.retriever import Retriever
 from rag_retriever.training.common import (
     OptimizerStep,
     Scale,
+    fresh_output,
     judged_validation,
     micro_batches,
     run_steps,
@@ -377,9 +378,36 @@ def train_reranker(
     overwrite: bool = False,
     progress: bool = True,
 ) -> dict[str, Any]:
+    """Train into a new folder that takes `out`'s place when done (`fresh_output`)."""
+    with fresh_output(out, overwrite) as work:
+        return _train_reranker_in(
+            retriever,
+            questions_path,
+            work,
+            collection=collection,
+            base=base,
+            config=config,
+            device=device,
+            dtype=dtype,
+            progress=progress,
+        )
+
+
+def _train_reranker_in(
+    retriever: Retriever,
+    questions_path: Path,
+    out: Path,
+    *,
+    collection: str,
+    base: str,
+    config: RerankerTrainingConfig,
+    device: str,
+    dtype: str,
+    progress: bool,
+) -> dict[str, Any]:
     started = time.perf_counter()
     questions, problems = start_training(
-        questions_path, out, overwrite=overwrite, max_questions=config.max_questions
+        questions_path, out, overwrite=True, max_questions=config.max_questions
     )
     source = resolve_model(base).source if not Path(base).is_dir() else base
     # found (or refused) before the minutes of mining, not after
