@@ -440,3 +440,33 @@ def test_a_kept_embedder_is_retrained_on_every_question_and_builds_the_version(
     # promoted or kept unpromoted (the gate judges the real out-of-fold figures), it names it
     meta = json.loads((env / "edge" / "collections" / new / "meta.json").read_text())
     assert Path(meta["model_source"]) == Path(embedder["model"])
+
+
+def test_k_fold_decisions_are_not_taken_for_a_version_that_serves_a_reranker(
+    env: Path, tmp_path: Path, tiny_reranker_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """k-fold figures fuse first-stage lists: a live version that serves a reranker was judged
+    reranked against them, and its reranker went to the candidate unjudged."""
+    import dataclasses
+
+    from rag_retriever.training.improver import improver
+
+    _ingest(tmp_path)
+    store = EdgeStore(env / "edge")
+    name = store.resolve("kb")
+    reranker = {"source": str(tiny_reranker_dir), "trained_by": "improve"}
+    store.put_record(name, dataclasses.replace(store.record(name), reranker=reranker))
+    store.close()
+    questions = _questions(tmp_path, filler=False)  # 120: k-fold by default
+    assert main(_improve(questions, "fusion", folds=3)) == 2
+    assert "which k-fold decisions cannot judge" in capsys.readouterr().err
+    said: list[str] = []
+    run = improver(
+        Settings.from_env(collection="kb"),
+        questions,
+        work_dir=tmp_path / "work",
+        options=improve.ImproveOptions(steps=("fusion",)),
+        say=said.append,
+    )
+    assert type(run) is improve.Improve and run.options.folds == 1
+    assert any("serves a reranker" in line for line in said)

@@ -15,10 +15,12 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from rag_retriever.errors import ConfigError
 from rag_retriever.eval.questions import load_questions
 from rag_retriever.settings import Settings
+from rag_retriever.store import open_store
 from rag_retriever.training.improve import Improve, ImproveOptions
 from rag_retriever.training.improve_kfold import KFoldImprove
 
@@ -53,7 +55,35 @@ def improver(
             f"--held-out and --fusion-part shape the three-part split of --folds 1; with {folds} "
             "folds every question is judged out of fold (add --folds 1 to split instead)"
         )
-    options = dataclasses.replace(options, folds=folds)
     if folds == 1:
+        options = dataclasses.replace(options, folds=1)
         return Improve(settings, questions_path, work_dir=work_dir, options=options, say=say)
-    return KFoldImprove(settings, questions_path, work_dir=work_dir, options=options, say=say)
+    # k-fold decisions judge fusions of first-stage lists: a live version that serves a reranker
+    # was compared, reranked, with hybrid figures, and its reranker passed to the candidate
+    # unjudged
+    reranker = _served_reranker(settings)
+    if reranker is None:
+        options = dataclasses.replace(options, folds=folds)
+        return KFoldImprove(settings, questions_path, work_dir=work_dir, options=options, say=say)
+    if options.folds is not None:
+        raise ConfigError(
+            f"{settings.collection} serves a reranker ({reranker.get('source')}), which k-fold "
+            f"decisions cannot judge (they score fusions of the first-stage lists): pass "
+            f"--folds 1 (one held-out part, judged in the mode the version serves)"
+        )
+    say(
+        f"folds      1: {settings.collection} serves a reranker, which k-fold decisions cannot "
+        f"judge (one held-out part instead)"
+    )
+    options = dataclasses.replace(options, folds=1)
+    return Improve(settings, questions_path, work_dir=work_dir, options=options, say=say)
+
+
+def _served_reranker(settings: Settings) -> dict[str, Any] | None:
+    """The reranker the version `settings.collection` serves names, if any."""
+    store = open_store(settings)
+    try:
+        reranker = store.record(store.resolve(settings.collection)).reranker
+    finally:
+        store.close()
+    return None if reranker is None else dict(reranker)
