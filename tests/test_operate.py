@@ -27,7 +27,7 @@ from rag_retriever.errors import InvalidRequest, QueryNotLogged
 from rag_retriever.eval.questions import load_questions
 from rag_retriever.models.encoder import Encoder
 from rag_retriever.query import querylog
-from rag_retriever.query.querylog import QueryLog, read_lines
+from rag_retriever.query.querylog import QueryLog, read_lines, read_queries
 from rag_retriever.query.retriever import Retriever
 from rag_retriever.service.server import create_app
 from rag_retriever.settings import Settings
@@ -805,3 +805,27 @@ def test_an_id_set_holds_its_ids_in_8_bytes_each() -> None:
     assert not any(uuid.uuid4().hex in held for _ in range(1000))
     assert 3 not in held and "" not in held and "x" not in IdSet([])
     assert held._hashes.nbytes == 800  # a frozenset of these strings: about 13 KB
+
+
+def test_the_newest_logged_queries_are_the_newest_by_time_across_writers(tmp_path: Path) -> None:
+    """doctor reads the newest 2,000 queries: they were the last lines in file order (one
+    replica's), read after the whole log was loaded."""
+    log = tmp_path / "log"
+    log.mkdir()
+    times = {"a": [1, 4, 5], "b": [2, 3, 6]}  # two replicas' files, interleaved in time
+    for writer, minutes in times.items():
+        lines = [
+            {
+                "query_id": f"{writer}{m}",
+                "alias": "kb",
+                "time": f"2026-12-08T10:0{m}:00",
+                "hits": [],
+            }
+            for m in minutes
+        ]
+        (log / f"queries-{writer}-1.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    os.utime(log / "queries-a-1.jsonl", (300, 300))  # a's file read last
+    os.utime(log / "queries-b-1.jsonl", (100, 100))
+    logged = read_queries([log], alias="kb", newest=3)
+    assert [e["query_id"] for e in logged.lines] == ["a4", "a5", "b6"] and logged.matched == 6
+    assert len(read_queries([log], alias="kb").lines) == 6

@@ -129,9 +129,9 @@ class Doctor:
         labelled = labelled_questions(questions) if isinstance(questions, Path) else questions
         entries: Sequence[dict[str, Any]] = []
         if log:
-            logged = read_queries(log, alias=self.alias)
-            entries = logged.lines[-LOG_QUERIES:]
-            checks.append(self._log_scope(logged.aliases, len(logged.lines), len(entries)))
+            logged = read_queries(log, alias=self.alias, newest=LOG_QUERIES)
+            entries = logged.lines
+            checks.append(self._log_scope(logged.aliases, logged.matched, len(entries)))
         checks.append(self._truncation(payloads, entries))
         if entries:
             checks.append(self._drift(entries, labelled, floor))
