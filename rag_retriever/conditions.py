@@ -222,4 +222,8 @@ def to_json(condition: Condition) -> dict[str, Any]:
 
 
 def _number(value: float | None) -> float | int | None:
-    return int(value) if value is not None and value.is_integer() else value
+    """A bound as JSON writes it: a whole number as an integer where one holds it exactly (past
+    MAX_EXACT_INT it stays a float: as an integer, parsing it back refused it)."""
+    if value is not None and value.is_integer() and abs(value) <= MAX_EXACT_INT:
+        return int(value)
+    return value

@@ -402,3 +402,31 @@ def test_where_reads_digits_with_a_leading_zero_as_text() -> None:
         "t": True,
         "q": "--5",
     }
+
+
+def test_where_reads_only_ascii_integers_json_keeps_exact_and_one_value_a_field() -> None:
+    """`٣` and `３` became the integer 3, `²` a ValueError named as --filter's, and a 20-digit
+    account number an integer refused as too large; a repeated field kept its last value."""
+    from rag_retriever.cli.common import parse_where
+    from rag_retriever.errors import RagError
+
+    long = "12345678901234567890"
+    assert parse_where(["a=٣", "b=３", "c=²", f"acct={long}", "d=9007199254740991"]) == {
+        "a": "٣",
+        "b": "３",
+        "c": "²",
+        "acct": long,
+        "d": 9007199254740991,
+    }
+    with pytest.raises(RagError, match="--where team= given twice"):
+        parse_where(["team=a", "team=b"])
+    assert parse_where(["team=a", "team=a"]) == {"team": "a"}
+
+
+def test_a_float_bound_past_an_exact_integer_survives_the_round_trip() -> None:
+    """`to_dict` wrote 1e20 as an integer, which parsing then refused: a filter that worked in
+    Python was a 422 over HTTP (the client sends `to_dict`)."""
+    for bound in (1e20, 9007199254740993.0, -1e300, 2.5, 4.0):
+        flt = SearchFilter(where={"field": "size", "range": {"lt": bound}})
+        again = SearchFilter.from_dict(json.loads(json.dumps(flt.to_dict())))
+        assert again == flt

@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import argparse
 import math
+import re
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 from rag_retriever.errors import ConfigError, RagError
+from rag_retriever.records import MAX_EXACT_INT
 from rag_retriever.settings import (
     Settings,
     choices_of,
@@ -85,12 +87,20 @@ def parse_where(items: Sequence[str]) -> dict[str, str | int | bool]:
         value: str | int | bool = raw
         if raw in ("true", "false"):
             value = raw == "true"
-        elif (digits := raw.removeprefix("-")).isdigit() and (
-            digits == "0" or not digits.startswith("0")
-        ):
-            value = int(raw)  # "02139" (a leading zero: no integer is written so) stays text
+        elif _INTEGER.fullmatch(raw) and abs(int(raw)) <= MAX_EXACT_INT:
+            # ASCII digits only ("٣" and "３" are text), no leading zero ("02139" stays text),
+            # and an integer JSON and Qdrant keep exact (a 20-digit account number is text)
+            value = int(raw)
+        if key in equals and equals[key] != value:
+            raise RagError(
+                f"--where {key}= given twice ({equals[key]!r} and {value!r}): one value a field "
+                f"(both at once match nothing; --filter takes an `in` list)"
+            )
         equals[key] = value
     return equals
+
+
+_INTEGER = re.compile(r"-?(0|[1-9][0-9]*)")
 
 
 def parse_duration(text: str) -> float:

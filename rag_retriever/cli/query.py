@@ -27,15 +27,20 @@ def cmd_search(args: argparse.Namespace) -> int:
     from rag_retriever.query.retriever import Retriever
 
     settings = command_settings(args)
-    try:  # a bad filter is refused before the model loads
+    # a bad filter is refused before the model loads, naming the flags it came from
+    try:
         condition = json.loads(args.filter) if args.filter is not None else None
+    except ValueError as exc:  # json.JSONDecodeError
+        raise ConfigError(f"--filter: {exc}") from None
+    try:
         flt = SearchFilter(
             doc_ids=tuple(args.doc) if args.doc else None,
             equals=parse_where(args.where),
             where=condition,
         )
-    except (ValueError, TypeError) as exc:  # json.JSONDecodeError is a ValueError
-        raise ConfigError(f"--filter: {exc}") from None
+    except (ValueError, TypeError) as exc:
+        given = [f for f, v in (("--filter", args.filter), ("--where", args.where)) if v]
+        raise ConfigError(f"{', '.join(given) or '--doc'}: {exc}") from None
     retriever = Retriever.from_settings(settings, mode=args.mode)  # bm25: no model loads
     result = retriever.retrieve(
         args.query,
