@@ -34,7 +34,7 @@ from typing import Any
 
 from rag_retriever import conditions
 from rag_retriever.errors import Forbidden
-from rag_retriever.records import TENANT_FIELD, SearchFilter
+from rag_retriever.records import GROUPS_FIELD, TENANT_FIELD, SearchFilter
 
 ACCESS_KINDS = ("read", "write")
 
@@ -115,6 +115,10 @@ class Scope:
             allowed[TENANT_FIELD] = frozenset(self.tenants)
         if self.where is not None:
             for match in _required_matches(self.where):
+                if match.field == GROUPS_FIELD:
+                    # a list: a document of `staff` and `admin` is one a `staff` key reads, so
+                    # asking for `admin` narrows the scope, not reaches out of it
+                    continue
                 allowed[match.field] = allowed.get(match.field, frozenset(match.values)) & set(
                     match.values
                 )
@@ -134,13 +138,19 @@ def with_conditions(
     return SearchFilter(doc_ids=base.doc_ids, equals=base.equals, where=where)
 
 
-def _positive_matches(where: conditions.Condition) -> Iterator[conditions.Match]:
-    """The Match conditions of `where` that are not under a `not`."""
+def _positive_matches(
+    where: conditions.Condition, negated: bool = False
+) -> Iterator[conditions.Match]:
+    """The Match conditions of `where` under an even number of `not`s (`not not x` asks for
+    x)."""
     if isinstance(where, conditions.Match):
-        yield where
+        if not negated:
+            yield where
+    elif isinstance(where, conditions.Not):
+        yield from _positive_matches(where.condition, not negated)
     elif isinstance(where, conditions.All | conditions.AnyOf):
         for c in where.conditions:
-            yield from _positive_matches(c)
+            yield from _positive_matches(c, negated)
 
 
 def _required_matches(where: conditions.Condition) -> Iterator[conditions.Match]:

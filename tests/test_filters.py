@@ -427,6 +427,6 @@ def test_a_float_bound_past_an_exact_integer_survives_the_round_trip() -> None:
     """`to_dict` wrote 1e20 as an integer, which parsing then refused: a filter that worked in
     Python was a 422 over HTTP (the client sends `to_dict`)."""
     for bound in (1e20, 9007199254740993.0, -1e300, 2.5, 4.0):
-        flt = SearchFilter(where={"field": "size", "range": {"lt": bound}})
+        flt = SearchFilter.from_dict({"where": {"field": "size", "range": {"lt": bound}}})
         again = SearchFilter.from_dict(json.loads(json.dumps(flt.to_dict())))
         assert again == flt
