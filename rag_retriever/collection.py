@@ -111,6 +111,8 @@ class Collection:
         wanted = [ids] if isinstance(ids, str) else list(ids)
         if not wanted:
             raise DocumentError("delete: no ids given; nothing was written")
+        if not isinstance(tenant, str):
+            raise DocumentError(f"delete: tenant is a name (a string), got {tenant!r}")
         if tenant:
             try:
                 check_tenant(tenant)

@@ -225,3 +225,24 @@ def test_alternative_ids_are_the_same_file_seen_from_other_roots() -> None:
         "returns.md",
         "srv/kb/policies/returns.md",
     ]
+
+
+def test_a_delete_of_ids_that_are_not_strings_is_a_document_error(env: Path) -> None:
+    """An int among the ids was a TypeError from sorting; a None tenant passed unchecked."""
+    kb = Collection.open("kb")
+    try:
+        kb.ingest(RECORDS)
+        with pytest.raises(DocumentError, match=r"pair of strings, got \('', 1\)"):
+            kb.delete(["shipping", 1])  # type: ignore[list-item]
+        with pytest.raises(DocumentError, match="tenant is a name"):
+            kb.delete(["shipping"], tenant=None)  # type: ignore[arg-type]
+        # the trace of an evaluation takes a filter's dict form, as search does
+        name, traces = kb.retriever.trace(
+            ["returned within days"], mode="bm25", filter={"doc_ids": ["returns"]}
+        )
+        assert {cid for cid, _ in traces[0].bm25 or []} and all(
+            kb.retriever.chunks(name, [cid])[cid].doc_id == "returns"
+            for cid, _ in traces[0].bm25 or []
+        )
+    finally:
+        kb.retriever.store.close()

@@ -223,6 +223,12 @@ def update_documents(
     waiting = WriteOptions(lock_wait_s=default_of("lock_wait_s"))
     opts = dataclasses.replace(options or waiting, **option_values)
     validate_documents(upsert, source=source, max_chars=opts.max_document_chars)
+    wrong = [r for r in delete if not isinstance(r, str) and not _is_doc_key(r)]
+    if wrong:  # sorted below: an int among strings was a TypeError traceback
+        raise DocumentError(
+            f"{source}: a document to delete is an id (a string) or a (tenant, id) pair of "
+            f"strings, got {wrong[0]!r}; nothing was written"
+        )
     deletes = sorted({doc_key(ref) for ref in delete})
     validate_delete_ids([i for _, i in deletes], source=source)
     both = sorted({d.key for d in upsert} & set(deletes))
@@ -398,6 +404,10 @@ def _blocks(chunks: Sequence[Chunk], terms: Sequence[list[str]]) -> list[_Block]
         _Block(list(chunks[at : at + ENCODE_BLOCK]), list(terms[at : at + ENCODE_BLOCK]))
         for at in range(0, len(chunks), ENCODE_BLOCK)
     ]
+
+
+def _is_doc_key(ref: object) -> bool:
+    return isinstance(ref, tuple) and len(ref) == 2 and all(isinstance(x, str) for x in ref)
 
 
 def _refuse_case_twin(store: Store, alias: str) -> None:

@@ -413,7 +413,7 @@ class Retriever:
         queries: Sequence[str],
         *,
         mode: Mode,
-        filter: SearchFilter | None = None,
+        filter: SearchFilter | Mapping[str, Any] | None = None,
         collection: str | None = None,
     ) -> tuple[str, list[Trace]]:
         """Every stage's full ranked list for each query (what evaluation needs).
@@ -422,6 +422,8 @@ class Retriever:
         stages at once, so one pass evaluates every mode.
         """
         chosen_mode = self._check_mode(mode)
+        # checked and read as the other search calls read them (a filter's dict form too)
+        filter = check_request(queries, collection, filter, self.default_collection)
         self._check_queries(queries)
         requested = collection or self.default_collection
         try:
