@@ -435,10 +435,11 @@ def _setting(
     single_p95 = p95.at(n) + encode_ms
     if single_p95 < brief.p95_ms:
         # and as many more as the p95 needs (each takes less of the load): r >= load / (1 -
-        # p95 / target) makes p95 / (1 - load / r) <= target; not past MIN_UTILISATION a
-        # machine (a p95 just under the target asked for hundreds of idle machines)
+        # p95 / target) makes p95 / (1 - load / r) <= target; not more than a quarter of a
+        # machine's load each (MIN_UTILISATION) or twice the load's count asks (a p95 just under
+        # the target asked for hundreds of idle machines)
         needed = math.ceil(load / (1 - single_p95 / brief.p95_ms))
-        if load / needed >= MIN_UTILISATION:
+        if needed <= max(math.ceil(load / MIN_UTILISATION), 2 * replicas):
             replicas = max(replicas, needed)
     p95_replicated = single_p95 / (1 - load / replicas)
     node_chunks = n / brief.nodes
