@@ -421,6 +421,8 @@ def test_where_reads_only_ascii_integers_json_keeps_exact_and_one_value_a_field(
     with pytest.raises(RagError, match="--where team= given twice"):
         parse_where(["team=a", "team=b"])
     assert parse_where(["team=a", "team=a"]) == {"team": "a"}
+    with pytest.raises(RagError, match="given twice"):
+        parse_where(["a=1", "a=true"])  # 1 == True to Python, not to a filter
 
 
 def test_a_float_bound_past_an_exact_integer_survives_the_round_trip() -> None:

@@ -91,7 +91,7 @@ def parse_where(items: Sequence[str]) -> dict[str, str | int | bool]:
             # ASCII digits only ("٣" and "３" are text), no leading zero ("02139" stays text),
             # and an integer JSON and Qdrant keep exact (a 20-digit account number is text)
             value = int(raw)
-        if key in equals and equals[key] != value:
+        if key in equals and (type(equals[key]), equals[key]) != (type(value), value):
             raise RagError(
                 f"--where {key}= given twice ({equals[key]!r} and {value!r}): one value a field "
                 f"(both at once match nothing; --filter takes an `in` list)"

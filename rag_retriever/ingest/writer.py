@@ -411,13 +411,14 @@ def _is_doc_key(ref: object) -> bool:
 
 
 def _refuse_case_twin(store: Store, alias: str) -> None:
-    """InvalidRequest for an alias that differs from an existing one only in case: on a
+    """InvalidRequest for a new alias that differs from an existing one only in case: on a
     case-insensitive disk (macOS's default) `docs` and `Docs` share their folders, aliases and
     locks, and a write of one could reach the other's versions."""
     names = {p[0] for n in store.collection_names() if (p := parse_collection_name(n))}
-    twins = sorted(
-        a for a in names | set(store.aliases()) if a != alias and a.lower() == alias.lower()
-    )
+    known = names | set(store.aliases())
+    if alias in known:  # an alias that exists is written as before (twins made earlier too)
+        return
+    twins = sorted(a for a in known if a.lower() == alias.lower())
     if twins:
         raise InvalidRequest(
             f"alias {alias!r} differs from the existing {twins[0]!r} only in case: on a "
