@@ -407,6 +407,7 @@ class QueryLog:
         if self._alive is not None:
             with contextlib.suppress(OSError):
                 (self.directory / f"{WRITER_LOCK}{self._prefix}.lock").unlink()
+            with contextlib.suppress(OSError):
                 os.close(self._alive)
             self._alive = None
 
@@ -441,17 +442,25 @@ WRITER_LOCK = ".writer-"
 
 
 def _hold(path: Path) -> int | None:
-    """An open descriptor holding an exclusive lock on `path` (None: it could not be made)."""
-    try:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-    except OSError:
-        return None
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
+    """An open descriptor holding an exclusive lock on `path` (None: it could not be made). The
+    lock is on the file `path` names after it was taken: another writer's probe (`_held`) may
+    have locked, unlinked and closed the file between this open and this lock, and a lock on an
+    unlinked file would tell the next probe nothing."""
+    for _ in range(3):
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError:
+            return None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            held, named = os.fstat(fd), os.stat(path)
+        except OSError:
+            os.close(fd)
+            return None
+        if (held.st_dev, held.st_ino) == (named.st_dev, named.st_ino):
+            return fd
         os.close(fd)
-        return None
-    return fd
+    return None
 
 
 def _held(path: Path) -> bool:
