@@ -322,6 +322,9 @@ def test_an_alias_that_differs_from_another_only_in_case_is_refused(
     with pytest.raises(InvalidRequest, match="differs from the existing 'Docs' only in case"):
         ingest_documents(corpus(DOCS), alias="docs", encoder=tiny_encoder, store=store)
     assert store.aliases() == {"Docs": first.collection} and store.exists(first.collection)
+    # an alias that already exists is written as before (twins made before this check)
+    again = ingest_documents(corpus(DOCS), alias="Docs", encoder=tiny_encoder, store=store)
+    assert again.kind == "unchanged"
 
 
 def test_deleting_every_document_is_a_refusal_not_a_traceback(
@@ -401,3 +404,23 @@ def test_a_compaction_never_served_does_not_stand_in_for_its_base(
     apply_retention(store, "kb", keep=3, grace_s=0)
     assert store.exists(v2.collection)  # the version served before; v1, the oldest, went
     assert [i.version for i in store.versions("kb")] == [2, 3, 4]
+
+
+def test_an_alias_move_that_fails_leaves_no_stamp(
+    store: Store, tiny_encoder: Encoder, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Stamped before the move, a version kept its stamp when the move then failed: a served
+    version stamped `rolled_back_at` would be passed over by every later rollback."""
+    from rag_retriever.store.catalog import point_alias
+
+    v1 = run(store, tiny_encoder, tmp_path)
+    v2 = run(store, tiny_encoder, tmp_path, promote=False)
+
+    def unreachable(alias: str, name: str) -> None:
+        raise OSError("the alias could not be written")
+
+    monkeypatch.setattr(store, "point_alias", unreachable)
+    with pytest.raises(OSError):
+        point_alias(store, "kb", v2.collection, rolled_back=[v1.collection])
+    record = store.record(v1.collection)
+    assert record.rolled_back_at is None and record.retired_at is None

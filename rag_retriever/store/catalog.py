@@ -29,7 +29,7 @@ from rag_retriever.store.base import (
     parse_collection_name,
     retired_for,
 )
-from rag_retriever.store.record import STATUS_BUILDING, STATUS_COMPLETE, Lineage
+from rag_retriever.store.record import STATUS_BUILDING, STATUS_COMPLETE, Lineage, VersionRecord
 
 log = logging.getLogger(__name__)
 
@@ -100,6 +100,7 @@ def point_alias(store: Store, alias: str, name: str, *, rolled_back: Sequence[st
     stamps: dict[str, dict[str, float]] = {r: {"rolled_back_at": now} for r in rolled_back}
     if previous is not None and previous != name:
         stamps[previous] = {**stamps.get(previous, {}), "retired_at": now}
+    before: dict[str, VersionRecord] = {}
     for left, changes in stamps.items():
         if left == name:
             continue
@@ -107,7 +108,16 @@ def point_alias(store: Store, alias: str, name: str, *, rolled_back: Sequence[st
         with contextlib.suppress(CollectionNotFound, VersionIncompatible):
             record = store.record(left)
             store.put_record(left, dataclasses.replace(record, **changes))  # type: ignore[arg-type]
-    store.point_alias(alias, name)
+            before[left] = record
+    try:
+        store.point_alias(alias, name)
+    except BaseException:
+        # not moved: the versions stamped keep what they held (a served version left stamped
+        # `rolled_back_at` would be passed over by every later rollback)
+        for left, record in before.items():
+            with contextlib.suppress(Exception):
+                store.put_record(left, record)
+        raise
     with contextlib.suppress(CollectionNotFound):
         record = store.record(name)
         if record.retired_at is not None or record.rolled_back_at is not None:
