@@ -136,10 +136,7 @@ def at_least(minimum: int) -> Callable[[str], int]:
 
 def positive_number(text: str) -> float:
     """An argparse type: a finite number above 0 (a temperature of 0 made the loss NaN)."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    value = _number(text)
     if not (math.isfinite(value) and value > 0):
         raise argparse.ArgumentTypeError(f"must be a finite number above 0, got {text!r}")
     return value
@@ -147,13 +144,17 @@ def positive_number(text: str) -> float:
 
 def fraction(text: str) -> float:
     """An argparse type: a number in [0, 1)."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    value = _number(text)
     if not 0 <= value < 1:
         raise argparse.ArgumentTypeError(f"must be at least 0 and below 1, got {text!r}")
     return value
+
+
+def _number(text: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
 
 
 def reads_files(parser: argparse.ArgumentParser, *dests: str) -> None:
