@@ -31,17 +31,6 @@ T = TypeVar("T")
 log = logging.getLogger(__name__)
 
 
-def prepare_output(out: Path, overwrite: bool) -> None:
-    """Refuse to overwrite a non-empty directory unless asked to."""
-    if out.exists() and any(out.iterdir()):
-        if not overwrite:
-            raise ConfigError(
-                f"{out} exists and is not empty; choose another --out or pass --overwrite"
-            )
-        shutil.rmtree(out)
-    out.mkdir(parents=True, exist_ok=True)
-
-
 @contextlib.contextmanager
 def fresh_output(out: Path, overwrite: bool) -> Iterator[Path]:
     """A new folder beside `out` that a training writes into, put in `out`'s place only when
@@ -74,12 +63,11 @@ def fresh_output(out: Path, overwrite: bool) -> Iterator[Path]:
 
 
 def start_training(
-    questions_path: Path, out: Path, *, overwrite: bool, max_questions: int | None
+    questions_path: Path, *, max_questions: int | None
 ) -> tuple[list[Question], list[str]]:
-    """How both trainers start: freed memory handed back to the system, an empty output
-    directory, and the questions (the first `max_questions`) with the input's problems."""
+    """How both trainers start (in the folder `fresh_output` made): freed memory handed back to
+    the system, and the questions (the first `max_questions`) with the input's problems."""
     return_freed_memory()
-    prepare_output(out, overwrite)
     questions, problems = load_questions(questions_path)
     if max_questions is not None:
         questions = questions[:max_questions]

@@ -301,79 +301,54 @@ def train_embedder(
 ) -> dict[str, Any]:
     """Train into a new folder that takes `out`'s place when done (`fresh_output`)."""
     with fresh_output(out, overwrite) as work:
-        return _train_embedder_in(
+        started = time.perf_counter()
+        questions, problems = start_training(questions_path, max_questions=config.max_questions)
+        mined = mine_examples(
             retriever,
-            questions_path,
-            work,
+            questions,
             collection=collection,
-            base=base,
-            config=config,
-            device=device,
-            dtype=dtype,
+            negatives=max(1, config.hard_negatives),
             progress=progress,
         )
-
-
-def _train_embedder_in(
-    retriever: Retriever,
-    questions_path: Path,
-    out: Path,
-    *,
-    collection: str,
-    base: ResolvedModel,
-    config: EmbedderTrainingConfig,
-    device: str,
-    dtype: str,
-    progress: bool,
-) -> dict[str, Any]:
-    started = time.perf_counter()
-    questions, problems = start_training(
-        questions_path, out, overwrite=True, max_questions=config.max_questions
-    )
-    mined = mine_examples(
-        retriever,
-        questions,
-        collection=collection,
-        negatives=max(1, config.hard_negatives),
-        progress=progress,
-    )
-    train, val = split_examples(mined.examples, config.val_fraction, config.seed, mined.index)
-    if len(train) < config.batch_size:
-        raise ConfigError(
-            f"only {len(train)} usable training questions (skipped: {mined.skipped}, input problems: "
-            f"{len(problems)}); need at least one batch of {config.batch_size}"
+        train, val = split_examples(mined.examples, config.val_fraction, config.seed, mined.index)
+        if len(train) < config.batch_size:
+            raise ConfigError(
+                f"only {len(train)} usable training questions (skipped: {mined.skipped}, input problems: "
+                f"{len(problems)}); need at least one batch of {config.batch_size}"
+            )
+        profile = _profile(base, config, collection, retriever.encoder.max_seq_length)
+        precision = training_precision(device, dtype)
+        torch.manual_seed(config.seed)  # dropout
+        base_with_new_prefixes = Encoder.load(
+            ResolvedModel(base.source, profile), device=device, dtype=dtype, trainable=True
         )
-    profile = _profile(base, config, collection, retriever.encoder.max_seq_length)
-    precision = training_precision(device, dtype)
-    torch.manual_seed(config.seed)  # dropout
-    base_with_new_prefixes = Encoder.load(
-        ResolvedModel(base.source, profile), device=device, dtype=dtype, trainable=True
-    )
-    before = validate(base_with_new_prefixes, mined, val)
-    model = base_with_new_prefixes.model
-    tokenizer = base_with_new_prefixes.tokenizer
-    embed = _Embed(model, tokenizer, profile, precision)
-    losses, total = _fit(embed, train, mined, config, progress)
-    save_model(model, tokenizer, out)
-    write_profile_file(out, profile)
-    trained = Encoder.load(str(out), device=device, dtype=dtype)
-    after = validate(trained, mined, val)
-    return write_training_record(
-        out,
-        "embedder",
-        questions_path=questions_path,
-        config=config,
-        precision=precision,
-        split=(train, val),
-        skipped=mined.skipped,
-        problems=problems,
-        steps=total,
-        losses=losses,
-        judged=judged_validation(before, after, new=after.get("rr@10"), old=before.get("rr@10")),
-        started=started,
-        base_model=base.source,
-        base_profile=base.profile.to_json(),
-        profile=profile.to_json(),
-        fingerprint=trained.fingerprint.to_json(),
-        collection=mined.collection,
-    )
+        before = validate(base_with_new_prefixes, mined, val)
+        model = base_with_new_prefixes.model
+        tokenizer = base_with_new_prefixes.tokenizer
+        embed = _Embed(model, tokenizer, profile, precision)
+        losses, total = _fit(embed, train, mined, config, progress)
+        save_model(model, tokenizer, work)
+        write_profile_file(work, profile)
+        trained = Encoder.load(str(work), device=device, dtype=dtype)
+        after = validate(trained, mined, val)
+        return write_training_record(
+            work,
+            "embedder",
+            questions_path=questions_path,
+            config=config,
+            precision=precision,
+            split=(train, val),
+            skipped=mined.skipped,
+            problems=problems,
+            steps=total,
+            losses=losses,
+            judged=judged_validation(
+                before, after, new=after.get("rr@10"), old=before.get("rr@10")
+            ),
+            started=started,
+            base_model=base.source,
+            base_profile=base.profile.to_json(),
+            profile=profile.to_json(),
+            fingerprint=trained.fingerprint.to_json(),
+            collection=mined.collection,
+        )

@@ -380,85 +380,58 @@ def train_reranker(
 ) -> dict[str, Any]:
     """Train into a new folder that takes `out`'s place when done (`fresh_output`)."""
     with fresh_output(out, overwrite) as work:
-        return _train_reranker_in(
+        started = time.perf_counter()
+        questions, problems = start_training(questions_path, max_questions=config.max_questions)
+        source = resolve_model(base).source if not Path(base).is_dir() else base
+        # found (or refused) before the minutes of mining, not after
+        directory = model_directory(source, what="base model", setting="--base")
+        mined = mine_examples(
             retriever,
-            questions_path,
-            work,
+            questions,
             collection=collection,
-            base=base,
-            config=config,
-            device=device,
-            dtype=dtype,
+            negatives=config.negatives,
+            depth=config.depth,
             progress=progress,
         )
-
-
-def _train_reranker_in(
-    retriever: Retriever,
-    questions_path: Path,
-    out: Path,
-    *,
-    collection: str,
-    base: str,
-    config: RerankerTrainingConfig,
-    device: str,
-    dtype: str,
-    progress: bool,
-) -> dict[str, Any]:
-    started = time.perf_counter()
-    questions, problems = start_training(
-        questions_path, out, overwrite=True, max_questions=config.max_questions
-    )
-    source = resolve_model(base).source if not Path(base).is_dir() else base
-    # found (or refused) before the minutes of mining, not after
-    directory = model_directory(source, what="base model", setting="--base")
-    mined = mine_examples(
-        retriever,
-        questions,
-        collection=collection,
-        negatives=config.negatives,
-        depth=config.depth,
-        progress=progress,
-    )
-    train, val, skipped = _split(mined, config, problems)
-    torch.manual_seed(config.seed)  # the head initialisation and dropout
-    model, tokenizer, fresh_head = load_base(str(directory))
-    pooler_reset = init_pooler(model, config.pooler_init, fresh_head=fresh_head)
-    precision = training_precision(device, dtype)
-    reranker = CrossEncoderReranker(
-        model, tokenizer, name=str(out), precision=precision, max_length=config.max_length
-    )
-    # A fresh head scores at random: validating it would only cost time (minutes on a CPU).
-    before = validate(None if fresh_head else reranker, mined, val)
-    _freeze(model, config.freeze_layers)
-    losses, total = _fit(model, tokenizer, reranker, train, mined, config, precision, progress)
-    name = config.name or f"reranker-{mined.collection}"
-    _save(model, tokenizer, out, name)
-    trained = CrossEncoderReranker.load(
-        out, device=device, dtype=dtype, max_length=config.max_length
-    )
-    after = validate(trained, mined, val)
-    return write_training_record(
-        out,
-        "reranker",
-        questions_path=questions_path,
-        config=config,
-        precision=precision,
-        split=(train, val),
-        skipped=skipped,
-        problems=problems,
-        steps=total,
-        losses=losses,
-        # the gain is over hybrid without a reranker, what this model would change
-        judged=judged_validation(
-            before, after, new=after.get("rerank+hybrid rr@10"), old=after.get("hybrid rr@10")
-        ),
-        started=started,
-        name=name,
-        base_model=source,
-        collection=mined.collection,
-        collection_fingerprint=retriever.store.record(mined.collection).fingerprint.to_json(),
-        fresh_head=fresh_head,
-        pooler_reset_to_identity=pooler_reset,
-        pairs_per_step=config.batch_size * (1 + config.negatives),
-    )
+        train, val, skipped = _split(mined, config, problems)
+        torch.manual_seed(config.seed)  # the head initialisation and dropout
+        model, tokenizer, fresh_head = load_base(str(directory))
+        pooler_reset = init_pooler(model, config.pooler_init, fresh_head=fresh_head)
+        precision = training_precision(device, dtype)
+        reranker = CrossEncoderReranker(
+            model, tokenizer, name=str(work), precision=precision, max_length=config.max_length
+        )
+        # A fresh head scores at random: validating it would only cost time (minutes on a CPU).
+        before = validate(None if fresh_head else reranker, mined, val)
+        _freeze(model, config.freeze_layers)
+        losses, total = _fit(model, tokenizer, reranker, train, mined, config, precision, progress)
+        name = config.name or f"reranker-{mined.collection}"
+        _save(model, tokenizer, work, name)
+        trained = CrossEncoderReranker.load(
+            work, device=device, dtype=dtype, max_length=config.max_length
+        )
+        after = validate(trained, mined, val)
+        return write_training_record(
+            work,
+            "reranker",
+            questions_path=questions_path,
+            config=config,
+            precision=precision,
+            split=(train, val),
+            skipped=skipped,
+            problems=problems,
+            steps=total,
+            losses=losses,
+            # the gain is over hybrid without a reranker, what this model would change
+            judged=judged_validation(
+                before, after, new=after.get("rerank+hybrid rr@10"), old=after.get("hybrid rr@10")
+            ),
+            started=started,
+            name=name,
+            base_model=source,
+            collection=mined.collection,
+            collection_fingerprint=retriever.store.record(mined.collection).fingerprint.to_json(),
+            fresh_head=fresh_head,
+            pooler_reset_to_identity=pooler_reset,
+            pairs_per_step=config.batch_size * (1 + config.negatives),
+        )
