@@ -182,9 +182,9 @@ def ingest_documents(
     )
     # a document without text is skipped, as the loaders skip it: kept, it made no chunk, so it
     # was never found in the live version and each ingest wrote a new version counting it again
-    empty = sum(1 for d in corpus.documents if not d.text.strip())
-    if empty:
-        kept = tuple(d for d in corpus.documents if d.text.strip())
+    kept = tuple(d for d in corpus.documents if d.text.strip())
+    if len(kept) < len(corpus.documents):
+        empty = len(corpus.documents) - len(kept)
         corpus = dataclasses.replace(
             corpus, documents=kept, skipped_empty=corpus.skipped_empty + empty
         )
